@@ -1,0 +1,1 @@
+"""The web side: Flask app factory, console pages, webhooks, health, and the `lembra` CLI."""

@@ -1,0 +1,55 @@
+"""The Flask application factory."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from flask import Flask
+from flask_wtf import CSRFProtect
+from prometheus_client import CollectorRegistry
+
+from admin import auth, console, health, webhooks
+from engine.runtime import Runtime
+
+csrf = CSRFProtect()
+
+
+def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] | None = None) -> Flask:
+    """Build the app around a runtime. `enqueue_inbound` hands new patient messages to the
+    workers; without one they are processed in the request (tests, one-off tools)."""
+    app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY=_session_key(rt),
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=rt.settings.public_url.startswith("https://"),
+        REMEMBER_COOKIE_SECURE=rt.settings.public_url.startswith("https://"),
+        # Provider webhooks are small; anything bigger is refused before it is read (413).
+        MAX_CONTENT_LENGTH=1024 * 1024,
+        LEMBRA_RUNTIME=rt,
+    )
+    if enqueue_inbound is None:
+        from engine.inbound import process_inbound
+
+        def enqueue_inbound(ids: Sequence[int]) -> None:
+            for inbound_id in ids:
+                process_inbound(rt, inbound_id)
+
+    app.config["LEMBRA_ENQUEUE_INBOUND"] = enqueue_inbound
+    registry = CollectorRegistry()
+    registry.register(health.QueueCollector(rt))
+    app.config["LEMBRA_METRICS"] = registry
+
+    csrf.init_app(app)
+    auth.login_manager.init_app(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(webhooks.bp)
+    csrf.exempt(webhooks.bp)  # providers authenticate by signature, not by session
+    app.register_blueprint(auth.bp)
+    app.register_blueprint(console.bp)
+    return app
+
+
+def _session_key(rt: Runtime) -> bytes:
+    """Session signing key, derived from the credential keyring: one secret to keep."""
+    return rt.keyring.derive("flask-session")

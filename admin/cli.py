@@ -1,0 +1,299 @@
+"""The `lembra` command line. Every setting comes from the environment (see `lembra --help`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime
+from typing import Any, Callable
+
+import click
+from sqlalchemy import func, select
+
+from engine.config import ENV_VARS, ConfigError, Settings
+
+EXIT_CONFIG = 2
+
+
+def _env_help() -> str:
+    lines = ["\b", "Environment variables:"]
+    for name, (default, meaning) in ENV_VARS.items():
+        shown = f" (default {default})" if default else ""
+        lines.append(f"  {name}: {meaning}{shown}")
+    return "\n".join(lines)
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with status 2."""
+    click.echo(f"lembra: error: {message}", err=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        fail(str(exc))
+        raise  # unreachable
+
+
+def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
+    """Settings → checked database (and broker) → runtime, or a one-line error."""
+    from engine.broker import check_broker as broker_check
+    from engine.db import Database
+    from engine.logs import configure
+    from engine.migrate import upgrade
+    from engine.runtime import Runtime
+
+    settings = _settings()
+    configure(settings.log_level, settings.log_format)
+    try:
+        Database(settings.database_url).check()
+        if check_broker:
+            broker_check(settings)
+        if migrate:
+            upgrade(settings.database_url)
+        return Runtime.build(settings)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _domain(action: Callable[[], Any]) -> Any:
+    """Run a domain action, turning its validation errors into one-line CLI errors."""
+    from engine.orgs import DomainError
+
+    try:
+        return action()
+    except DomainError as exc:
+        fail(str(exc))
+
+
+@click.group(help="Lembra: reminders and follow-ups for clinics.\n\n" + _env_help())
+@click.version_option(package_name="lembra")
+def main() -> None:
+    """The `lembra` command."""
+
+
+@main.command(help="Run everything in one process: web console, scheduler and workers. With no "
+                   "configuration this is the embedded default (SQLite, in-process broker, sandbox, demo clinic).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--demo/--no-demo", default=True, show_default=True, help="Seed the demo clinic on first start.")
+@click.option("--threads", default=4, show_default=True, type=int, help="Worker threads.")
+def up(host: str, port: int, demo: bool, threads: int) -> None:
+    from admin.embedded import Embedded
+    from engine import demo as demo_seed
+
+    rt = _runtime(check_broker=True, migrate=True)
+    if demo:
+        with rt.db.begin() as conn:
+            seeded = demo_seed.seed(conn, rt.keyring)
+        if seeded.created:
+            click.echo("Demo clinic created.")
+        click.echo(f"Sign in as {seeded.owner_email} / {seeded.owner_password}")
+    click.echo(f"Lembra is running on http://{host}:{port}/  (Ctrl+C to stop)")
+    Embedded(rt, worker_threads=threads).serve(host, port)
+
+
+@main.command(help="Run the web console and webhooks under gunicorn.")
+@click.option("--bind", default="0.0.0.0:8000", show_default=True)
+@click.option("--workers", default=2, show_default=True, type=int)
+def web(bind: str, workers: int) -> None:
+    from gunicorn.app.base import BaseApplication
+
+    rt = _runtime(check_broker=True)
+    rt.close()
+
+    class _App(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            self.cfg.set("bind", bind)
+            self.cfg.set("workers", workers)
+            self.cfg.set("threads", 4)
+            self.cfg.set("accesslog", None)
+
+        def load(self) -> Any:
+            from admin.wsgi import app
+
+            return app
+
+    _App().run()
+
+
+@main.command(help="Run Dramatiq worker processes (any number, on any machine).")
+@click.option("--processes", default=2, show_default=True, type=int)
+@click.option("--threads", default=8, show_default=True, type=int)
+def worker(processes: int, threads: int) -> None:
+    settings = _settings()
+    if settings.broker_kind == "stub":
+        fail("lembra worker needs BROKER_URL (redis:// or amqp://); the embedded default runs workers in `lembra up`")
+    _runtime(check_broker=True).close()
+    args = [sys.executable, "-m", "dramatiq", "engine.worker_entry:broker",
+            "--processes", str(processes), "--threads", str(threads), "--skip-logging"]
+    os.execv(sys.executable, args)
+
+
+@main.command(help="Run the scheduler (populate, claim, dispatch). Safe to run twice: on PostgreSQL "
+                   "only one is active. With the in-process broker it also runs the workers.")
+@click.option("--once", is_flag=True, help="One populate + dispatch pass, then exit.")
+def scheduler(once: bool) -> None:
+    import threading
+
+    from admin.embedded import Embedded
+    from engine.broker import setup_broker
+    from engine.runtime import install
+    from engine.scheduler import Scheduler
+
+    rt = _runtime(check_broker=True)
+    if rt.settings.broker_kind == "stub":
+        embedded = Embedded(rt)
+        if once:
+            embedded.worker.start()
+            tick = embedded.scheduler.tick(force_populate=True)
+            embedded.drain()
+            embedded.worker.stop()
+            click.echo(f"claimed {tick.claimed} message(s)")
+            return
+        embedded.start()
+        try:
+            embedded.stop_event.wait()
+        except KeyboardInterrupt:
+            embedded.stop()
+        return
+    install(rt)
+    setup_broker(rt.settings)
+    import engine.actors as actors
+
+    sched = Scheduler(rt, lambda ids: actors.send_messages.send(list(ids)))
+    if once:
+        tick = sched.tick(force_populate=True)
+        click.echo(f"claimed {tick.claimed} message(s)")
+        return
+    stop = threading.Event()
+    try:
+        sched.run(stop)
+    except KeyboardInterrupt:
+        stop.set()
+
+
+@main.group(help="Database schema.")
+def db() -> None:
+    """Database commands."""
+
+
+@db.command(help="Apply pending migrations (a no-op when the schema is current).")
+def upgrade() -> None:
+    from engine.migrate import upgrade as apply
+
+    settings = _settings()
+    try:
+        applied = apply(settings.database_url)
+    except ConfigError as exc:
+        fail(str(exc))
+    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+
+
+@main.group(help="The demo clinic.")
+def demo() -> None:
+    """Demo commands."""
+
+
+@demo.command(help="Create the demo clinic (no-op if it exists).")
+def seed() -> None:
+    from engine import demo as demo_seed
+
+    rt = _runtime(migrate=True)
+    with rt.db.begin() as conn:
+        result = demo_seed.seed(conn, rt.keyring)
+    click.echo(("created" if result.created else "already there") + f": org id {result.org_id}")
+
+
+@main.group(help="Tenants.")
+def orgs() -> None:
+    """Org commands."""
+
+
+@orgs.command("create", help="Create an org.")
+@click.option("--slug", required=True)
+@click.option("--name", required=True)
+@click.option("--timezone", default="America/Sao_Paulo", show_default=True)
+@click.option("--state", default=None, help="Brazilian state (UF) for state holidays, e.g. SP.")
+def orgs_create(slug: str, name: str, timezone: str, state: str | None) -> None:
+    from engine.orgs import create_org
+
+    rt = _runtime()
+    with rt.db.begin() as conn:
+        org_id = _domain(lambda: create_org(conn, slug=slug, name=name, timezone=timezone, state=state))
+    click.echo(str(org_id))
+
+
+@main.group(help="Console users.")
+def users() -> None:
+    """User commands."""
+
+
+@users.command("create", help="Create a console user (prompts for the password when not given).")
+@click.option("--org", "org_slug", required=True)
+@click.option("--email", required=True)
+@click.option("--role", type=click.Choice(["owner", "manager", "agent"]), required=True)
+@click.option("--password", default=None)
+def users_create(org_slug: str, email: str, role: str, password: str | None) -> None:
+    from engine.orgs import create_user, org_by_slug
+
+    if password is None:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    rt = _runtime()
+    with rt.db.begin() as conn:
+        org = _domain(lambda: org_by_slug(conn, org_slug))
+        user_id = _domain(lambda: create_user(conn, org_id=org.id, email=email, role=role, password=password))
+    click.echo(str(user_id))
+
+
+@main.command(help="Show the queue (no message bodies, no phone numbers).")
+@click.option("--status", default=None)
+@click.option("--org", "org_slug", default=None)
+@click.option("--limit", default=50, show_default=True, type=int)
+def messages(status: str | None, org_slug: str | None, limit: int) -> None:
+    from engine.models import MESSAGE_STATUSES, orgs as orgs_table
+    from engine.models import messages as messages_table
+    from engine.orgs import org_by_slug
+
+    if status is not None and status not in MESSAGE_STATUSES:
+        fail(f"status must be one of {', '.join(MESSAGE_STATUSES)}")
+    rt = _runtime()
+    m = messages_table
+    with rt.db.connect() as conn:
+        query = select(m.c.id, orgs_table.c.slug, m.c.purpose, m.c.channel_kind, m.c.status, m.c.due_at,
+                       m.c.attempts, m.c.error_code, m.c.skip_reason).join(orgs_table, orgs_table.c.id == m.c.org_id)
+        counts = select(m.c.status, func.count()).group_by(m.c.status)
+        if org_slug:
+            org = _domain(lambda: org_by_slug(conn, org_slug))
+            query = query.where(m.c.org_id == org.id)
+            counts = counts.where(m.c.org_id == org.id)
+        if status:
+            query = query.where(m.c.status == status)
+        rows = conn.execute(query.order_by(m.c.id.desc()).limit(limit)).all()
+        totals = conn.execute(counts).all()
+    header = f"{'ID':>7}  {'ORG':<12} {'PURPOSE':<22} {'KIND':<8} {'STATUS':<10} {'DUE (UTC)':<17} {'TRY':>3}  REASON"
+    click.echo(header)
+    for r in rows:
+        due = r.due_at.strftime("%Y-%m-%d %H:%M") if isinstance(r.due_at, datetime) else "-"
+        click.echo(f"{r.id:>7}  {r.slug[:12]:<12} {r.purpose[:22]:<22} {r.channel_kind:<8} {r.status:<10} "
+                   f"{due:<17} {r.attempts:>3}  {r.error_code or r.skip_reason or ''}")
+    click.echo("totals: " + (", ".join(f"{s}={n}" for s, n in sorted(totals)) or "empty"))
+
+
+@main.group(help="Credential keys.")
+def keys() -> None:
+    """Key commands."""
+
+
+@keys.command("generate", help="Print a new key entry for LEMBRA_SECRET_KEYS.")
+@click.option("--version", "version", default=1, show_default=True, type=int)
+def keys_generate(version: int) -> None:
+    from gateway.crypto import Keyring
+
+    click.echo(Keyring.generate_spec(version))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Everything in one process: web console, scheduler and workers (the embedded default, and
+`lembra up` against any database and broker)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Sequence
+
+import dramatiq
+from werkzeug.serving import make_server
+
+from admin.app import create_app
+from engine.broker import setup_broker
+from engine.runtime import Runtime, install
+from engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class Embedded:
+    """Scheduler thread + Dramatiq worker threads (+ optionally the web server) in-process."""
+
+    def __init__(self, rt: Runtime, *, worker_threads: int = 4) -> None:
+        self.rt = rt
+        install(rt)
+        self.broker = setup_broker(rt.settings)
+        import engine.actors as actors
+
+        self.actors = actors
+        self.worker = dramatiq.Worker(self.broker, worker_threads=worker_threads)
+        self.scheduler = Scheduler(rt, self.enqueue_send)
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def enqueue_send(self, ids: Sequence[int]) -> None:
+        self.actors.send_messages.send(list(ids))
+
+    def enqueue_inbound(self, ids: Sequence[int]) -> None:
+        self.actors.process_inbound.send(list(ids))
+
+    def start(self) -> None:
+        """Start workers and the scheduler loop in background threads."""
+        self.worker.start()
+        thread = threading.Thread(target=self.scheduler.run, args=(self.stop_event,), name="scheduler", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def drain(self) -> None:
+        """Wait until every queued task has been processed (stub broker only)."""
+        for queue in self.broker.get_declared_queues():
+            self.broker.join(queue)
+        self.worker.join()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self.worker.stop()
+
+    def serve(self, host: str, port: int) -> None:
+        """Run the web console until interrupted, with scheduler and workers alongside."""
+        app = create_app(self.rt, enqueue_inbound=self.enqueue_inbound)
+        server = make_server(host, port, app, threaded=True)
+        self.start()
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+            self.stop()

@@ -1,0 +1,1 @@
+"""Lembra's domain: the data model, the reminder and follow-up pipelines and their actors."""

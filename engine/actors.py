@@ -1,0 +1,38 @@
+"""Dramatiq actors. They carry ids only; the rows in the database say what to do, so an actor
+that runs twice (a redelivered message) finds the work done and does nothing.
+
+Import this module through `engine.broker.setup_broker`, which installs the broker first.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dramatiq
+
+from engine import dispatch, inbound, runtime
+
+log = logging.getLogger(__name__)
+
+ACTOR_NAMES = ("send_messages", "process_inbound")
+SEND_QUEUE = "lembra_send"
+INBOUND_QUEUE = "lembra_inbound"
+
+
+@dramatiq.actor(queue_name=SEND_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)
+def send_messages(message_ids: list[int]) -> None:
+    """Send each claimed message. One message's failure never stops the others."""
+    rt = runtime.current()
+    for message_id in message_ids:
+        try:
+            dispatch.send_one(rt, int(message_id))
+        except Exception:  # the row's lease will expire and the sweep recovers it
+            log.exception("send crashed", extra={"message_id": message_id})
+
+
+@dramatiq.actor(queue_name=INBOUND_QUEUE, max_retries=3, min_backoff=1000, time_limit=5 * 60 * 1000)
+def process_inbound(inbound_ids: list[int]) -> None:
+    """Act on stored patient messages (each exactly once, by compare-and-set)."""
+    rt = runtime.current()
+    for inbound_id in inbound_ids:
+        inbound.process_inbound(rt, int(inbound_id))

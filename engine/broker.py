@@ -1,0 +1,61 @@
+"""The Dramatiq broker named by BROKER_URL. It only carries "this work is due now" pokes: the
+database is the source of truth, so a flushed or restarted broker loses nothing."""
+
+from __future__ import annotations
+
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+
+from engine.config import ConfigError, Settings
+
+
+def make_broker(settings: Settings) -> dramatiq.Broker:
+    """Build (not yet install) the broker for BROKER_URL."""
+    kind = settings.broker_kind
+    if kind == "stub":
+        return StubBroker()
+    if kind == "redis":
+        from dramatiq.brokers.redis import RedisBroker
+
+        return RedisBroker(url=settings.broker_url, heartbeat_timeout=60_000)
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    return RabbitmqBroker(url=settings.broker_url, heartbeat=30)
+
+
+def check_broker(settings: Settings) -> None:
+    """Raise ConfigError with a one-line reason when the broker cannot be reached."""
+    kind = settings.broker_kind
+    if kind == "stub":
+        return
+    host = settings.broker_url.split("@")[-1].split("://")[-1].split("/")[0]
+    if kind == "redis":
+        import redis
+
+        try:
+            redis.Redis.from_url(settings.broker_url, socket_connect_timeout=5).ping()
+        except (redis.RedisError, ValueError) as exc:
+            raise ConfigError(f"BROKER_URL: cannot connect to redis at {host} ({type(exc).__name__})") from None
+        return
+    import pika
+
+    try:
+        params = pika.URLParameters(settings.broker_url)
+        params.socket_timeout = 5
+        params.connection_attempts = 1
+        pika.BlockingConnection(params).close()
+    except Exception as exc:  # pika raises many unrelated types for one cause
+        raise ConfigError(f"BROKER_URL: cannot connect to rabbitmq at {host} ({type(exc).__name__})") from None
+
+
+def setup_broker(settings: Settings) -> dramatiq.Broker:
+    """Install the broker and declare the actors on it. Call once per process, before sending."""
+    broker = make_broker(settings)
+    dramatiq.set_broker(broker)
+    import engine.actors  # noqa: F401  (declares the actors on the broker just installed)
+
+    for actor_name in engine.actors.ACTOR_NAMES:
+        actor = getattr(engine.actors, actor_name)
+        actor.broker = broker
+        broker.declare_actor(actor)
+    return broker

@@ -1,0 +1,129 @@
+"""Channels: a clinic's account at a provider, with encrypted credentials, and the provider
+instances the workers send through."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any, Mapping
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Connection
+
+from engine import clock
+from engine.db import Database
+from engine.models import CHANNEL_KINDS, channels, sandbox_messages
+from engine.orgs import DomainError
+from gateway import registry
+from gateway.contract import OutboundMessage, Provider, ProviderContext
+from gateway.crypto import Keyring
+
+
+def create_channel(
+    conn: Connection,
+    keyring: Keyring,
+    *,
+    org_id: int,
+    kind: str,
+    provider: str,
+    name: str,
+    credentials: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
+    is_default: bool = True,
+) -> int:
+    """Create a channel; credentials are sealed to the new row before the transaction ends."""
+    if kind not in CHANNEL_KINDS:
+        raise DomainError(f"kind must be one of {', '.join(CHANNEL_KINDS)}")
+    try:
+        provider_cls = registry.load(provider)
+    except registry.UnknownProvider as exc:
+        raise DomainError(str(exc)) from None
+    if kind not in provider_cls.kinds:
+        raise DomainError(f"provider {provider!r} does not send {kind}")
+    now = clock.now()
+    if is_default:
+        conn.execute(
+            update(channels).where(channels.c.org_id == org_id, channels.c.kind == kind).values(is_default=False)
+        )
+    channel_id = int(conn.execute(
+        insert(channels).values(
+            org_id=org_id, kind=kind, provider=provider, name=name, settings=dict(settings or {}),
+            status="active", is_default=is_default, created_at=now, updated_at=now,
+        ).returning(channels.c.id)
+    ).scalar_one())
+    if credentials:
+        sealed = keyring.seal(credentials, table="channels", org_id=org_id, row_id=channel_id)
+        conn.execute(
+            update(channels).where(channels.c.id == channel_id, channels.c.org_id == org_id)
+            .values(credentials=sealed.ciphertext, key_version=sealed.key_version)
+        )
+    return channel_id
+
+
+class DbSandboxRecorder:
+    """Records what the sandbox provider 'sent' in `sandbox_messages`, in its own transaction,
+    the way a real provider's side effect is independent of ours."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def record(self, org_id: int, channel_id: int, message: OutboundMessage) -> str:
+        provider_id = f"sbx-{uuid.uuid4().hex}"
+        with self.db.begin() as conn:
+            conn.execute(insert(sandbox_messages).values(
+                org_id=org_id,
+                channel_id=channel_id,
+                provider_message_id=provider_id,
+                idempotency_key=message.idempotency_key,
+                to_address=message.to,
+                subject=message.subject,
+                body=message.text,
+                buttons=[{"id": b.id, "title": b.title} for b in message.buttons] or None,
+                created_at=clock.now(),
+            ))
+        return provider_id
+
+
+class ProviderPool:
+    """Provider instances per channel, rebuilt when the channel row changes."""
+
+    def __init__(self, db: Database, keyring: Keyring, *, timeout: float, public_url: str) -> None:
+        self.db = db
+        self.keyring = keyring
+        self.timeout = timeout
+        self.public_url = public_url
+        self.recorder = DbSandboxRecorder(db)
+        self._cache: dict[int, tuple[Any, Provider]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, channel: Any) -> Provider:
+        """The provider for a `channels` row (decrypting its credentials once per version)."""
+        stamp = (channel.updated_at, channel.key_version)
+        with self._lock:
+            cached = self._cache.get(channel.id)
+            if cached and cached[0] == stamp:
+                return cached[1]
+        config: dict[str, Any] = dict(channel.settings or {})
+        if channel.credentials:
+            config.update(self.keyring.open(
+                channel.credentials, key_version=channel.key_version, table="channels",
+                org_id=channel.org_id, row_id=channel.id,
+            ))
+        context = ProviderContext(
+            org_id=channel.org_id, channel_id=channel.id, timeout=self.timeout,
+            public_url=self.public_url, sandbox_recorder=self.recorder,
+        )
+        provider = registry.load(channel.provider)(config, context)
+        with self._lock:
+            self._cache[channel.id] = (stamp, provider)
+        return provider
+
+
+def default_channel(conn: Connection, org_id: int, kind: str) -> Any:
+    """The org's channel for a kind: the default one if active, else any active one, else None."""
+    return conn.execute(
+        select(channels)
+        .where(channels.c.org_id == org_id, channels.c.kind == kind, channels.c.status == "active")
+        .order_by(channels.c.is_default.desc(), channels.c.id)
+        .limit(1)
+    ).first()

@@ -1,0 +1,144 @@
+"""Database access: one engine per process, UTC timestamps, short transactions.
+
+Both backends run the same statements. SQLite (the embedded default) gets WAL, a busy timeout and
+`BEGIN IMMEDIATE`, so concurrent writers queue instead of failing; PostgreSQL gets a pre-pinged
+pool so a dropped connection is replaced instead of failing the next statement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+from sqlalchemy import JSON, DateTime, LargeBinary, create_engine, event, text
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
+from sqlalchemy.types import TypeDecorator
+
+from engine.config import ConfigError
+
+UTC = timezone.utc
+
+#: JSON stored as jsonb on PostgreSQL and as text on SQLite.
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+BinaryType = LargeBinary().with_variant(BYTEA(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware datetime in, an aware UTC datetime out, on every backend.
+
+    PostgreSQL stores timestamptz. SQLite stores naive UTC text, which compares correctly as
+    text because every value is written in the same format. Naive input is a bug and refused.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):  # type: ignore[no-untyped-def]
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(DateTime())
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:  # type: ignore[no-untyped-def]
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise TypeError("UTCDateTime expects a datetime")
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the database; use aware datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:  # type: ignore[no-untyped-def]
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Database:
+    """A process's handle on the database: `with db.begin() as conn:` is one transaction."""
+
+    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+        self.url = url
+        self.dialect = make_url(url).get_backend_name()
+        self.engine: Engine = _make_engine(url, pool_size=pool_size, echo=echo)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A connection inside a transaction, committed on success, rolled back on error."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A plain connection for callers that manage transactions themselves."""
+        with self.engine.connect() as conn:
+            yield conn
+
+    def check(self) -> None:
+        """Raise ConfigError with a one-line reason when the database cannot be reached."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except OperationalError as exc:
+            raise ConfigError(f"DATABASE_URL: cannot connect ({_reason(exc)})") from None
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _reason(exc: OperationalError) -> str:
+    """The first line of the driver's message, which names host and cause but never the password."""
+    message = str(exc.orig) if exc.orig is not None else str(exc)
+    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    return first[:200]
+
+
+def _make_engine(url: str, *, pool_size: int, echo: bool) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(
+            url,
+            echo=echo,
+            connect_args={"timeout": 60, "check_same_thread": False},
+            hide_parameters=True,
+            poolclass=NullPool if parsed.database in (None, "", ":memory:") else None,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Connection) -> None:
+            # Take the write lock up front: a deferred transaction that later writes can fail
+            # with "database is locked" instead of waiting its turn.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(
+        url,
+        echo=echo,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args={"connect_timeout": 10, "application_name": "lembra"},
+        hide_parameters=True,
+    )

@@ -1,0 +1,218 @@
+"""Inbound: webhooks in, replies understood (SPEC §5, §6).
+
+`receive` verifies and stores what a provider sent (nothing is stored when the signature or the
+body is bad; a retried webhook is a no-op); `process_inbound` then acts on each new patient
+message: SAIR opts out, OK/CONFIRMAR confirms, CANCELAR cancels the appointment the reminder was
+about. Status events move messages forward only (a late `delivered` never overwrites `read`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import and_, select, update
+from sqlalchemy.engine import Connection
+
+from engine import appointments as appts
+from engine import clock
+from engine.contacts import find_by_address, opt_out
+from engine.dialect import insert_ignore
+from engine.inbox import open_inbox_item
+from engine.keywords import classify, parse_keywords
+from engine.models import appointments, channels, inbound_messages, messages, orgs
+from engine.outbox import enqueue, transition
+from engine.populate import refresh_appointment
+from engine.runtime import Runtime
+from gateway.contract import ConnectionEvent, InboundMessageEvent, StatusEvent, WebhookRequest
+from gateway.errors import UnknownChannel
+
+log = logging.getLogger(__name__)
+
+STATUS_RANK = {"sending": 0, "unknown": 0, "sent": 1, "delivered": 2, "read": 3}
+STATUS_TIMESTAMP = {"delivered": "delivered_at", "read": "read_at"}
+
+
+@dataclass
+class Received:
+    """What a webhook delivery produced."""
+
+    inbound_ids: list[int] = field(default_factory=list)
+    statuses_applied: int = 0
+    response_body: str | None = None
+    response_status: int = 200
+
+
+def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest) -> Received:
+    """Verify, parse and store one webhook delivery. Raises a WebhookError subclass when refused."""
+    with rt.db.connect() as conn:
+        channel = conn.execute(
+            select(channels).where(channels.c.id == channel_id, channels.c.provider == provider)
+        ).first()
+    if channel is None:
+        raise UnknownChannel("no such channel")
+    parsed = rt.providers.get(channel).parse_webhook(request)
+    received = Received(response_body=parsed.response_body, response_status=parsed.response_status)
+    if not parsed.events:
+        return received
+    org_id = channel.org_id
+    now = clock.now()
+    with rt.db.begin() as conn:
+        for event in parsed.events:
+            if isinstance(event, InboundMessageEvent):
+                row = conn.execute(
+                    insert_ignore(conn, inbound_messages, ("channel_id", "provider_message_id")).values(
+                        org_id=org_id, channel_id=channel.id, provider_message_id=event.provider_message_id,
+                        from_address=event.from_address, text=event.text, button_payload=event.button_payload,
+                        in_reply_to=event.in_reply_to, received_at=now,
+                    ).returning(inbound_messages.c.id)
+                ).first()
+                if row is not None:
+                    received.inbound_ids.append(int(row.id))
+            elif isinstance(event, StatusEvent):
+                if apply_status(conn, org_id, channel.id, event):
+                    received.statuses_applied += 1
+            elif isinstance(event, ConnectionEvent):
+                conn.execute(
+                    update(channels).where(channels.c.org_id == org_id, channels.c.id == channel.id)
+                    .values(status_detail=event.state[:100], updated_at=now)
+                )
+    return received
+
+
+def apply_status(conn: Connection, org_id: int, channel_id: int, event: StatusEvent) -> bool:
+    """Move a message forward on a provider status; duplicates and late arrivals change nothing."""
+    msg = conn.execute(
+        select(messages.c.id, messages.c.status, messages.c.contact_id, messages.c.channel_kind).where(
+            messages.c.org_id == org_id, messages.c.channel_id == channel_id,
+            messages.c.provider_message_id == event.provider_message_id,
+        )
+    ).first()
+    if msg is None:
+        return False
+    if event.status == "failed":
+        if msg.status not in ("sending", "sent", "unknown"):
+            return False
+        moved = transition(conn, org_id, msg.id, (msg.status,), "failed", "failed",
+                           values={"error_code": event.error_code or "provider_failed", "failed_at": event.timestamp},
+                           provider_status="failed", detail={"code": event.error_code})
+        if moved and event.opt_out:
+            opt_out(conn, org_id, msg.contact_id, kinds=(msg.channel_kind,), source="provider",
+                    evidence=f"provider status {event.error_code}")
+        return moved
+    if msg.status not in STATUS_RANK or STATUS_RANK[event.status] <= STATUS_RANK[msg.status]:
+        return False
+    values: dict[str, Any] = {}
+    if event.status in STATUS_TIMESTAMP:
+        values[STATUS_TIMESTAMP[event.status]] = event.timestamp
+    if msg.status == "unknown":
+        values["error_code"] = None
+    return transition(conn, org_id, msg.id, (msg.status,), event.status, event.status,
+                      values=values, provider_status=event.status)
+
+
+def process_inbound(rt: Runtime, inbound_id: int) -> str | None:
+    """Act on one stored patient message, once; returns the outcome (None if already done)."""
+    with rt.db.begin() as conn:
+        query = select(inbound_messages).where(inbound_messages.c.id == inbound_id,
+                                               inbound_messages.c.processed_at.is_(None))
+        if conn.dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        inbound = conn.execute(query).first()
+        if inbound is None:
+            return None
+        outcome, intent, contact_id = _act(conn, inbound)
+        conn.execute(
+            update(inbound_messages)
+            .where(inbound_messages.c.org_id == inbound.org_id, inbound_messages.c.id == inbound.id)
+            .values(processed_at=clock.now(), outcome=outcome, intent=intent, contact_id=contact_id)
+        )
+    log.info("inbound processed", extra={"inbound_id": inbound_id, "outcome": outcome})
+    return outcome
+
+
+def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
+    org_id = inbound.org_id
+    org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
+    channel = conn.execute(select(channels).where(channels.c.org_id == org_id,
+                                                  channels.c.id == inbound.channel_id)).one()
+    contact_id = find_by_address(conn, org_id, inbound.from_address or "")
+    if contact_id is None:
+        return "unknown_contact", None, None
+    intent, button_appointment = _intent(org, inbound)
+    if intent is None:
+        return "free_text", None, contact_id
+    if intent == "optout":
+        opt_out(conn, org_id, contact_id, source=f"reply:{channel.kind}", evidence=f"inbound:{inbound.id}")
+        _reply(conn, org_id, contact_id, channel.kind, inbound.id, "optout_confirmation", None)
+        return "opted_out", intent, contact_id
+    appointment = _target_appointment(conn, org_id, contact_id, inbound, button_appointment)
+    if appointment is None:
+        return "no_appointment", intent, contact_id
+    if intent == "confirm":
+        if not appts.confirm(conn, org_id, appointment.id):
+            return f"appointment_{appointment.status}", intent, contact_id
+        _reply(conn, org_id, contact_id, channel.kind, inbound.id, "confirm_ack", appointment)
+        return "confirmed", intent, contact_id
+    if not appts.cancel(conn, org_id, appointment.id, source="patient"):
+        return f"appointment_{appointment.status}", intent, contact_id
+    refresh_appointment(conn, org_id, appointment.id)
+    open_inbox_item(conn, org_id, "appointment_cancelled_by_patient", f"appointment:{appointment.id}:patient_cancel",
+                    appointment_id=appointment.id, detail="the patient cancelled by replying to a reminder")
+    _reply(conn, org_id, contact_id, channel.kind, inbound.id, "cancel_ack", appointment)
+    return "cancelled", intent, contact_id
+
+
+def _intent(org: Any, inbound: Any) -> tuple[str | None, int | None]:
+    """The reply's intent; a button payload like 'confirm:42' also names the appointment."""
+    if inbound.button_payload:
+        action, _, ref = inbound.button_payload.partition(":")
+        if action in ("confirm", "cancel"):
+            return action, int(ref) if ref.isdigit() else None
+    keywords = {
+        "optout": parse_keywords(org.optout_keywords),
+        "confirm": parse_keywords(org.confirm_keywords),
+        "cancel": parse_keywords(org.cancel_keywords),
+    }
+    return classify(inbound.text or "", {k: v for k, v in keywords.items() if v}), None
+
+
+def _target_appointment(conn: Connection, org_id: int, contact_id: int, inbound: Any, from_button: int | None) -> Any:
+    """The appointment a reply is about: the button's, else the replied-to message's, else the
+    one of the latest reminder sent to the contact, else their next upcoming one."""
+    now = clock.now()
+    live = and_(appointments.c.org_id == org_id, appointments.c.contact_id == contact_id)
+    if from_button is not None:
+        return conn.execute(select(appointments).where(live, appointments.c.id == from_button)).first()
+    if inbound.in_reply_to:
+        row = conn.execute(
+            select(appointments).join(messages, and_(messages.c.appointment_id == appointments.c.id,
+                                                     messages.c.org_id == org_id))
+            .where(live, messages.c.provider_message_id == inbound.in_reply_to)
+        ).first()
+        if row is not None:
+            return row
+    row = conn.execute(
+        select(appointments).join(messages, and_(messages.c.appointment_id == appointments.c.id,
+                                                 messages.c.org_id == org_id))
+        .where(live, messages.c.contact_id == contact_id, messages.c.status.in_(("sent", "delivered", "read")),
+               appointments.c.starts_at > now)
+        .order_by(messages.c.sent_at.desc()).limit(1)
+    ).first()
+    if row is not None:
+        return row
+    return conn.execute(
+        select(appointments).where(live, appointments.c.starts_at > now, appointments.c.status.in_(appts.LIVE))
+        .order_by(appointments.c.starts_at).limit(1)
+    ).first()
+
+
+def _reply(conn: Connection, org_id: int, contact_id: int, kind: str, inbound_id: int, template_key: str,
+           appointment: Any) -> None:
+    """Answer the patient on the channel kind they wrote on, right away (they just wrote)."""
+    enqueue(
+        conn, org_id=org_id, contact_id=contact_id, channel_kind=kind, purpose=template_key,
+        idempotency_key=f"inbound:{inbound_id}:{template_key}", template_key=template_key,
+        appointment_id=appointment.id if appointment is not None else None, respect_window=False,
+    )

@@ -1,0 +1,415 @@
+"""The data model (SPEC §3), mapped onto the schema that `sql/` creates.
+
+The SQL migrations are the source of truth for the schema; these classes describe it to
+SQLAlchemy and Flask-Admin. tests/test_schema.py checks that both agree column by column.
+Every table but `orgs` carries `org_id`, and every query filters on it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from engine.db import BinaryType, JSONType, UTCDateTime
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY, PostgreSQL uses bigint identities.
+PK = BigInteger().with_variant(Integer(), "sqlite")
+
+CHANNEL_KINDS = ("whatsapp", "email", "sms")
+PROVIDERS = ("evolution", "meta", "smtp", "resend", "twilio", "zenvia", "sandbox")
+APPOINTMENT_STATUSES = ("scheduled", "confirmed", "cancelled", "completed", "no_show")
+MESSAGE_STATUSES = (
+    "new", "pending", "claimed", "sending", "sent", "delivered", "read",
+    "failed", "unknown", "cancelled", "expired", "dead", "skipped",
+)
+#: Statuses from which a message may still go out.
+OPEN_STATUSES = ("new", "pending", "claimed")
+#: Statuses after which nothing will happen to a message any more (bar status webhooks).
+TERMINAL_STATUSES = ("sent", "delivered", "read", "failed", "cancelled", "expired", "dead", "skipped")
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every Lembra table."""
+
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType}
+
+
+def _fk(target: str, *, nullable: bool = False, ondelete: str | None = None) -> Any:
+    return mapped_column(PK, ForeignKey(target, ondelete=ondelete), nullable=nullable)
+
+
+class Org(Base):
+    __tablename__ = "orgs"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    slug: Mapped[str] = mapped_column(Text, unique=True)
+    name: Mapped[str] = mapped_column(Text)
+    timezone: Mapped[str] = mapped_column(Text, default="America/Sao_Paulo")
+    locale: Mapped[str] = mapped_column(Text, default="pt_BR")
+    state: Mapped[str | None] = mapped_column(Text)
+    quiet_start: Mapped[str] = mapped_column(Text, default="08:00")
+    quiet_end: Mapped[str] = mapped_column(Text, default="20:00")
+    skip_sundays: Mapped[bool] = mapped_column(Boolean, default=True)
+    skip_holidays: Mapped[bool] = mapped_column(Boolean, default=True)
+    optout_keywords: Mapped[str | None] = mapped_column(Text)
+    confirm_keywords: Mapped[str | None] = mapped_column(Text)
+    cancel_keywords: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    email: Mapped[str] = mapped_column(Text, unique=True)
+    password_hash: Mapped[str] = mapped_column(Text)
+    role: Mapped[str] = mapped_column(Text)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_login_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+    def __repr__(self) -> str:  # never the hash
+        return f"<User {self.id} org={self.org_id} role={self.role}>"
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str] = mapped_column(Text)
+    prefix: Mapped[str] = mapped_column(Text)
+    key_hash: Mapped[str] = mapped_column(Text, unique=True)
+    created_at: Mapped[datetime]
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class Contact(Base):
+    __tablename__ = "contacts"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str | None] = mapped_column(Text)
+    phone: Mapped[str | None] = mapped_column(Text)
+    email: Mapped[str | None] = mapped_column(Text)
+    external_id: Mapped[str | None] = mapped_column(Text)
+    locale: Mapped[str | None] = mapped_column(Text)
+    erased_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    def __repr__(self) -> str:  # no name or phone: reprs end up in logs
+        return f"<Contact {self.id} org={self.org_id}>"
+
+
+class Preference(Base):
+    __tablename__ = "preferences"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    contact_id: Mapped[int] = _fk("contacts.id")
+    kind: Mapped[str] = mapped_column(Text)
+    opted_in: Mapped[bool] = mapped_column(Boolean, default=False)
+    opted_in_at: Mapped[datetime | None]
+    opted_out_at: Mapped[datetime | None]
+    source: Mapped[str | None] = mapped_column(Text)
+    evidence: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime]
+
+
+class Appointment(Base):
+    __tablename__ = "appointments"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    contact_id: Mapped[int] = _fk("contacts.id")
+    professional: Mapped[str | None] = mapped_column(Text)
+    starts_at: Mapped[datetime]
+    timezone: Mapped[str] = mapped_column(Text)
+    mode: Mapped[str | None] = mapped_column(Text)
+    location: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, default="scheduled")
+    external_id: Mapped[str | None] = mapped_column(Text)
+    confirmed_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
+    cancel_source: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Channel(Base):
+    __tablename__ = "channels"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    kind: Mapped[str] = mapped_column(Text)
+    provider: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)
+    credentials: Mapped[bytes | None] = mapped_column(BinaryType)
+    key_version: Mapped[int | None] = mapped_column(Integer)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(Text, default="active")
+    status_detail: Mapped[str | None] = mapped_column(Text)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    min_interval_ms: Mapped[int | None] = mapped_column(Integer)
+    daily_cap: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    def __repr__(self) -> str:  # never the credentials
+        return f"<Channel {self.id} org={self.org_id} {self.kind}/{self.provider}>"
+
+
+class Template(Base):
+    __tablename__ = "templates"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int | None] = _fk("orgs.id", nullable=True)
+    key: Mapped[str] = mapped_column(Text)
+    channel_kind: Mapped[str] = mapped_column(Text)
+    locale: Mapped[str] = mapped_column(Text, default="pt_BR")
+    subject: Mapped[str | None] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    body_html: Mapped[str | None] = mapped_column(Text)
+    meta_template_name: Mapped[str | None] = mapped_column(Text)
+    meta_language: Mapped[str | None] = mapped_column(Text)
+    meta_parameters: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    updated_at: Mapped[datetime]
+
+
+class ReminderRule(Base):
+    __tablename__ = "reminder_rules"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str] = mapped_column(Text)
+    purpose: Mapped[str] = mapped_column(Text)
+    template_key: Mapped[str] = mapped_column(Text)
+    trigger: Mapped[str] = mapped_column(Text)
+    offset_minutes: Mapped[int] = mapped_column(Integer, default=0)
+    respect_window: Mapped[bool] = mapped_column(Boolean, default=True)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ReminderRuleKind(Base):
+    __tablename__ = "reminder_rule_kinds"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    rule_id: Mapped[int] = _fk("reminder_rules.id", ondelete="CASCADE")
+    kind: Mapped[str] = mapped_column(Text)
+    position: Mapped[int] = mapped_column(Integer)
+
+
+class FlowPointer(Base):
+    __tablename__ = "flow_pointers"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, default="draft")
+    active_version_id: Mapped[int | None] = mapped_column(PK)
+    draft_graph: Mapped[dict[str, Any]] = mapped_column(default=lambda: {"nodes": [], "edges": []})
+    handoff_policy: Mapped[str] = mapped_column(Text, default="pause")
+    cancel_on_reply: Mapped[bool] = mapped_column(Boolean, default=False)
+    trigger_config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    max_steps: Mapped[int] = mapped_column(Integer, default=30)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class FlowVersion(Base):
+    __tablename__ = "flow_versions"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    pointer_id: Mapped[int] = _fk("flow_pointers.id")
+    version: Mapped[int] = mapped_column(Integer)
+    graph: Mapped[dict[str, Any]]
+    created_by: Mapped[int | None] = _fk("users.id", nullable=True)
+    created_at: Mapped[datetime]
+
+
+class Enrollment(Base):
+    __tablename__ = "enrollments"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    pointer_id: Mapped[int] = _fk("flow_pointers.id")
+    version_id: Mapped[int] = _fk("flow_versions.id")
+    contact_id: Mapped[int] = _fk("contacts.id")
+    appointment_id: Mapped[int | None] = _fk("appointments.id", nullable=True)
+    current_node_id: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, default="active")
+    next_eval_at: Mapped[datetime | None]
+    lease_until: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=5)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    llm_calls: Mapped[int] = mapped_column(Integer, default=0)
+    timing_plan: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    outcome: Mapped[str | None] = mapped_column(Text)
+    cancel_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class EnrollmentEvent(Base):
+    __tablename__ = "enrollment_events"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    enrollment_id: Mapped[int] = _fk("enrollments.id")
+    node_id: Mapped[str | None] = mapped_column(Text)
+    event_type: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str] = mapped_column(Text)
+    persona: Mapped[str | None] = mapped_column(Text)
+    llm_base_url: Mapped[str | None] = mapped_column(Text)
+    llm_model: Mapped[str | None] = mapped_column(Text)
+    llm_api_key: Mapped[bytes | None] = mapped_column(BinaryType)
+    key_version: Mapped[int | None] = mapped_column(Integer)
+    handoff_policy: Mapped[str] = mapped_column(Text, default="pause")
+    followup_enabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    flow_pointer_ids: Mapped[dict[str, Any]] = mapped_column(JSONType, default=list)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    purpose: Mapped[str] = mapped_column(Text)
+    contact_id: Mapped[int] = _fk("contacts.id")
+    channel_kind: Mapped[str] = mapped_column(Text)
+    channel_id: Mapped[int | None] = _fk("channels.id", nullable=True)
+    appointment_id: Mapped[int | None] = _fk("appointments.id", nullable=True)
+    appointment_starts_at: Mapped[datetime | None]
+    enrollment_id: Mapped[int | None] = _fk("enrollments.id", nullable=True)
+    rule_id: Mapped[int | None] = _fk("reminder_rules.id", nullable=True)
+    template_key: Mapped[str | None] = mapped_column(Text)
+    respect_window: Mapped[bool] = mapped_column(Boolean, default=True)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    nominal_due_at: Mapped[datetime | None]
+    due_at: Mapped[datetime | None]
+    next_attempt_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None]
+    claimed_by: Mapped[str | None] = mapped_column(Text)
+    provider_message_id: Mapped[str | None] = mapped_column(Text)
+    subject: Mapped[str | None] = mapped_column(Text)
+    body: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(Text)
+    error_detail: Mapped[str | None] = mapped_column(Text)
+    skip_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    sent_at: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    read_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+
+
+class MessageEvent(Base):
+    __tablename__ = "message_events"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    message_id: Mapped[int] = _fk("messages.id")
+    event: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    provider_status: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+
+
+class InboundMessage(Base):
+    __tablename__ = "inbound_messages"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    channel_id: Mapped[int] = _fk("channels.id")
+    provider_message_id: Mapped[str] = mapped_column(Text)
+    contact_id: Mapped[int | None] = _fk("contacts.id", nullable=True)
+    from_address: Mapped[str | None] = mapped_column(Text)
+    text: Mapped[str | None] = mapped_column(Text)
+    button_payload: Mapped[str | None] = mapped_column(Text)
+    intent: Mapped[str | None] = mapped_column(Text)
+    in_reply_to: Mapped[str | None] = mapped_column(Text)
+    received_at: Mapped[datetime]
+    processed_at: Mapped[datetime | None]
+    outcome: Mapped[str | None] = mapped_column(Text)
+
+
+class SandboxMessage(Base):
+    __tablename__ = "sandbox_messages"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    channel_id: Mapped[int] = _fk("channels.id")
+    provider_message_id: Mapped[str] = mapped_column(Text)
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
+    to_address: Mapped[str] = mapped_column(Text)
+    subject: Mapped[str | None] = mapped_column(Text)
+    body: Mapped[str | None] = mapped_column(Text)
+    buttons: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+
+
+class InboxItem(Base):
+    __tablename__ = "inbox_items"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    kind: Mapped[str] = mapped_column(Text)
+    message_id: Mapped[int | None] = _fk("messages.id", nullable=True)
+    appointment_id: Mapped[int | None] = _fk("appointments.id", nullable=True)
+    enrollment_id: Mapped[int | None] = _fk("enrollments.id", nullable=True)
+    channel_id: Mapped[int | None] = _fk("channels.id", nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text)
+    dedupe_key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    resolved_at: Mapped[datetime | None]
+    resolved_by: Mapped[int | None] = _fk("users.id", nullable=True)
+
+
+class AuditLog(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    user_id: Mapped[int | None] = _fk("users.id", nullable=True)
+    api_key_id: Mapped[int | None] = _fk("api_keys.id", nullable=True)
+    action: Mapped[str] = mapped_column(Text)
+    entity: Mapped[str] = mapped_column(Text)
+    entity_id: Mapped[int | None] = mapped_column(PK)
+    changes: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+
+
+orgs = Org.__table__
+users = User.__table__
+api_keys = ApiKey.__table__
+contacts = Contact.__table__
+preferences = Preference.__table__
+appointments = Appointment.__table__
+channels = Channel.__table__
+templates = Template.__table__
+reminder_rules = ReminderRule.__table__
+reminder_rule_kinds = ReminderRuleKind.__table__
+flow_pointers = FlowPointer.__table__
+flow_versions = FlowVersion.__table__
+enrollments = Enrollment.__table__
+enrollment_events = EnrollmentEvent.__table__
+agents = Agent.__table__
+messages = Message.__table__
+message_events = MessageEvent.__table__
+inbound_messages = InboundMessage.__table__
+sandbox_messages = SandboxMessage.__table__
+inbox_items = InboxItem.__table__
+audit_log = AuditLog.__table__

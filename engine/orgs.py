@@ -1,0 +1,116 @@
+"""Tenants and their people: orgs, users, and the sending policy an org's settings imply."""
+
+from __future__ import annotations
+
+import re
+from datetime import time
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from werkzeug.security import generate_password_hash
+
+from engine import clock
+from engine.models import orgs, users
+from engine.windows import WindowPolicy
+
+ROLES = ("owner", "manager", "agent")
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+
+class DomainError(ValueError):
+    """Bad input to a domain operation; the message is one line and safe to show."""
+
+
+def parse_hhmm(value: str) -> time:
+    """'08:00' → time(8, 0)."""
+    try:
+        hours, minutes = value.strip().split(":")
+        return time(int(hours), int(minutes))
+    except (ValueError, AttributeError):
+        raise DomainError(f"not a time of day: {value!r} (use HH:MM)") from None
+
+
+def policy_for(org: Any) -> WindowPolicy:
+    """The sending window an org's settings describe (timezone, hours, Sundays, holidays)."""
+    return WindowPolicy(
+        timezone=org.timezone,
+        allowed_start=parse_hhmm(org.quiet_start),
+        allowed_end=parse_hhmm(org.quiet_end),
+        skip_sundays=bool(org.skip_sundays),
+        skip_holidays=bool(org.skip_holidays),
+        state=org.state or None,
+    )
+
+
+def create_org(
+    conn: Connection,
+    *,
+    slug: str,
+    name: str,
+    timezone: str = "America/Sao_Paulo",
+    state: str | None = None,
+    locale: str = "pt_BR",
+    quiet_start: str = "08:00",
+    quiet_end: str = "20:00",
+    skip_sundays: bool = True,
+    skip_holidays: bool = True,
+) -> int:
+    """Create an org after validating every setting; returns its id."""
+    if not _SLUG.match(slug or ""):
+        raise DomainError("slug must be 2-63 lowercase letters, digits or dashes")
+    if not (name or "").strip():
+        raise DomainError("name must not be empty")
+    state = state.upper() if state else None
+    try:
+        WindowPolicy(
+            timezone=timezone,
+            allowed_start=parse_hhmm(quiet_start),
+            allowed_end=parse_hhmm(quiet_end),
+            skip_sundays=skip_sundays,
+            skip_holidays=skip_holidays,
+            state=state,
+        )
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+    if conn.execute(select(orgs.c.id).where(orgs.c.slug == slug)).first():
+        raise DomainError(f"an org with slug {slug!r} already exists")
+    now = clock.now()
+    return int(conn.execute(
+        insert(orgs).values(
+            slug=slug, name=name.strip(), timezone=timezone, state=state, locale=locale,
+            quiet_start=quiet_start, quiet_end=quiet_end, skip_sundays=skip_sundays,
+            skip_holidays=skip_holidays, created_at=now, updated_at=now,
+        ).returning(orgs.c.id)
+    ).scalar_one())
+
+
+def org_by_slug(conn: Connection, slug: str) -> Any:
+    """The org row with that slug; DomainError if there is none."""
+    row = conn.execute(select(orgs).where(orgs.c.slug == slug)).first()
+    if row is None:
+        raise DomainError(f"no org with slug {slug!r}")
+    return row
+
+
+def create_user(conn: Connection, *, org_id: int, email: str, role: str, password: str) -> int:
+    """Create a user with a hashed password; returns its id."""
+    email = (email or "").strip().lower()
+    if not _EMAIL.match(email):
+        raise DomainError("not a valid e-mail address")
+    if role not in ROLES:
+        raise DomainError(f"role must be one of {', '.join(ROLES)}")
+    if len(password or "") < 8:
+        raise DomainError("password must have at least 8 characters")
+    try:
+        with conn.begin_nested():
+            return int(conn.execute(
+                insert(users).values(
+                    org_id=org_id, email=email, role=role, active=True,
+                    password_hash=generate_password_hash(password), created_at=clock.now(),
+                ).returning(users.c.id)
+            ).scalar_one())
+    except IntegrityError:
+        raise DomainError("a user with that e-mail already exists") from None

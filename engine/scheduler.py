@@ -1,0 +1,109 @@
+"""The scheduler: sweeps leases, populates, claims what is due and hands the ids to the broker.
+
+Run any number of them; on PostgreSQL a session advisory lock keeps exactly one active, and a
+standby takes over when the active one's connection goes away. Nothing due is ever parked in
+the broker for later: the database holds `due_at`, the broker only sees what is due now.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from engine import dispatch
+from engine.populate import PopulateResult, populate
+from engine.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: Advisory lock key: "LEMB" as an integer.
+LEADER_LOCK = 0x4C454D42
+#: Claimed-but-unsent rows allowed at once, so a big backlog is not all leased at the same time.
+MAX_IN_FLIGHT = 5000
+
+
+@dataclass
+class Tick:
+    """What one pass did."""
+
+    populated: PopulateResult | None
+    claimed: int
+    reclaimed: int
+    unknown: int
+
+
+class Scheduler:
+    """One scheduler loop. `enqueue` hands a list of message ids to the workers."""
+
+    def __init__(self, rt: Runtime, enqueue: Callable[[Sequence[int]], None]) -> None:
+        self.rt = rt
+        self.enqueue = enqueue
+        self._last_populate = 0.0
+
+    def tick(self, *, force_populate: bool = False) -> Tick:
+        """One pass: sweep leases, populate when due, claim and enqueue everything due now."""
+        settings = self.rt.settings
+        reclaimed, unknown = dispatch.sweep_leases(self.rt)
+        populated = None
+        if force_populate or time.monotonic() - self._last_populate >= settings.populate_interval:
+            populated = populate(self.rt.db, horizon=settings.populate_horizon)
+            self._last_populate = time.monotonic()
+        claimed = 0
+        while True:
+            ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=MAX_IN_FLIGHT)
+            for start in range(0, len(ids), settings.send_batch):
+                self.enqueue(ids[start:start + settings.send_batch])
+            claimed += len(ids)
+            if len(ids) < settings.claim_batch:
+                break
+        return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown)
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until `stop` is set, active only while holding the leader lock (PostgreSQL)."""
+        if self.rt.db.is_sqlite:
+            self._loop(stop, lambda: True)
+            return
+        while not stop.is_set():
+            try:
+                with self.rt.db.engine.connect() as lock_conn:
+                    got = lock_conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK}).scalar()
+                    lock_conn.commit()
+                    if not got:
+                        stop.wait(5)
+                        continue
+                    log.info("scheduler is active")
+                    self._loop(stop, lambda: _still_holding(lock_conn))
+                    lock_conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK})
+                    lock_conn.commit()
+            except DBAPIError as exc:
+                log.error("scheduler lost its database connection", extra={"error": type(exc).__name__})
+                stop.wait(2)
+
+    def _loop(self, stop: threading.Event, holding: Callable[[], bool]) -> None:
+        interval = self.rt.settings.dispatch_interval
+        while not stop.is_set():
+            if not holding():
+                log.warning("scheduler lost the leader lock")
+                return
+            try:
+                self.tick()
+            except DBAPIError as exc:
+                log.error("scheduler pass failed", extra={"error": type(exc).__name__})
+            except Exception:
+                log.exception("scheduler pass crashed")
+            stop.wait(interval)
+
+
+def _still_holding(conn) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        conn.execute(text("SELECT 1")).scalar()
+        conn.commit()
+        return True
+    except DBAPIError:
+        return False

@@ -1,0 +1,120 @@
+"""Turn an outbox row into the message a provider sends: pick the template (the org's override,
+else the global default), build its variables, render it in the sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, or_, select
+from sqlalchemy.engine import Connection
+
+from engine.models import templates
+from engine.render import TemplateError, reminder_variables, render_html, render_text
+from gateway.contract import Button, OutboundMessage, TemplateRef
+
+#: Purposes whose WhatsApp message carries the Confirmar / Cancelar quick replies.
+PURPOSES_WITH_BUTTONS = ("session_reminder",)
+
+
+class MissingAddress(Exception):
+    """The contact has no phone or e-mail for the message's channel kind."""
+
+
+@dataclass(frozen=True)
+class RenderedMessage:
+    """The provider-ready message and where it came from (for the logs view)."""
+
+    outbound: OutboundMessage
+    template_id: int | None
+
+
+def find_template(conn: Connection, org_id: int, key: str, kind: str, locale: str) -> Any:
+    """The org's template for (key, kind), preferring its own over the global default and the
+    requested locale over pt_BR; None when neither exists."""
+    own_first = case((templates.c.org_id.is_(None), 1), else_=0)
+    locale_first = case((templates.c.locale == locale, 0), else_=1)
+    return conn.execute(
+        select(templates)
+        .where(
+            or_(templates.c.org_id == org_id, templates.c.org_id.is_(None)),
+            templates.c.key == key,
+            templates.c.channel_kind == kind,
+            templates.c.locale.in_((locale, "pt_BR")),
+        )
+        .order_by(own_first, locale_first)
+        .limit(1)
+    ).first()
+
+
+def message_variables(*, org: Any, contact: Any, appointment: Any, extra: dict[str, Any] | None) -> dict[str, object]:
+    """Variables of a message: the appointment's when it has one, always the contact's and org's."""
+    name = contact.name or ""
+    if appointment is not None:
+        variables = reminder_variables(
+            contact_name=contact.name,
+            professional=appointment.professional,
+            starts_at=appointment.starts_at,
+            timezone=appointment.timezone or org.timezone,
+            mode=appointment.mode,
+            location=appointment.location,
+            org_name=org.name,
+            locale=contact.locale or org.locale,
+        )
+    else:
+        variables = {"nome": name.split()[0] if name.split() else "", "nome_completo": name, "clinica": org.name}
+    if extra:
+        variables.update({k: v for k, v in extra.items() if isinstance(k, str)})
+    return variables
+
+
+def render_message(conn: Connection, *, org: Any, contact: Any, appointment: Any, message: Any) -> RenderedMessage:
+    """Render `message` for its channel kind; TemplateError or MissingAddress when it cannot be."""
+    kind = message.channel_kind
+    to = contact.email if kind == "email" else contact.phone
+    if not to:
+        raise MissingAddress()
+    payload = dict(message.payload or {})
+    buttons: tuple[Button, ...] = ()
+    template_ref = None
+    template_id = None
+    if message.template_key is None:
+        text = payload.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise TemplateError("message has neither a template nor text")
+        subject = payload.get("subject") if isinstance(payload.get("subject"), str) else None
+        html = None
+    else:
+        locale = contact.locale or org.locale
+        template = find_template(conn, org.id, message.template_key, kind, locale)
+        if template is None:
+            raise TemplateError(f"no template {message.template_key!r} for {kind}")
+        template_id = template.id
+        try:
+            variables = message_variables(org=org, contact=contact, appointment=appointment,
+                                          extra=payload.get("variables"))
+        except ValueError as exc:
+            raise TemplateError(str(exc)) from None
+        text = render_text(template.body, variables)
+        subject = render_text(template.subject, variables) if template.subject else None
+        html = render_html(template.body_html, variables) if template.body_html else None
+        if template.meta_template_name:
+            names = template.meta_parameters if isinstance(template.meta_parameters, list) else []
+            template_ref = TemplateRef(
+                name=template.meta_template_name,
+                language=template.meta_language or locale,
+                parameters=tuple(str(variables.get(n, "")) for n in names),
+            )
+    if kind == "whatsapp" and appointment is not None and message.purpose in PURPOSES_WITH_BUTTONS:
+        buttons = (Button(f"confirm:{appointment.id}", "Confirmar"), Button(f"cancel:{appointment.id}", "Cancelar"))
+    outbound = OutboundMessage(
+        to=to,
+        text=text,
+        subject=subject,
+        html=html,
+        template=template_ref,
+        buttons=buttons,
+        idempotency_key=message.idempotency_key,
+        reference=str(message.id),
+    )
+    return RenderedMessage(outbound=outbound, template_id=template_id)

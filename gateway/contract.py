@@ -1,0 +1,173 @@
+"""The provider contract (SPEC §5): send, parse a webhook, report health.
+
+Providers know HTTP and wire formats, not the database: they get their configuration (decrypted
+credentials and settings) and a `ProviderContext`, and return plain values or typed errors.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, Literal, Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Button:
+    """A quick-reply button; `id` comes back in the reply's payload."""
+
+    id: str
+    title: str
+
+
+@dataclass(frozen=True)
+class TemplateRef:
+    """A provider-side approved template (Meta) with its ordered body parameters."""
+
+    name: str
+    language: str
+    parameters: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutboundMessage:
+    """One message to one recipient, already rendered."""
+
+    to: str
+    text: str
+    subject: str | None = None
+    html: str | None = None
+    template: TemplateRef | None = None
+    buttons: tuple[Button, ...] = ()
+    headers: Mapping[str, str] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    reference: str | None = None
+
+    def __repr__(self) -> str:  # recipients and bodies are PII; keep them out of logs
+        return f"OutboundMessage(key={self.idempotency_key!r}, buttons={len(self.buttons)})"
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What a provider answered to a successful send."""
+
+    provider_message_id: str
+    provider_status: str | None = None
+
+
+@dataclass(frozen=True)
+class WebhookRequest:
+    """An HTTP request as a provider sent it: headers, the raw body bytes, the query string."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    body: bytes
+    query: Mapping[str, str] = field(default_factory=dict)
+
+    def header(self, name: str) -> str | None:
+        """Header lookup ignoring case."""
+        lowered = name.lower()
+        for key, value in self.headers.items():
+            if key.lower() == lowered:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class InboundMessageEvent:
+    """A patient wrote (or tapped a button)."""
+
+    provider_message_id: str
+    from_address: str
+    text: str | None
+    timestamp: datetime
+    button_payload: str | None = None
+    in_reply_to: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    """A provider reports what happened to a message it accepted."""
+
+    provider_message_id: str
+    status: Literal["sent", "delivered", "read", "failed"]
+    timestamp: datetime
+    error_code: str | None = None
+    error_permanent: bool = True
+    opt_out: bool = False
+
+
+@dataclass(frozen=True)
+class ConnectionEvent:
+    """The provider's connection to the network changed (Evolution's QR / open / close)."""
+
+    state: str
+    detail: str | None = None
+
+
+WebhookEvent = InboundMessageEvent | StatusEvent | ConnectionEvent
+
+
+@dataclass(frozen=True)
+class WebhookResult:
+    """Parsed events, plus an optional direct answer (Meta's GET challenge)."""
+
+    events: Sequence[WebhookEvent] = ()
+    response_body: str | None = None
+    response_status: int = 200
+
+
+@dataclass(frozen=True)
+class Health:
+    """Connection health as the provider sees it."""
+
+    ok: bool
+    state: str
+    detail: str | None = None
+
+
+class SandboxRecorder(Protocol):
+    """Where the sandbox provider writes what it would have sent."""
+
+    def record(self, org_id: int, channel_id: int, message: OutboundMessage) -> str: ...
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """What a provider may know about where it runs (never the database)."""
+
+    org_id: int
+    channel_id: int
+    timeout: float = 15.0
+    public_url: str = "http://127.0.0.1:8000"
+    sandbox_recorder: SandboxRecorder | None = None
+
+
+class Provider(ABC):
+    """Base class of every provider; subclasses set `name` and `kinds`."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+    #: True when a retried send with the same idempotency key cannot deliver twice, so an
+    #: unknown outcome may be retried instead of parked for the operator.
+    honours_idempotency: ClassVar[bool] = False
+
+    def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
+        self.config = dict(config)
+        self.context = context
+
+    def __repr__(self) -> str:  # config holds secrets
+        return f"<{type(self).__name__} channel={self.context.channel_id}>"
+
+    @abstractmethod
+    def send(self, message: OutboundMessage) -> SendResult:
+        """Send one message; raise TransientError or PermanentError on failure."""
+
+    @abstractmethod
+    def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
+        """Verify and parse a webhook; raise BadSignature or MalformedWebhook when refused."""
+
+    def health(self) -> Health:
+        """Connection health; providers without a connection concept are always ok."""
+        return Health(ok=True, state="ok")

@@ -1,0 +1,75 @@
+"""Typed errors: a send either worked, failed for now (transient) or failed for good (permanent)."""
+
+from __future__ import annotations
+
+
+class ProviderError(Exception):
+    """A send or call to a provider failed.
+
+    `code` is the provider's own error code (for the queue and logs; never contains PII).
+    `retry_after` is the provider's requested wait in seconds, when it gave one (HTTP 429).
+    `opt_out` marks failures that mean the recipient unsubscribed (e.g. Twilio 21610).
+    `channel_broken` marks failures that will repeat for every message on this channel until an
+    operator acts (expired token, disconnected instance).
+    """
+
+    permanent: bool = False
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        code: str | None = None,
+        retry_after: float | None = None,
+        opt_out: bool = False,
+        channel_broken: bool = False,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.retry_after = retry_after
+        self.opt_out = opt_out
+        self.channel_broken = channel_broken
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, reason={self.reason!r})"
+
+
+class TransientError(ProviderError):
+    """Worth retrying later: timeouts, connection errors, 5xx, throttling."""
+
+    permanent = False
+
+
+class PermanentError(ProviderError):
+    """Retrying will not help: invalid number, not on WhatsApp, unsubscribed, bad request."""
+
+    permanent = True
+
+
+class WebhookError(Exception):
+    """A webhook request was refused; `status` is the HTTP status to answer with."""
+
+    status = 400
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BadSignature(WebhookError):
+    """The signature or shared secret did not match: 401, nothing stored."""
+
+    status = 401
+
+
+class MalformedWebhook(WebhookError):
+    """The body is not what the provider documents: 400, nothing stored."""
+
+    status = 400
+
+
+class UnknownChannel(WebhookError):
+    """No channel by that id for that provider: 404."""
+
+    status = 404

@@ -1,0 +1,1 @@
+"""Provider implementations: each folder knows one provider's HTTP API and wire formats."""

@@ -1,0 +1,1 @@
+"""Provider package (implemented in the providers issue)."""

@@ -1,0 +1,116 @@
+"""Sandbox provider: the embedded default. It records, it never sends.
+
+What it "sent" goes to the recorder the engine hands it (the admin's sandbox inbox). Replies
+typed in the admin arrive as a webhook in this provider's own small JSON format, so they travel
+the same inbound path as a real provider's webhook.
+
+Settings, for demos and tests of failure handling:
+- `simulate`: "ok" (default), "transient" or "permanent" — every send fails that way.
+- `delay_ms`: wait this long before answering, like a slow provider.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from gateway.contract import (
+    Button,
+    InboundMessageEvent,
+    OutboundMessage,
+    Provider,
+    SendResult,
+    StatusEvent,
+    WebhookRequest,
+    WebhookResult,
+)
+from gateway.errors import BadSignature, MalformedWebhook, PermanentError, TransientError
+
+SECRET_HEADER = "X-Sandbox-Secret"
+QUICK_REPLIES = (Button("confirm", "Confirmar"), Button("cancel", "Cancelar"))
+
+
+class SandboxProvider(Provider):
+    """Records messages through `context.sandbox_recorder`."""
+
+    name = "sandbox"
+    kinds = ("whatsapp", "email", "sms")
+    honours_idempotency = True
+
+    def send(self, message: OutboundMessage) -> SendResult:
+        delay_ms = int(self.config.get("delay_ms") or 0)
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000)
+        simulate = self.config.get("simulate") or "ok"
+        if simulate == "transient":
+            raise TransientError("sandbox simulates a transient failure", code="sandbox_transient")
+        if simulate == "permanent":
+            raise PermanentError("sandbox simulates a permanent failure", code="sandbox_permanent")
+        recorder = self.context.sandbox_recorder
+        if recorder is None:
+            raise PermanentError("sandbox has nowhere to record", code="sandbox_no_recorder")
+        provider_id = recorder.record(self.context.org_id, self.context.channel_id, message)
+        return SendResult(provider_message_id=provider_id, provider_status="sent")
+
+    def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
+        """Accept `{"type": "message", "id", "from", "text"?, "button"?, "in_reply_to"?}` or
+        `{"type": "status", "id", "status", "error_code"?}`; optional shared secret header."""
+        secret = self.config.get("webhook_secret")
+        if secret and not hmac.compare_digest(str(request.header(SECRET_HEADER) or ""), str(secret)):
+            raise BadSignature("sandbox secret does not match")
+        try:
+            data: Any = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError):
+            raise MalformedWebhook("body is not JSON") from None
+        if not isinstance(data, dict):
+            raise MalformedWebhook("body is not a JSON object")
+        kind = data.get("type")
+        message_id = data.get("id")
+        if not isinstance(message_id, str) or not message_id:
+            raise MalformedWebhook("missing id")
+        timestamp = _timestamp(data.get("timestamp"))
+        if kind == "message":
+            sender = data.get("from")
+            text = data.get("text")
+            button = data.get("button")
+            if not isinstance(sender, str) or not sender:
+                raise MalformedWebhook("missing from")
+            if text is not None and not isinstance(text, str):
+                raise MalformedWebhook("text must be a string")
+            if button is not None and not isinstance(button, str):
+                raise MalformedWebhook("button must be a string")
+            if text is None and button is None:
+                raise MalformedWebhook("a message needs text or button")
+            in_reply_to = data.get("in_reply_to")
+            return WebhookResult(events=[InboundMessageEvent(
+                provider_message_id=message_id,
+                from_address=sender,
+                text=text,
+                timestamp=timestamp,
+                button_payload=button,
+                in_reply_to=in_reply_to if isinstance(in_reply_to, str) else None,
+            )])
+        if kind == "status":
+            status = data.get("status")
+            if status not in ("sent", "delivered", "read", "failed"):
+                raise MalformedWebhook("unknown status")
+            code = data.get("error_code")
+            return WebhookResult(events=[StatusEvent(
+                provider_message_id=message_id,
+                status=status,
+                timestamp=timestamp,
+                error_code=str(code) if code is not None else None,
+            )])
+        raise MalformedWebhook("unknown type")
+
+
+def _timestamp(value: Any) -> datetime:
+    if value is None:
+        return datetime.now(timezone.utc)
+    try:
+        return datetime.fromtimestamp(float(value), timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        raise MalformedWebhook("bad timestamp") from None

@@ -1,0 +1,107 @@
+"""Test fixtures. The backend is chosen by environment:
+
+- default (the README command): SQLite files + Dramatiq StubBroker;
+- `LEMBRA_TEST_DATABASE_URL=postgresql+psycopg://…` and `LEMBRA_TEST_BROKER_URL=redis://…`
+  (what `.ci/run` also runs): real PostgreSQL and Redis.
+
+Every test gets an empty, migrated database, a frozen clock and a runtime bound to both.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from engine import clock as engine_clock
+from engine.config import Settings
+from engine.migrate import upgrade
+from engine.runtime import Runtime, install
+
+TEST_KEY = "1:" + base64.b64encode(b"lembra-test-key-0123456789abcdef"[:32]).decode()
+DATABASE_URL = os.environ.get("LEMBRA_TEST_DATABASE_URL", "").strip()
+BROKER_URL = os.environ.get("LEMBRA_TEST_BROKER_URL", "").strip() or "stub://"
+IS_POSTGRES = DATABASE_URL.startswith("postgresql")
+#: The instant every test starts at unless it says otherwise: Tuesday 2026-12-01 09:00 in São Paulo.
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+
+ORG_TABLES = (
+    "audit_log", "inbox_items", "sandbox_messages", "inbound_messages", "message_events", "messages",
+    "enrollment_events", "enrollments", "agents", "flow_versions", "flow_pointers", "reminder_rule_kinds",
+    "reminder_rules", "channels", "appointments", "preferences", "contacts", "api_keys", "users",
+)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    backend = "postgresql" if IS_POSTGRES else "sqlite"
+    return f"lembra backend: {backend} + broker {BROKER_URL.split('://')[0]}"
+
+
+@pytest.fixture(scope="session")
+def _session_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A migrated database for the session: a template file (SQLite) or a fresh database (PG)."""
+    if IS_POSTGRES:
+        from sqlalchemy.engine import make_url
+
+        base = make_url(DATABASE_URL)
+        name = f"lembra_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        admin = create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        url = base.set(database=name).render_as_string(hide_password=False)
+        upgrade(url)
+        yield url
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+    else:
+        template = tmp_path_factory.mktemp("template") / "template.db"
+        upgrade(f"sqlite:///{template}")
+        yield str(template)
+
+
+@pytest.fixture
+def database_url(_session_db: str, tmp_path: Path) -> Iterator[str]:
+    """An empty migrated database for one test."""
+    if IS_POSTGRES:
+        yield _session_db
+        engine = create_engine(_session_db)
+        with engine.begin() as conn:
+            conn.execute(text(f"TRUNCATE {', '.join(ORG_TABLES)}, orgs RESTART IDENTITY CASCADE"))
+            conn.execute(text("DELETE FROM templates WHERE org_id IS NOT NULL"))
+        engine.dispose()
+    else:
+        path = tmp_path / "lembra.db"
+        shutil.copy(_session_db, path)
+        yield f"sqlite:///{path}"
+
+
+@pytest.fixture
+def clock() -> Iterator[engine_clock.FrozenClock]:
+    """The engine's clock, frozen at T0; move it with .set() / .advance()."""
+    frozen = engine_clock.FrozenClock(T0)
+    previous = engine_clock.use(frozen)
+    yield frozen
+    engine_clock.use(previous)
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, broker_url=BROKER_URL, secret_keys=TEST_KEY)
+
+
+@pytest.fixture
+def rt(settings: Settings, clock: engine_clock.FrozenClock) -> Iterator[Runtime]:
+    """The runtime every engine call of the test goes through."""
+    runtime = Runtime.build(settings)
+    previous = install(runtime)
+    yield runtime
+    install(previous)
+    runtime.close()
