@@ -69,14 +69,17 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
         due = (
             select(messages.c.id)
             .where(messages.c.status == "pending", messages.c.next_attempt_at <= now)
-            .order_by(messages.c.next_attempt_at)
+            .order_by(messages.c.next_attempt_at, messages.c.id)
             .limit(limit)
         )
         if conn.dialect.name == "postgresql":
             due = due.with_for_update(skip_locked=True)
+        # A CTE, not `IN (subquery)`: PostgreSQL may run a LIMIT … SKIP LOCKED subquery once per
+        # candidate row, and then claims far more than `limit` rows. A locking CTE runs once.
+        due_cte = due.cte("due")
         rows = conn.execute(
             update(messages)
-            .where(messages.c.id.in_(due.scalar_subquery()), messages.c.status == "pending")
+            .where(messages.c.id.in_(select(due_cte.c.id)), messages.c.status == "pending")
             .values(status="claimed", lease_until=now + rt.settings.lease, claimed_by=WORKER_ID, updated_at=now)
             .returning(messages.c.id, messages.c.org_id, messages.c.next_attempt_at)
         ).all()
@@ -207,7 +210,9 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
             if trigger != "on_cancel" and appointment.status not in LIVE_APPOINTMENT + ("completed",):
                 return settle("cancelled", "cancelled", "appointment_cancelled")
             if msg.appointment_starts_at is not None and appointment.starts_at != msg.appointment_starts_at:
-                return settle("cancelled", "cancelled", "appointment_moved")
+                # Give the key (which names the old time) up, as populate does for moved appointments.
+                return settle("cancelled", "cancelled", "appointment_moved",
+                              idempotency_key=f"{msg.idempotency_key}:moved:{msg.id}")
         if msg.expires_at is not None and now >= msg.expires_at:
             return settle("expired", "expired", "expired_before_send")
         if msg.respect_window:

@@ -34,7 +34,8 @@ from engine.models import (
     reminder_rules,
 )
 from engine.orgs import policy_for
-from engine.outbox import cancel_open, record_events
+from engine.models import OPEN_STATUSES
+from engine.outbox import cancel_open, record_events, transition_where
 from engine.windows import nominal_due, place
 
 log = logging.getLogger(__name__)
@@ -109,18 +110,29 @@ def _cancel_stale(conn: Connection, org_id: int, appointment_id: int | None) -> 
         reminder_rules.c.org_id == org_id,
         reminder_rules.c.trigger == "on_cancel",
     )
-    stale = exists().where(
+    moved = exists().where(
         a.c.id == messages.c.appointment_id,
         a.c.org_id == org_id,
-        or_(
-            and_(a.c.status.not_in(LIVE_STATUSES), not_(rule_is_cancel_notice)),
-            a.c.starts_at != messages.c.appointment_starts_at,
-        ),
+        a.c.starts_at != messages.c.appointment_starts_at,
     )
-    where = and_(messages.c.appointment_id.is_not(None), messages.c.rule_id.is_not(None), stale)
+    ended = exists().where(
+        a.c.id == messages.c.appointment_id,
+        a.c.org_id == org_id,
+        a.c.status.not_in(LIVE_STATUSES),
+        not_(rule_is_cancel_notice),
+    )
+    base = and_(messages.c.appointment_id.is_not(None), messages.c.rule_id.is_not(None))
     if appointment_id is not None:
-        where = and_(where, messages.c.appointment_id == appointment_id)
-    cancelled = cancel_open(conn, org_id, where, "appointment_changed")
+        base = and_(base, messages.c.appointment_id == appointment_id)
+    # A moved appointment's reminders name its old time in their key; the cancelled row gives that
+    # key up, so that moving the appointment back to that time gets reminders again.
+    cancelled = transition_where(
+        conn, org_id, and_(base, moved), OPEN_STATUSES, "cancelled", "cancelled",
+        values={"skip_reason": "appointment_changed", "lease_until": None,
+                "idempotency_key": messages.c.idempotency_key + literal(":moved:") + cast(messages.c.id, String)},
+        detail={"reason": "appointment_changed"},
+    )
+    cancelled += cancel_open(conn, org_id, and_(base, ended), "appointment_changed")
     return len(cancelled)
 
 
@@ -287,11 +299,21 @@ def _nominal_and_deadline(row: Any, org_timezone: str) -> tuple[datetime, dateti
     starts = row.appointment_starts_at
     tz = row.timezone or org_timezone
     trigger = row.trigger
+    # A row queued with its own later nominal time is a fallback to the rule's next channel kind,
+    # queued when the first kind failed (maybe after retries or a deferral): it is meant for then,
+    # not for the rule's original time (which would make it "too late" at once).
+    queued_for = row.nominal_due_at
     if trigger == "before_start" and starts is not None:
-        return nominal_due(starts, row.offset_minutes, tz), starts
+        nominal = nominal_due(starts, row.offset_minutes, tz)
+        if queued_for is not None and queued_for > nominal:
+            nominal = queued_for
+        return nominal, starts
     if trigger == "after_start" and starts is not None:
         nominal = nominal_due(starts, -row.offset_minutes, tz)
-        return nominal, nominal + AFTER_START_VALIDITY
+        deadline = nominal + AFTER_START_VALIDITY
+        if queued_for is not None and queued_for > nominal:
+            nominal = queued_for
+        return nominal, deadline
     if trigger in ("on_create", "on_cancel") and starts is not None:
         return row.created_at, starts
     nominal = row.nominal_due_at or row.created_at

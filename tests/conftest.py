@@ -74,8 +74,12 @@ def database_url(_session_db: str, tmp_path: Path) -> Iterator[str]:
         yield _session_db
         engine = create_engine(_session_db)
         with engine.begin() as conn:
-            conn.execute(text(f"TRUNCATE {', '.join(ORG_TABLES)}, orgs RESTART IDENTITY CASCADE"))
+            # Not `TRUNCATE orgs … CASCADE`: that would also empty `templates` (it references orgs),
+            # global defaults included, and every later test would run without them.
+            conn.execute(text(f"TRUNCATE {', '.join(ORG_TABLES)} RESTART IDENTITY CASCADE"))
             conn.execute(text("DELETE FROM templates WHERE org_id IS NOT NULL"))
+            conn.execute(text("DELETE FROM orgs"))
+            conn.execute(text("ALTER TABLE orgs ALTER COLUMN id RESTART WITH 1"))
         engine.dispose()
     else:
         path = tmp_path / "lembra.db"

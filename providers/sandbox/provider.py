@@ -38,7 +38,9 @@ class SandboxProvider(Provider):
 
     name = "sandbox"
     kinds = ("whatsapp", "email", "sms")
-    honours_idempotency = True
+    # It records every call, like a provider with no idempotency key: an unknown outcome must not
+    # be retried blindly.
+    honours_idempotency = False
 
     def send(self, message: OutboundMessage) -> SendResult:
         delay_ms = int(self.config.get("delay_ms") or 0)
