@@ -8,7 +8,7 @@ from flask import Flask
 from flask_wtf import CSRFProtect
 from prometheus_client import CollectorRegistry
 
-from admin import auth, console, health, webhooks
+from admin import auth, console, health, optout, webhooks
 from engine.runtime import Runtime
 
 csrf = CSRFProtect()
@@ -45,6 +45,8 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
     app.register_blueprint(health.bp)
     app.register_blueprint(webhooks.bp)
     csrf.exempt(webhooks.bp)  # providers authenticate by signature, not by session
+    app.register_blueprint(optout.bp)
+    csrf.exempt(optout.bp)  # RFC 8058 one-click POSTs come from mail clients, with no session
     app.register_blueprint(auth.bp)
     app.register_blueprint(console.bp)
     return app

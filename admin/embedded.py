@@ -45,6 +45,7 @@ class Embedded:
         thread = threading.Thread(target=self.scheduler.run, args=(self.stop_event,), name="scheduler", daemon=True)
         thread.start()
         self._threads.append(thread)
+        log.info("embedded scheduler and workers started")
 
     def drain(self) -> None:
         """Wait until every queued task has been processed (stub broker only)."""

@@ -43,5 +43,6 @@ def webhook(provider: str, channel_id: int) -> Response | tuple[Response, int]:
         log.info("webhook refused", extra={"provider": provider, "channel_id": channel_id, "status": exc.status})
         return jsonify(error=exc.reason), exc.status
     if received.response_body is not None:
-        return Response(received.response_body, status=received.response_status, mimetype="text/plain")
+        return Response(received.response_body, status=received.response_status,
+                        mimetype=received.response_content_type)
     return jsonify(ok=True, inbound=len(received.inbound_ids), statuses=received.statuses_applied), 200

@@ -19,6 +19,20 @@ from gateway.contract import OutboundMessage, Provider, ProviderContext
 from gateway.crypto import Keyring
 
 
+#: Credential keys each provider needs (more are accepted: `base_url`, `from_name`, …).
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "sandbox": (),
+    "evolution": ("base_url", "api_key", "instance", "webhook_secret"),
+    "meta": ("phone_number_id", "access_token", "app_secret", "verify_token"),
+    "smtp": ("host", "port", "security", "from_email"),
+    "resend": ("api_key", "from_email", "webhook_secret"),
+    "twilio": ("account_sid", "auth_token"),
+    "zenvia": ("api_token", "from"),
+}
+#: Pacing a provider gets unless told otherwise: Evolution numbers are banned when they blast.
+DEFAULT_PACING: dict[str, tuple[int, int]] = {"evolution": (3000, 500)}
+
+
 def create_channel(
     conn: Connection,
     keyring: Keyring,
@@ -30,6 +44,8 @@ def create_channel(
     credentials: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
     is_default: bool = True,
+    min_interval_ms: int | None = None,
+    daily_cap: int | None = None,
 ) -> int:
     """Create a channel; credentials are sealed to the new row before the transaction ends."""
     if kind not in CHANNEL_KINDS:
@@ -40,6 +56,13 @@ def create_channel(
         raise DomainError(str(exc)) from None
     if kind not in provider_cls.kinds:
         raise DomainError(f"provider {provider!r} does not send {kind}")
+    missing = [key for key in REQUIRED_KEYS.get(provider, ()) if not (credentials or {}).get(key)]
+    if provider == "twilio" and not ((credentials or {}).get("from") or (credentials or {}).get("messaging_service_sid")):
+        missing.append("from (or messaging_service_sid)")
+    if missing:
+        raise DomainError(f"missing credential keys for {provider}: {', '.join(missing)}")
+    if min_interval_ms is None and daily_cap is None and provider in DEFAULT_PACING:
+        min_interval_ms, daily_cap = DEFAULT_PACING[provider]
     now = clock.now()
     if is_default:
         conn.execute(
@@ -48,7 +71,8 @@ def create_channel(
     channel_id = int(conn.execute(
         insert(channels).values(
             org_id=org_id, kind=kind, provider=provider, name=name, settings=dict(settings or {}),
-            status="active", is_default=is_default, created_at=now, updated_at=now,
+            status="active", is_default=is_default, min_interval_ms=min_interval_ms, daily_cap=daily_cap,
+            created_at=now, updated_at=now,
         ).returning(channels.c.id)
     ).scalar_one())
     if credentials:

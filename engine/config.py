@@ -33,6 +33,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_POPULATE_HORIZON_DAYS": ("8", "reminders are created for appointments starting within this many days"),
     "LEMBRA_CLAIM_BATCH": ("1000", "messages claimed per dispatch pass"),
     "LEMBRA_SEND_BATCH": ("25", "message ids carried by one worker task"),
+    "LEMBRA_MAX_IN_FLIGHT": ("5000", "claimed-but-unsent messages allowed at once across the fleet"),
     "LEMBRA_SEND_TIMEOUT": ("15", "seconds a provider call may take"),
 }
 
@@ -70,6 +71,7 @@ class Settings:
     populate_horizon: timedelta = timedelta(days=8)
     claim_batch: int = 1000
     send_batch: int = 25
+    max_in_flight: int = 5000
     send_timeout: float = 15.0
 
     @property
@@ -130,6 +132,7 @@ class Settings:
             populate_horizon=horizon,
             claim_batch=_positive_int("LEMBRA_CLAIM_BATCH", get),
             send_batch=_positive_int("LEMBRA_SEND_BATCH", get),
+            max_in_flight=_positive_int("LEMBRA_MAX_IN_FLIGHT", get),
             send_timeout=_positive_float("LEMBRA_SEND_TIMEOUT", get),
         )
 

@@ -118,15 +118,22 @@ def _ensure_rows(conn: Connection, org_id: int, contact_id: int, kinds: Iterable
 
 
 def find_by_address(conn: Connection, org_id: int, address: str) -> int | None:
-    """The org's contact with that phone (any spelling) or e-mail; None if unknown."""
+    """The org's (oldest) contact with that phone (any spelling) or e-mail; None if unknown."""
+    found = find_all_by_address(conn, org_id, address)
+    return found[0] if found else None
+
+
+def find_all_by_address(conn: Connection, org_id: int, address: str) -> list[int]:
+    """Every contact of the org with that phone (any spelling) or e-mail, oldest first. Several
+    contacts often share one number (a parent books for the children)."""
     if "@" in address and "." in address.split("@")[-1] and not address.endswith("whatsapp.net"):
         column, value = contacts.c.email, address.strip().lower()
     else:
         try:
             column, value = contacts.c.phone, normalize_phone(address)
         except InvalidPhone:
-            return None
-    return conn.execute(
+            return []
+    return [int(cid) for cid in conn.execute(
         select(contacts.c.id).where(contacts.c.org_id == org_id, column == value, contacts.c.erased_at.is_(None))
-        .order_by(contacts.c.id).limit(1)
-    ).scalar()
+        .order_by(contacts.c.id)
+    ).scalars()]

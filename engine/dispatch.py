@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from datetime import time as dt_time
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
@@ -27,21 +30,26 @@ from engine.models import (
     appointments,
     channels,
     contacts,
+    inbound_messages,
     messages,
     orgs,
     preferences,
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.orgs import policy_for
-from engine.outbox import record_events, transition
-from engine.render import TemplateError
-from engine.runtime import Runtime
 from engine.inbox import open_inbox_item
+from engine.optout_links import OptOutTarget, make_url
+from engine.outbox import record_events, transition
+from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
+from engine.pacing import DbPacingStore
+from engine.render import TemplateError
+from engine.orgs import policy_for
+from engine.runtime import Runtime
 from engine.templates import MissingAddress, RenderedMessage, render_message
 from engine.windows import earliest_allowed_after, is_allowed
 from gateway import registry
-from gateway.errors import PermanentError, ProviderError, TransientError
+from gateway.errors import ProviderError
+from gateway.pacing import PacingPolicy, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +141,10 @@ def _honours_idempotency(provider: str) -> bool:
         return False
 
 
+#: The Meta customer-service window: free text only within this long after the patient wrote.
+CONVERSATION_WINDOW = timedelta(hours=24)
+
+
 @dataclass
 class _Prepared:
     org_id: int
@@ -140,6 +152,7 @@ class _Prepared:
     attempt: int
     channel: Any
     rendered: RenderedMessage
+    send_at: datetime | None = None
 
 
 def send_one(rt: Runtime, message_id: int) -> str:
@@ -150,21 +163,21 @@ def send_one(rt: Runtime, message_id: int) -> str:
     prepared = prepared_or_outcome
     try:
         provider = rt.providers.get(prepared.channel)
+        if prepared.send_at is not None:
+            # A paced channel: this worker holds the number's next slot; wait for it.
+            wait = (prepared.send_at - clock.now()).total_seconds()
+            if wait > 0:
+                time.sleep(wait)
         result = provider.send(prepared.rendered.outbound)
-    except TransientError as exc:
+    except ProviderError as exc:
+        if exc.outcome_unknown and not type(provider).honours_idempotency:
+            return _park_unknown(rt, prepared, exc.code or "outcome_unknown", exc.reason)
+        if exc.permanent:
+            return _after_permanent(rt, prepared, exc)
         return _after_transient(rt, prepared, exc)
-    except PermanentError as exc:
-        return _after_permanent(rt, prepared, exc)
     except Exception as exc:  # a provider bug: the request may or may not have gone out
         log.error("provider raised unexpectedly", extra={"message_id": message_id, "error": type(exc).__name__})
-        with rt.db.begin() as conn:
-            transition(conn, prepared.org_id, message_id, ("sending",), "unknown", "unknown",
-                       values={"lease_until": None, "error_code": "unexpected_error",
-                               "error_detail": type(exc).__name__},
-                       attempt=prepared.attempt)
-            open_inbox_item(conn, prepared.org_id, "message_unknown", f"message:{message_id}:unknown",
-                            message_id=message_id, detail=f"outcome unknown: provider raised {type(exc).__name__}")
-        return "unknown"
+        return _park_unknown(rt, prepared, "unexpected_error", f"provider raised {type(exc).__name__}")
     now = clock.now()
     with rt.db.begin() as conn:
         # `unknown` too: a slow call may finish after its lease was swept.
@@ -173,6 +186,17 @@ def send_one(rt: Runtime, message_id: int) -> str:
                            "lease_until": None, "error_code": None, "error_detail": None},
                    provider_status=result.provider_status, attempt=prepared.attempt)
     return "sent"
+
+
+def _park_unknown(rt: Runtime, prepared: _Prepared, code: str, reason: str) -> str:
+    """The call may or may not have delivered: never send blindly again, show the operator."""
+    with rt.db.begin() as conn:
+        transition(conn, prepared.org_id, prepared.message_id, ("sending",), "unknown", "unknown",
+                   values={"lease_until": None, "error_code": code, "error_detail": reason[:300]},
+                   attempt=prepared.attempt, detail={"code": code})
+        open_inbox_item(conn, prepared.org_id, "message_unknown", f"message:{prepared.message_id}:unknown",
+                        message_id=prepared.message_id, detail=f"outcome unknown: {reason[:200]}")
+    return "unknown"
 
 
 def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
@@ -236,21 +260,59 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
                 return _fail_in_tx(conn, msg, "no_channel", "the org has no channel of this kind")
             # A channel exists but is broken or disabled: wait for the operator, like a transient error.
             return _retry_or_give_up(conn, rt, msg, msg.attempts + 1, "channel_unavailable", None, now)
+        optout_url = None
+        if msg.channel_kind == "email":
+            optout_url = make_url(rt.keyring, rt.settings.public_url,
+                                  OptOutTarget(org_id=org_id, contact_id=contact.id, kind="email"))
         try:
-            rendered = render_message(conn, org=org, contact=contact, appointment=appointment, message=msg)
+            rendered = render_message(conn, org=org, contact=contact, appointment=appointment, message=msg,
+                                      conversation_open=_conversation_open(conn, org_id, channel.id, contact.id, now),
+                                      optout_url=optout_url)
         except TemplateError as exc:
             return _fail_in_tx(conn, msg, "template_error", str(exc))
         except MissingAddress:
             return _fail_in_tx(conn, msg, "no_address", "the contact has no address for this channel")
+        # Reserve the number's slot last, right before the row is marked sending, so the
+        # reserved instant and the moment on the wire stay close.
+        send_at = None
+        policy = PacingPolicy.from_channel(channel.min_interval_ms, channel.daily_cap)
+        if policy is not None:
+            reservation = _reserve_slot(conn, org, channel, policy, now)
+            if reservation.over_cap or reservation.at - now > MAX_PACING_WAIT:
+                reason = "daily_cap" if reservation.over_cap else "pacing"
+                transition(conn, org_id, message_id, ("claimed",), "pending", "deferred",
+                           values={"lease_until": None, "next_attempt_at": reservation.at},
+                           detail={"reason": reason})
+                return "deferred"
+            send_at = reservation.at
         attempt = msg.attempts + 1
         moved = transition(conn, org_id, message_id, ("claimed",), "sending", "sending",
                            values={"attempts": attempt, "channel_id": channel.id,
-                                   "lease_until": now + rt.settings.lease, "claimed_by": WORKER_ID,
+                                   "lease_until": (send_at or now) + rt.settings.lease, "claimed_by": WORKER_ID,
                                    "subject": rendered.outbound.subject, "body": rendered.outbound.text},
                            attempt=attempt)
         if not moved:
             return "not_claimed"
-    return _Prepared(org_id=org_id, message_id=message_id, attempt=attempt, channel=channel, rendered=rendered)
+    return _Prepared(org_id=org_id, message_id=message_id, attempt=attempt, channel=channel, rendered=rendered,
+                     send_at=send_at)
+
+
+def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:
+    """The channel's next send slot; days (for the daily cap) are the org's local days."""
+    tz = ZoneInfo(org.timezone)
+    today = now.astimezone(tz).date()
+    next_day = datetime.combine(today + timedelta(days=1), dt_time(0), tzinfo=tz).astimezone(timezone.utc)
+    return DbPacingStore(conn, org.id).reserve(channel.id, policy, now, today.isoformat(), next_day)
+
+
+def _conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
+    """Whether the patient wrote on this channel within the last 24 hours."""
+    last = conn.execute(
+        select(func.max(inbound_messages.c.received_at)).where(
+            inbound_messages.c.org_id == org_id, inbound_messages.c.channel_id == channel_id,
+            inbound_messages.c.contact_id == contact_id)
+    ).scalar()
+    return last is not None and now - last < CONVERSATION_WINDOW
 
 
 def _consented(conn: Connection, org_id: int, contact_id: int, kind: str) -> bool:
@@ -298,7 +360,7 @@ def _retry_or_give_up(
     return "retried"
 
 
-def _after_transient(rt: Runtime, prepared: _Prepared, exc: TransientError) -> str:
+def _after_transient(rt: Runtime, prepared: _Prepared, exc: ProviderError) -> str:
     now = clock.now()
     with rt.db.begin() as conn:
         msg = conn.execute(select(messages).where(messages.c.org_id == prepared.org_id,
@@ -310,7 +372,7 @@ def _after_transient(rt: Runtime, prepared: _Prepared, exc: TransientError) -> s
                                  from_status="sending")
 
 
-def _after_permanent(rt: Runtime, prepared: _Prepared, exc: PermanentError) -> str:
+def _after_permanent(rt: Runtime, prepared: _Prepared, exc: ProviderError) -> str:
     now = clock.now()
     with rt.db.begin() as conn:
         msg = conn.execute(select(messages).where(messages.c.org_id == prepared.org_id,

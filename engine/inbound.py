@@ -8,22 +8,34 @@ about. Status events move messages forward only (a late `delivered` never overwr
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine import appointments as appts
 from engine import clock
-from engine.contacts import find_by_address, opt_out
+from engine.contacts import find_all_by_address, opt_out
 from engine.dialect import insert_ignore
 from engine.inbox import open_inbox_item
 from engine.keywords import classify, parse_keywords
-from engine.models import appointments, channels, inbound_messages, messages, orgs
+from engine.models import (
+    CHANNEL_KINDS,
+    appointments,
+    channels,
+    inbound_messages,
+    messages,
+    orgs,
+    preferences,
+    webhook_events,
+)
 from engine.outbox import enqueue, transition
 from engine.populate import refresh_appointment
+from engine.redact import redact
 from engine.runtime import Runtime
 from gateway.contract import ConnectionEvent, InboundMessageEvent, StatusEvent, WebhookRequest
 from gateway.errors import UnknownChannel
@@ -42,6 +54,7 @@ class Received:
     statuses_applied: int = 0
     response_body: str | None = None
     response_status: int = 200
+    response_content_type: str = "text/plain"
 
 
 def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest) -> Received:
@@ -53,12 +66,17 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
     if channel is None:
         raise UnknownChannel("no such channel")
     parsed = rt.providers.get(channel).parse_webhook(request)
-    received = Received(response_body=parsed.response_body, response_status=parsed.response_status)
+    received = Received(response_body=parsed.response_body, response_status=parsed.response_status,
+                        response_content_type=parsed.response_content_type)
     if not parsed.events:
         return received
     org_id = channel.org_id
     now = clock.now()
     with rt.db.begin() as conn:
+        conn.execute(insert(webhook_events).values(
+            org_id=org_id, channel_id=channel.id, provider=provider, events=len(parsed.events),
+            body=_redacted_body(request.body), received_at=now,
+        ))
         for event in parsed.events:
             if isinstance(event, InboundMessageEvent):
                 row = conn.execute(
@@ -81,26 +99,51 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
     return received
 
 
+def _redacted_body(body: bytes) -> Any:
+    """The delivery's JSON with personal data removed; form bodies as their redacted fields."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        try:
+            data = {k: v for k, v in parse_qsl(body.decode("utf-8"), keep_blank_values=True)}
+        except UnicodeDecodeError:
+            return None
+    return redact(data)
+
+
 def apply_status(conn: Connection, org_id: int, channel_id: int, event: StatusEvent) -> bool:
-    """Move a message forward on a provider status; duplicates and late arrivals change nothing."""
+    """Move a message forward on a provider status; duplicates and late arrivals change nothing.
+
+    A status for a message whose send outcome was `unknown` (the worker died mid-call) is found
+    through the reference the provider echoes back, and settles it."""
+    columns = (messages.c.id, messages.c.status, messages.c.contact_id, messages.c.channel_kind)
     msg = conn.execute(
-        select(messages.c.id, messages.c.status, messages.c.contact_id, messages.c.channel_kind).where(
+        select(*columns).where(
             messages.c.org_id == org_id, messages.c.channel_id == channel_id,
             messages.c.provider_message_id == event.provider_message_id,
         )
     ).first()
+    if msg is None and event.reference and event.reference.isdigit():
+        msg = conn.execute(
+            select(*columns).where(messages.c.org_id == org_id, messages.c.channel_id == channel_id,
+                                   messages.c.id == int(event.reference), messages.c.status == "unknown")
+        ).first()
+        if msg is not None:
+            conn.execute(update(messages).where(messages.c.org_id == org_id, messages.c.id == msg.id)
+                         .values(provider_message_id=event.provider_message_id))
     if msg is None:
         return False
+    if event.opt_out:
+        # A complaint or an unsubscribe arrives whatever the message's state (often after
+        # `delivered`): the consent change stands even when the status does not move.
+        opt_out(conn, org_id, msg.contact_id, kinds=(msg.channel_kind,), source="provider",
+                evidence=f"provider status {event.error_code}")
     if event.status == "failed":
         if msg.status not in ("sending", "sent", "unknown"):
-            return False
-        moved = transition(conn, org_id, msg.id, (msg.status,), "failed", "failed",
-                           values={"error_code": event.error_code or "provider_failed", "failed_at": event.timestamp},
-                           provider_status="failed", detail={"code": event.error_code})
-        if moved and event.opt_out:
-            opt_out(conn, org_id, msg.contact_id, kinds=(msg.channel_kind,), source="provider",
-                    evidence=f"provider status {event.error_code}")
-        return moved
+            return event.opt_out
+        return transition(conn, org_id, msg.id, (msg.status,), "failed", "failed",
+                          values={"error_code": event.error_code or "provider_failed", "failed_at": event.timestamp},
+                          provider_status="failed", detail={"code": event.error_code})
     if msg.status not in STATUS_RANK or STATUS_RANK[event.status] <= STATUS_RANK[msg.status]:
         return False
     values: dict[str, Any] = {}
@@ -137,19 +180,26 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
     channel = conn.execute(select(channels).where(channels.c.org_id == org_id,
                                                   channels.c.id == inbound.channel_id)).one()
-    contact_id = find_by_address(conn, org_id, inbound.from_address or "")
-    if contact_id is None:
+    # Several contacts may share the number (a parent books for the children): the reply is about
+    # whichever of them the reminder went to, and SAIR stops every message to that number.
+    contact_ids = find_all_by_address(conn, org_id, inbound.from_address or "")
+    if not contact_ids:
         return "unknown_contact", None, None
+    contact_id = contact_ids[0]
     intent, button_appointment = _intent(org, inbound)
     if intent is None:
         return "free_text", None, contact_id
     if intent == "optout":
-        opt_out(conn, org_id, contact_id, source=f"reply:{channel.kind}", evidence=f"inbound:{inbound.id}")
-        _reply(conn, org_id, contact_id, channel.kind, inbound.id, "optout_confirmation", None)
-        return "opted_out", intent, contact_id
-    appointment = _target_appointment(conn, org_id, contact_id, inbound, button_appointment)
+        already = _fully_opted_out(conn, org_id, contact_ids)
+        for cid in contact_ids:
+            opt_out(conn, org_id, cid, source=f"reply:{channel.kind}", evidence=f"inbound:{inbound.id}")
+        if not already:  # one goodbye, not one per repeated SAIR
+            _reply(conn, org_id, contact_id, channel.kind, inbound.id, "optout_confirmation", None)
+        return ("already_opted_out" if already else "opted_out"), intent, contact_id
+    appointment = _target_appointment(conn, org_id, contact_ids, inbound, button_appointment)
     if appointment is None:
         return "no_appointment", intent, contact_id
+    contact_id = int(appointment.contact_id)
     if intent == "confirm":
         if not appts.confirm(conn, org_id, appointment.id):
             return f"appointment_{appointment.status}", intent, contact_id
@@ -162,6 +212,15 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
                     appointment_id=appointment.id, detail="the patient cancelled by replying to a reminder")
     _reply(conn, org_id, contact_id, channel.kind, inbound.id, "cancel_ack", appointment)
     return "cancelled", intent, contact_id
+
+
+def _fully_opted_out(conn: Connection, org_id: int, contact_ids: list[int]) -> bool:
+    """True when every kind of every one of these contacts is already opted out."""
+    rows = conn.execute(
+        select(preferences.c.opted_out_at).where(preferences.c.org_id == org_id,
+                                                 preferences.c.contact_id.in_(contact_ids))
+    ).scalars().all()
+    return len(rows) >= len(contact_ids) * len(CHANNEL_KINDS) and all(at is not None for at in rows)
 
 
 def _intent(org: Any, inbound: Any) -> tuple[str | None, int | None]:
@@ -178,11 +237,12 @@ def _intent(org: Any, inbound: Any) -> tuple[str | None, int | None]:
     return classify(inbound.text or "", {k: v for k, v in keywords.items() if v}), None
 
 
-def _target_appointment(conn: Connection, org_id: int, contact_id: int, inbound: Any, from_button: int | None) -> Any:
+def _target_appointment(conn: Connection, org_id: int, contact_ids: list[int], inbound: Any,
+                        from_button: int | None) -> Any:
     """The appointment a reply is about: the button's, else the replied-to message's, else the
-    one of the latest reminder sent to the contact, else their next upcoming one."""
+    one of the latest reminder sent to the contacts, else their next upcoming one."""
     now = clock.now()
-    live = and_(appointments.c.org_id == org_id, appointments.c.contact_id == contact_id)
+    live = and_(appointments.c.org_id == org_id, appointments.c.contact_id.in_(contact_ids))
     if from_button is not None:
         return conn.execute(select(appointments).where(live, appointments.c.id == from_button)).first()
     if inbound.in_reply_to:
@@ -196,7 +256,8 @@ def _target_appointment(conn: Connection, org_id: int, contact_id: int, inbound:
     row = conn.execute(
         select(appointments).join(messages, and_(messages.c.appointment_id == appointments.c.id,
                                                  messages.c.org_id == org_id))
-        .where(live, messages.c.contact_id == contact_id, messages.c.status.in_(("sent", "delivered", "read")),
+        .where(live, messages.c.contact_id.in_(contact_ids), messages.c.rule_id.is_not(None),
+               messages.c.status.in_(("sent", "delivered", "read")),
                appointments.c.starts_at > now)
         .order_by(messages.c.sent_at.desc()).limit(1)
     ).first()

@@ -413,3 +413,27 @@ inbound_messages = InboundMessage.__table__
 sandbox_messages = SandboxMessage.__table__
 inbox_items = InboxItem.__table__
 audit_log = AuditLog.__table__
+
+
+class ChannelPacing(Base):
+    __tablename__ = "channel_pacing"
+    channel_id: Mapped[int] = mapped_column(PK, ForeignKey("channels.id"), primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    next_slot_at: Mapped[datetime]
+    day: Mapped[str] = mapped_column(Text)
+    sent_today: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class WebhookEvent(Base):
+    __tablename__ = "webhook_events"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    channel_id: Mapped[int] = _fk("channels.id")
+    provider: Mapped[str] = mapped_column(Text)
+    events: Mapped[int] = mapped_column(Integer)
+    body: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    received_at: Mapped[datetime]
+
+
+channel_pacing = ChannelPacing.__table__
+webhook_events = WebhookEvent.__table__

@@ -152,7 +152,7 @@ def _insert_reminders(
         and_(r.c.trigger == "after_start", a.c.status.in_(("scheduled", "confirmed", "completed")),
              a.c.starts_at > recent - timedelta(minutes=0), a.c.starts_at <= now + horizon),
         and_(r.c.trigger == "on_create", a.c.status.in_(LIVE_STATUSES),
-             a.c.updated_at > recent, a.c.starts_at > now),
+             a.c.created_at > recent, a.c.starts_at > now),
         and_(r.c.trigger == "on_cancel", a.c.status == "cancelled", a.c.cancelled_at > recent,
              a.c.starts_at > now, or_(a.c.cancel_source.is_(None), a.c.cancel_source != "patient")),
     )

@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 
 #: Advisory lock key: "LEMB" as an integer.
 LEADER_LOCK = 0x4C454D42
-#: Claimed-but-unsent rows allowed at once, so a big backlog is not all leased at the same time.
-MAX_IN_FLIGHT = 5000
 
 
 @dataclass
@@ -56,7 +54,8 @@ class Scheduler:
             self._last_populate = time.monotonic()
         claimed = 0
         while True:
-            ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=MAX_IN_FLIGHT)
+            # Bounded in-flight work, so a big backlog is not all leased at the same time.
+            ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
             for start in range(0, len(ids), settings.send_batch):
                 self.enqueue(ids[start:start + settings.send_batch])
             claimed += len(ids)

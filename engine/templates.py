@@ -68,8 +68,21 @@ def message_variables(*, org: Any, contact: Any, appointment: Any, extra: dict[s
     return variables
 
 
-def render_message(conn: Connection, *, org: Any, contact: Any, appointment: Any, message: Any) -> RenderedMessage:
-    """Render `message` for its channel kind; TemplateError or MissingAddress when it cannot be."""
+def render_message(
+    conn: Connection,
+    *,
+    org: Any,
+    contact: Any,
+    appointment: Any,
+    message: Any,
+    conversation_open: bool = False,
+    optout_url: str | None = None,
+) -> RenderedMessage:
+    """Render `message` for its channel kind; TemplateError or MissingAddress when it cannot be.
+
+    `conversation_open` says the patient wrote in the last 24 hours (free text allowed on Meta);
+    `optout_url` becomes the email's one-click `List-Unsubscribe` and the `link_descadastro`
+    variable."""
     kind = message.channel_kind
     to = contact.email if kind == "email" else contact.phone
     if not to:
@@ -93,6 +106,7 @@ def render_message(conn: Connection, *, org: Any, contact: Any, appointment: Any
         try:
             variables = message_variables(org=org, contact=contact, appointment=appointment,
                                           extra=payload.get("variables"))
+            variables["link_descadastro"] = optout_url or ""
         except ValueError as exc:
             raise TemplateError(str(exc)) from None
         text = render_text(template.body, variables)
@@ -107,8 +121,13 @@ def render_message(conn: Connection, *, org: Any, contact: Any, appointment: Any
             )
     if kind == "whatsapp" and appointment is not None and message.purpose in PURPOSES_WITH_BUTTONS:
         buttons = (Button(f"confirm:{appointment.id}", "Confirmar"), Button(f"cancel:{appointment.id}", "Cancelar"))
+    headers: dict[str, str] = {}
+    if kind == "email" and optout_url:
+        headers = {"List-Unsubscribe": f"<{optout_url}>", "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
     outbound = OutboundMessage(
         to=to,
+        headers=headers,
+        conversation_open=conversation_open,
         text=text,
         subject=subject,
         html=html,

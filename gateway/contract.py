@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal, Mapping, Protocol, Sequence
 
+from gateway.errors import PermanentError
+
 
 @dataclass(frozen=True)
 class Button:
@@ -41,7 +43,11 @@ class OutboundMessage:
     buttons: tuple[Button, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)
     idempotency_key: str | None = None
+    #: Our message id, for providers that echo an opaque reference back in status webhooks.
     reference: str | None = None
+    #: True when the patient wrote on this channel in the last 24 hours (Meta's customer-service
+    #: window): free text may go; outside it only an approved template may.
+    conversation_open: bool = False
 
     def __repr__(self) -> str:  # recipients and bodies are PII; keep them out of logs
         return f"OutboundMessage(key={self.idempotency_key!r}, buttons={len(self.buttons)})"
@@ -96,6 +102,8 @@ class StatusEvent:
     error_code: str | None = None
     error_permanent: bool = True
     opt_out: bool = False
+    #: Our own message reference when the provider echoes it (resolves `unknown` outcomes).
+    reference: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,17 @@ class WebhookResult:
     events: Sequence[WebhookEvent] = ()
     response_body: str | None = None
     response_status: int = 200
+    #: Content type of `response_body` (Twilio wants TwiML: text/xml).
+    response_content_type: str = "text/plain"
+
+
+@dataclass(frozen=True)
+class ConnectInfo:
+    """How an operator links a number (Evolution): a QR code image and/or a pairing code."""
+
+    qr_code_base64: str | None = None
+    pairing_code: str | None = None
+    state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +187,18 @@ class Provider(ABC):
     def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
         """Verify and parse a webhook; raise BadSignature or MalformedWebhook when refused."""
 
+    @property
+    def webhook_url(self) -> str:
+        """Where this channel's provider must send its webhooks."""
+        return f"{self.context.public_url.rstrip('/')}/webhooks/{self.name}/{self.context.channel_id}"
+
     def health(self) -> Health:
         """Connection health; providers without a connection concept are always ok."""
         return Health(ok=True, state="ok")
+
+    def configure_webhook(self) -> None:
+        """Tell the provider where to send webhooks, where the provider supports that by API."""
+
+    def connect(self) -> ConnectInfo:
+        """Start linking a number (QR code); only providers that pair a phone support it."""
+        raise PermanentError("this provider has no connect step", code="unsupported")

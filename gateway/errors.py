@@ -11,6 +11,10 @@ class ProviderError(Exception):
     `opt_out` marks failures that mean the recipient unsubscribed (e.g. Twilio 21610).
     `channel_broken` marks failures that will repeat for every message on this channel until an
     operator acts (expired token, disconnected instance).
+    `outcome_unknown` marks failures after which the message may or may not have gone out (a
+    read timeout after the request was sent, a relay that hung up after the body): retrying
+    could deliver it twice, so unless the provider honours idempotency keys it is parked for an
+    operator instead.
     """
 
     permanent: bool = False
@@ -23,6 +27,7 @@ class ProviderError(Exception):
         retry_after: float | None = None,
         opt_out: bool = False,
         channel_broken: bool = False,
+        outcome_unknown: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -30,6 +35,7 @@ class ProviderError(Exception):
         self.retry_after = retry_after
         self.opt_out = opt_out
         self.channel_broken = channel_broken
+        self.outcome_unknown = outcome_unknown
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, reason={self.reason!r})"

@@ -36,12 +36,14 @@ class Processes:
     def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
         self.children: list[subprocess.Popen[bytes]] = []
+        self.names: dict[int, str] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{name}.log", "ab")
         proc = subprocess.Popen([LEMBRA, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.children.append(proc)
+        self.names[proc.pid] = name
         return proc
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
@@ -59,6 +61,13 @@ class Processes:
         for proc in self.children:
             if proc.poll() is None:
                 self.kill(proc, signal.SIGTERM)
+
+    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        """Wait until a started process logs that it is ready to work (needs LEMBRA_LOG_LEVEL=INFO)."""
+        path = self.logdir / f"{self.names[proc.pid]}.log"
+        markers = ("ready for action", "embedded scheduler and workers started", "scheduler is active")
+        wait_until(lambda: any(m in path.read_text(errors="replace") for m in markers), timeout=timeout,
+                   what=f"{self.names[proc.pid]} to be ready", on_fail=self.logs)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logdir.glob("*.log"))

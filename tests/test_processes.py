@@ -96,12 +96,16 @@ def _start_scheduler(procs: Processes, database_url: str, **env: str):
 
 
 def test_two_workers_send_every_message_exactly_once(rt, backlog, procs, database_url):
-    ids = backlog(400)
-    _set_sandbox(rt, backlog.channel_id, delay_ms=5)
+    # Each send takes a little while outside any transaction, so neither process can keep the
+    # (SQLite) write lock to itself.
+    _set_sandbox(rt, backlog.channel_id, delay_ms=40)
     # Small claims and small tasks, so the backlog is shared instead of taken in one pass.
-    small = {"LEMBRA_CLAIM_BATCH": "20", "LEMBRA_SEND_BATCH": "5"}
-    _start_workers(procs, database_url, 2, **small)
+    small = {"LEMBRA_CLAIM_BATCH": "20", "LEMBRA_SEND_BATCH": "5", "LEMBRA_MAX_IN_FLIGHT": "20",
+             "LEMBRA_LOG_LEVEL": "INFO"}
+    for proc in _start_workers(procs, database_url, 2, **small):
+        procs.wait_ready(proc)
     _start_scheduler(procs, database_url, **small)
+    ids = backlog(400)
 
     wait_until(lambda: _status_counts(rt).get("sent", 0) == len(ids), timeout=120,
                what="all messages sent", on_fail=lambda: f"{_status_counts(rt)}\n{procs.logs()}")
@@ -120,8 +124,9 @@ def test_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(rt, backl
     [victim] = _start_workers(procs, database_url, 1, **short_lease)
     scheduler = _start_scheduler(procs, database_url, **short_lease)
 
-    wait_until(lambda: _status_counts(rt).get("sent", 0) >= 10, timeout=120, what="the first sends",
-               on_fail=procs.logs)
+    # Kill while a send is in flight (each takes 150 ms in the sandbox), after a few went out.
+    wait_until(lambda: _status_counts(rt).get("sent", 0) >= 10 and _status_counts(rt).get("sending", 0) >= 1,
+               timeout=120, what="the first sends", on_fail=procs.logs)
     procs.kill(victim, signal.SIGKILL)
     if scheduler is not None:
         procs.kill(scheduler, signal.SIGKILL)

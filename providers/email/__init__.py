@@ -1,1 +1,2 @@
-"""Provider package (implemented in the providers issue)."""
+"""Email providers: SMTP (`providers.email.smtp:SmtpProvider`) and Resend
+(`providers.email.resend:ResendProvider`); `mime` holds what they share."""

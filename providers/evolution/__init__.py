@@ -1,1 +1,1 @@
-"""Provider package (implemented in the providers issue)."""
+"""Evolution API v2 (unofficial WhatsApp through Baileys): see `provider.py`."""

@@ -1,1 +1,1 @@
-"""Provider package (implemented in the providers issue)."""
+"""Meta WhatsApp Cloud API provider (official): `providers.meta.provider.MetaProvider`."""

@@ -1,1 +1,1 @@
-"""Provider package (implemented in the providers issue)."""
+"""SMS providers: Twilio (`providers.sms.twilio`) and Zenvia (`providers.sms.zenvia`)."""

@@ -1,0 +1,860 @@
+"""Throughput benchmark: populate, then send N reminders through real worker processes.
+
+    .venv/bin/python bench/throughput.py --appointments 100000 --workers 2 --threads 8
+    .venv/bin/python bench/throughput.py --populate-only --appointments 1000000
+
+What it does (see docs/benchmarks.md for the figures and how to read them):
+
+1. creates a fresh PostgreSQL database (default `lembra_bench`), applies the migrations, creates
+   `--orgs` clinics, each with a sandbox WhatsApp channel (credentials sealed with a keyring made
+   for the run), one `before_start` 120-minute rule, a 00:00-23:59 window with no Sunday or holiday
+   skipping (so the result does not depend on when it runs), contacts with WhatsApp consent and
+   N appointments, bulk-loaded with COPY;
+2. times `engine.populate.populate` over all of them (and a second, no-op pass: the scheduler
+   repeats it every LEMBRA_POPULATE_INTERVAL);
+3. starts `lembra worker --processes W --threads T` and one `lembra scheduler` against that
+   database and Redis db 14, waits until no message is open any more, and stops them;
+4. samples the RSS (peak per process) and CPU time of the workers, the scheduler, PostgreSQL and
+   Redis while they run;
+5. prints messages/s, lateness (sent_at - due_at) percentiles computed in SQL, the duplicate
+   checks, peak RSS and the machine; `--json FILE` also writes every figure as JSON.
+
+The reminders are due from `--lead` seconds after the data is loaded, spread evenly over
+`--spread` seconds, so every message is due within a few seconds of the start of dispatch and
+lateness measures how fast the backlog drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+import psycopg  # noqa: E402
+import redis  # noqa: E402
+from sqlalchemy import insert  # noqa: E402
+
+from engine.channels import create_channel  # noqa: E402
+from engine.db import Database  # noqa: E402
+from engine.logs import configure as configure_logs  # noqa: E402
+from engine.migrate import upgrade  # noqa: E402
+from engine.models import reminder_rule_kinds, reminder_rules  # noqa: E402
+from engine.orgs import create_org  # noqa: E402
+from engine.populate import populate  # noqa: E402
+from gateway.crypto import Keyring  # noqa: E402
+
+UTC = timezone.utc
+LEMBRA = str(Path(sys.executable).with_name("lembra"))
+RULE_OFFSET_MINUTES = 120
+HORIZON = timedelta(days=8)
+#: Brazilian zones one hour apart: at any instant at least one of them is far from local midnight,
+#: where a 00:00-23:59 window has its one-minute gap.
+ZONES = ("America/Noronha", "America/Sao_Paulo", "America/Manaus", "America/Rio_Branco")
+OPEN_STATUSES = ("new", "pending", "claimed", "sending")
+
+FIRST_NAMES = ("Ana", "Bruno", "Carla", "Daniel", "Eduarda", "Felipe", "Gabriela", "Henrique", "Isabela",
+               "João", "Larissa", "Marcos", "Natália", "Otávio", "Paula", "Rafael", "Sofia", "Tiago")
+LAST_NAMES = ("Souza", "Lima", "Mendes", "Rocha", "Alves", "Costa", "Pereira", "Oliveira", "Santos",
+              "Ferreira", "Ribeiro", "Carvalho", "Gomes", "Martins")
+PROFESSIONALS = ("Dra. Beatriz Costa", "Dr. Caio Nunes", "Dra. Helena Prado", "Dr. Igor Barros")
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now().strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine
+# ---------------------------------------------------------------------------------------------
+
+
+def machine_info(conninfo: str, redis_url: str) -> dict[str, Any]:
+    cpu_model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        pg_version = conn.execute("SELECT version()").fetchone()[0]
+        pg_settings = dict(conn.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name IN "
+            "('shared_buffers', 'synchronous_commit', 'fsync', 'max_connections', 'work_mem')"
+        ).fetchall())
+    redis_info = redis.Redis.from_url(redis_url).info("server")
+    return {
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu_model": cpu_model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "postgresql": pg_version.split(" on ")[0],
+        "postgresql_settings": pg_settings,
+        "redis": redis_info.get("redis_version"),
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Database and data
+# ---------------------------------------------------------------------------------------------
+
+
+def create_database(server: str, name: str) -> None:
+    with psycopg.connect(f"{server} dbname=postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(server: str, name: str) -> None:
+    with psycopg.connect(f"{server} dbname=postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pick_timezone() -> str:
+    now = datetime.now(UTC)
+    for zone in ZONES:
+        from zoneinfo import ZoneInfo
+
+        if now.astimezone(ZoneInfo(zone)).hour not in (22, 23, 0):
+            return zone
+    return ZONES[1]  # unreachable: four consecutive offsets cannot all be near midnight
+
+
+def create_orgs(db: Database, keyring: Keyring, count: int, tz: str, realistic_window: bool) -> list[int]:
+    """Orgs through the engine's own functions: channel sealed with the keyring, one 2-h rule."""
+    org_ids = []
+    with db.begin() as conn:
+        for index in range(count):
+            if realistic_window:
+                window: dict[str, Any] = {}  # the defaults: 08:00-20:00, no Sundays, no holidays
+            else:
+                window = dict(quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
+            org_id = create_org(conn, slug=f"bench-{index:03d}", name=f"Clínica Bench {index}",
+                                timezone=tz, state="SP", **window)
+            create_channel(conn, keyring, org_id=org_id, kind="whatsapp", provider="sandbox",
+                           name="WhatsApp (sandbox)", credentials={"token": f"bench-{index}"}, is_default=True)
+            now = datetime.now(UTC)
+            rule_id = conn.execute(insert(reminder_rules).values(
+                org_id=org_id, name="Lembrete 2h antes", purpose="session_reminder",
+                template_key="session_reminder", trigger="before_start", offset_minutes=RULE_OFFSET_MINUTES,
+                respect_window=True, active=True, created_at=now, updated_at=now,
+            ).returning(reminder_rules.c.id)).scalar_one()
+            conn.execute(insert(reminder_rule_kinds).values(org_id=org_id, rule_id=rule_id, kind="whatsapp",
+                                                            position=0))
+            org_ids.append(org_id)
+    return org_ids
+
+
+@dataclass
+class LoadPlan:
+    org_ids: list[int]
+    appointments: int
+    contacts_per_appointment: float
+    tz: str
+    #: (start of the due times, spread in seconds) for the throughput run, or None for populate-only
+    due_from: datetime | None
+    spread: float
+    seed: int = 42
+
+    def contacts(self) -> int:
+        return max(len(self.org_ids), int(self.appointments * self.contacts_per_appointment))
+
+
+def bulk_load(conninfo: str, plan: LoadPlan) -> dict[str, float]:
+    """COPY contacts, their WhatsApp consent and the appointments; returns timings."""
+    rng = random.Random(plan.seed)
+    n_orgs = len(plan.org_ids)
+    n_contacts = plan.contacts()
+    now = datetime.now(UTC)
+    timings: dict[str, float] = {}
+
+    def contact_org(cid: int) -> int:  # contact ids are 1..n_contacts, dealt round-robin to orgs
+        return plan.org_ids[(cid - 1) % n_orgs]
+
+    with psycopg.connect(conninfo) as conn:
+        started = time.perf_counter()
+        with conn.cursor().copy(
+            "COPY contacts (id, org_id, name, phone, email, created_at, updated_at) FROM STDIN"
+        ) as copy:
+            for cid in range(1, n_contacts + 1):
+                first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
+                copy.write_row((cid, contact_org(cid), f"{first} {last}", f"+55119{cid:08d}",
+                                f"p{cid}@example.com", now, now))
+        with conn.cursor().copy(
+            "COPY preferences (org_id, contact_id, kind, opted_in, opted_in_at, source, evidence, updated_at) "
+            "FROM STDIN"
+        ) as copy:
+            for cid in range(1, n_contacts + 1):
+                copy.write_row((contact_org(cid), cid, "whatsapp", True, now, "import", "bench", now))
+        # Due order is a shuffle of the ids so that due order, id order and org order differ.
+        slots = list(range(plan.appointments))
+        rng.shuffle(slots)
+        with conn.cursor().copy(
+            "COPY appointments (id, org_id, contact_id, professional, starts_at, timezone, mode, location, "
+            "status, created_at, updated_at) FROM STDIN"
+        ) as copy:
+            for index in range(plan.appointments):
+                aid = index + 1
+                # A contact of the same org: contacts c ≡ org (mod n_orgs).
+                org_pos = index % n_orgs
+                per_org = (n_contacts - org_pos + n_orgs - 1) // n_orgs
+                cid = org_pos + 1 + n_orgs * rng.randrange(per_org)
+                if plan.due_from is not None:
+                    due = plan.due_from + timedelta(seconds=plan.spread * slots[index] / plan.appointments)
+                    starts = due + timedelta(minutes=RULE_OFFSET_MINUTES)
+                else:  # populate-only: spread over the next week, all inside the 8-day horizon
+                    starts = now + timedelta(hours=3) + timedelta(seconds=rng.uniform(0, 7 * 86400))
+                    starts = starts.replace(second=0, microsecond=0)
+                online = rng.random() < 0.3
+                copy.write_row((aid, plan.org_ids[org_pos], cid, rng.choice(PROFESSIONALS), starts, plan.tz,
+                                "online" if online else "in_person",
+                                "https://meet.example.com/s" if online else "Rua das Flores, 100 — sala 3",
+                                "scheduled", now, now))
+        for table in ("contacts", "preferences", "appointments"):
+            conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
+        conn.commit()
+        timings["copy_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE contacts, preferences, appointments")
+        timings["analyze_s"] = time.perf_counter() - started
+    return timings
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes, RSS and CPU
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProcStats:
+    role: str
+    peak_rss: int = 0
+    cpu_first: float | None = None
+    cpu_last: float = 0.0
+
+    @property
+    def cpu_seconds(self) -> float:
+        return 0.0 if self.cpu_first is None else self.cpu_last - self.cpu_first
+
+
+class Sampler(threading.Thread):
+    """Every `interval` s: RSS and CPU time of our children (and their children); every 4th pass
+    also the CPU time of PostgreSQL and Redis server processes, and the whole machine's."""
+
+    def __init__(self, roots: dict[str, subprocess.Popen[bytes]], interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.roots = roots
+        self.interval = interval
+        self.stop_event = threading.Event()
+        self.stats: dict[int, ProcStats] = {}
+        self.servers: dict[int, ProcStats] = {}
+        self.machine_first = psutil.cpu_times()
+        self.machine_last = self.machine_first
+        self.started = time.monotonic()
+        self.ended = self.started
+        self.lock = threading.Lock()
+
+    def _sample(self, proc: psutil.Process, role: str, into: dict[int, ProcStats], rss: bool = True) -> None:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                mem = proc.memory_info().rss if rss else 0
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return
+        stat = into.setdefault(proc.pid, ProcStats(role))
+        cpu = times.user + times.system
+        if stat.cpu_first is None:
+            # A process first seen after the start counts from zero (it started during the run).
+            stat.cpu_first = cpu if time.monotonic() - self.started < self.interval * 2 else 0.0
+        stat.cpu_last = cpu
+        stat.peak_rss = max(stat.peak_rss, mem)
+
+    def sample_children(self) -> None:
+        for name, popen in list(self.roots.items()):
+            try:
+                root = psutil.Process(popen.pid)
+                children = root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            self._sample(root, f"{name} (parent)" if children else name, self.stats)
+            for index, child in enumerate(children, 1):
+                self._sample(child, f"{name} #{index}", self.stats)
+
+    def sample_servers(self) -> None:
+        for proc in psutil.process_iter(["name"]):
+            pname = proc.info["name"] or ""
+            if pname.startswith("postgres"):
+                self._sample(proc, "postgresql", self.servers, rss=False)
+            elif pname.startswith("redis-server"):
+                self._sample(proc, "redis", self.servers, rss=False)
+        self.machine_last = psutil.cpu_times()
+        self.ended = time.monotonic()
+
+    def run(self) -> None:
+        self.sample_servers()
+        passes = 0
+        while not self.stop_event.is_set():
+            with self.lock:
+                self.sample_children()
+                if passes % 4 == 0:
+                    self.sample_servers()
+            passes += 1
+            self.stop_event.wait(self.interval)
+        self.sample_servers()
+
+    def mark(self) -> None:
+        """Count CPU from now on (called when sending starts, so idle start-up time is left out)."""
+        with self.lock:
+            self._mark()
+
+    def _mark(self) -> None:
+        self.sample_children()
+        self.sample_servers()
+        for stat in (*self.stats.values(), *self.servers.values()):
+            stat.cpu_first = stat.cpu_last
+        self.machine_first = self.machine_last
+        self.started = self.ended
+
+    def stop(self) -> None:
+        with self.lock:
+            self.sample_children()
+        self.stop_event.set()
+        self.join(timeout=10)
+
+    def summary(self) -> dict[str, Any]:
+        per_role: dict[str, dict[str, Any]] = {}
+        for pid, stat in sorted(self.stats.items()):
+            per_role[f"{stat.role} pid {pid}"] = {
+                "peak_rss_mib": round(stat.peak_rss / 2**20, 1), "cpu_s": round(stat.cpu_seconds, 1)}
+        groups: dict[str, float] = defaultdict(float)
+        for stat in self.stats.values():
+            groups[stat.role.split(" ")[0]] += stat.cpu_seconds
+        for stat in self.servers.values():
+            groups[stat.role] += stat.cpu_seconds
+        first, last = self.machine_first, self.machine_last
+        busy = sum(getattr(last, f) - getattr(first, f) for f in ("user", "system", "nice", "irq", "softirq",
+                                                                    "steal") if hasattr(last, f))
+        wall = max(self.ended - self.started, 1e-9)
+        ours = sum(groups.values())
+        worker_rss = [s.peak_rss for s in self.stats.values() if s.role.startswith("worker")]
+        return {
+            "processes": per_role,
+            "cpu_seconds_by_group": {k: round(v, 1) for k, v in groups.items()},
+            "machine_cpu_busy_s": round(busy, 1),
+            "machine_cpu_capacity_s": round(wall * (os.cpu_count() or 1), 1),
+            "machine_cpu_busy_pct": round(100 * busy / (wall * (os.cpu_count() or 1)), 1),
+            # Everything else on the machine (this script's polling, other users' jobs): interference.
+            "other_cpu_s": round(busy - ours, 1),
+            "worker_peak_rss_mib_max": round(max(worker_rss, default=0) / 2**20, 1),
+            "worker_peak_rss_mib_sum": round(sum(worker_rss) / 2**20, 1),
+        }
+
+
+class Children:
+    """Child processes, each in its own session so that SIGTERM/SIGKILL reach their children."""
+
+    def __init__(self, logdir: Path, env: dict[str, str]) -> None:
+        self.logdir = logdir
+        self.env = env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, args: list[str], **extra_env: str) -> subprocess.Popen[bytes]:
+        out = open(self.logdir / f"{name}.log", "ab")
+        proc = subprocess.Popen([LEMBRA, *args], env={**self.env, **extra_env}, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def alive(self) -> dict[str, int | None]:
+        return {name: proc.poll() for name, proc in self.procs.items()}
+
+    def stop_all(self, grace: float = 20) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():
+            # The group may outlive its leader (dramatiq's worker processes): kill what is left.
+            _killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_for_workers(redis_url: str, processes: int, children: Children, timeout: float) -> float:
+    """Wait until every worker process has polled Redis (dramatiq's heartbeat set)."""
+    client = redis.Redis.from_url(redis_url)
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if client.zcard("dramatiq:__heartbeats__") >= processes:
+            return time.monotonic() - started
+        dead = {k: v for k, v in children.alive().items() if v is not None}
+        if dead:
+            raise SystemExit(f"worker exited early: {dead}; see {children.logdir}")
+        time.sleep(0.2)
+    raise SystemExit(f"workers not ready after {timeout:.0f}s; see {children.logdir}")
+
+
+# ---------------------------------------------------------------------------------------------
+# py-spy (optional)
+# ---------------------------------------------------------------------------------------------
+
+
+def start_py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    exe = Path(sys.executable).with_name("py-spy")
+    if not exe.exists():
+        log("py-spy is not installed in this venv; skipping the profile")
+        return None
+    return subprocess.Popen([str(exe), "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                             "--rate", "100", "--nonblocking", "--gil", "--format", "raw", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
+    """Inclusive share of samples per frame, and per library, from py-spy's collapsed stacks."""
+    inclusive: dict[str, int] = defaultdict(int)
+    own: dict[str, int] = defaultdict(int)
+    libs: dict[str, int] = defaultdict(int)
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        try:
+            count = int(count_text)
+        except ValueError:
+            continue
+        total += count
+        frames = stack.split(";")
+        seen: set[str] = set()
+        for frame in frames:
+            if frame not in seen:
+                inclusive[frame] += count
+                seen.add(frame)
+        leaf = frames[-1] if frames else "?"
+        own[leaf] += count
+        libs[_library(leaf)] += count
+    def share(table: dict[str, int]) -> list[tuple[str, float]]:
+        return [(k, round(100 * v / total, 1)) for k, v in sorted(table.items(), key=lambda kv: -kv[1])[:top]]
+    return {"samples": total, "inclusive_pct": share(inclusive), "self_pct": share(own),
+            "self_by_library_pct": share(libs)}
+
+
+def _library(frame: str) -> str:
+    # frames look like "function (path/to/file.py:123)"
+    path = frame.rsplit("(", 1)[-1]
+    for marker, name in (("sqlalchemy", "sqlalchemy"), ("psycopg", "psycopg"), ("jinja2", "jinja2"),
+                         ("dramatiq", "dramatiq"), ("redis", "redis"), ("babel", "babel"),
+                         ("engine/", "lembra engine"), ("gateway/", "lembra gateway"),
+                         ("providers/", "lembra providers"), ("threading", "threading"),
+                         ("json", "json"), ("logging", "logging")):
+        if marker in path:
+            return name
+    return path.split(":")[0].rsplit("/", 1)[-1] or "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+
+def pg_snapshot(conn: psycopg.Connection) -> dict[str, int]:
+    """Counters of this database: commits, WAL position, row updates of `messages` (HOT or not)."""
+    if conn.info.server_version >= 150000:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute(
+        "SELECT d.xact_commit, d.tup_inserted, d.tup_updated, "
+        "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, t.n_tup_upd, t.n_tup_hot_upd "
+        "FROM pg_stat_database d, pg_stat_user_tables t "
+        "WHERE d.datname = current_database() AND t.relname = 'messages'"
+    ).fetchone()
+    return dict(zip(("commits", "tuples_inserted", "tuples_updated", "wal_bytes", "messages_updates",
+                     "messages_hot_updates"), row))
+
+
+def open_count(conn: psycopg.Connection) -> int:
+    return conn.execute(
+        "SELECT (SELECT count(*) FROM messages WHERE status = 'pending')"
+        " + (SELECT count(*) FROM messages WHERE status IN ('claimed', 'sending'))"
+        " + (SELECT count(*) FROM messages WHERE status = 'new')"
+    ).fetchone()[0]
+
+
+def results(conn: psycopg.Connection, dispatch_started: datetime) -> dict[str, Any]:
+    by_status = dict(conn.execute("SELECT status, count(*) FROM messages GROUP BY status").fetchall())
+    first_due, last_due, first_sent, last_sent, sent = conn.execute(
+        "SELECT min(due_at), max(due_at), min(sent_at), max(sent_at), count(sent_at) FROM messages"
+    ).fetchone()
+    lat = conn.execute(
+        "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY l), max(l), min(l) "
+        "FROM (SELECT extract(epoch FROM sent_at - due_at)::float8 AS l FROM messages WHERE status = 'sent') s"
+    ).fetchone()
+    duplicates = conn.execute(
+        "SELECT count(*) FROM (SELECT org_id, idempotency_key FROM sandbox_messages "
+        "GROUP BY org_id, idempotency_key HAVING count(*) > 1) d"
+    ).fetchone()[0]
+    recorded = conn.execute("SELECT count(*) FROM sandbox_messages").fetchone()[0]
+    sent_unrecorded = conn.execute(
+        "SELECT count(*) FROM messages m WHERE m.status = 'sent' AND NOT EXISTS "
+        "(SELECT 1 FROM sandbox_messages s WHERE s.org_id = m.org_id AND s.idempotency_key = m.idempotency_key)"
+    ).fetchone()[0]
+    per_second = [row[0] for row in conn.execute(
+        "SELECT count(*) FROM messages WHERE status = 'sent' GROUP BY date_trunc('second', sent_at) ORDER BY 1"
+    ).fetchall()]
+    events = conn.execute("SELECT count(*) FROM message_events").fetchone()[0]
+    out: dict[str, Any] = {
+        "messages_by_status": by_status,
+        "sent": sent,
+        "not_sent": sum(v for k, v in by_status.items() if k != "sent"),
+        "duplicate_idempotency_keys": duplicates,
+        "sandbox_rows": recorded,
+        "sent_without_sandbox_row": sent_unrecorded,
+        "message_events": events,
+        "first_due_at": first_due.isoformat() if first_due else None,
+        "last_due_at": last_due.isoformat() if last_due else None,
+        "dispatch_started_at": dispatch_started.isoformat(),
+    }
+    if sent:
+        start = max(dispatch_started, first_due)
+        out["messages_per_s_first_to_last_sent"] = round((sent - 1) / max((last_sent - first_sent).total_seconds(),
+                                                                           1e-9), 1)
+        out["messages_per_s_from_dispatch_start"] = round(sent / max((last_sent - start).total_seconds(), 1e-9), 1)
+        out["drain_seconds_from_dispatch_start"] = round((last_sent - start).total_seconds(), 1)
+        out["first_send_after_dispatch_start_s"] = round((first_sent - start).total_seconds(), 2)
+        busy = sorted(per_second[1:-1]) or sorted(per_second)
+        out["per_second_median"] = busy[len(busy) // 2]
+        out["per_second_max"] = busy[-1]
+        out["lateness_s"] = {"p50": round(lat[0][0], 2), "p95": round(lat[0][1], 2), "p99": round(lat[0][2], 2),
+                             "max": round(lat[1], 2), "min": round(lat[2], 2)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--appointments", type=int, default=100_000)
+    p.add_argument("--orgs", type=int, default=10)
+    p.add_argument("--contacts-per-appointment", type=float, default=0.5,
+                   help="contacts created per appointment (0.5: a patient has two appointments on average)")
+    p.add_argument("--workers", type=int, default=2, help="dramatiq worker processes")
+    p.add_argument("--threads", type=int, default=8, help="threads per worker process")
+    p.add_argument("--worker-layout", choices=("single", "separate"), default="single",
+                   help="single: one `lembra worker --processes W`; separate: W x `lembra worker --processes 1`")
+    p.add_argument("--populate-only", action="store_true", help="load and time populate, send nothing")
+    p.add_argument("--realistic-window", action="store_true",
+                   help="orgs keep the default window (08:00-20:00, no Sundays/holidays); populate-only")
+    p.add_argument("--spread", type=float, default=10.0, help="seconds over which the reminders fall due")
+    p.add_argument("--lead", type=float, default=None,
+                   help="seconds from the end of the load to the first due time (default: estimated)")
+    p.add_argument("--timeout", type=float, default=1800, help="hard limit on the sending phase, seconds")
+    p.add_argument("--dispatch-interval", default="0.2", help="LEMBRA_DISPATCH_INTERVAL of the scheduler")
+    p.add_argument("--populate-interval", default="60", help="LEMBRA_POPULATE_INTERVAL of the scheduler")
+    p.add_argument("--send-batch", default=None, help="LEMBRA_SEND_BATCH (engine default when unset)")
+    p.add_argument("--claim-batch", default=None, help="LEMBRA_CLAIM_BATCH (engine default when unset)")
+    p.add_argument("--py-spy", type=float, default=0, metavar="SECONDS",
+                   help="record this many seconds of one worker process with py-spy (--gil: samples holding the GIL, i.e. Python CPU) once sending starts")
+    p.add_argument("--db-name", default="lembra_bench")
+    p.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres", help="libpq server connection")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379/14", help="broker URL; its db is FLUSHDB'd")
+    p.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    args = p.parse_args(argv)
+    if not args.db_name.startswith("lembra_bench"):
+        p.error("--db-name must start with lembra_bench (the database is dropped)")
+    if args.realistic_window and not args.populate_only:
+        p.error("--realistic-window only makes sense with --populate-only")
+    return args
+
+
+def sqlalchemy_url(pg: str, dbname: str) -> str:
+    parts = dict(item.split("=", 1) for item in pg.split())
+    user = parts.get("user", "postgres")
+    password = f":{parts['password']}" if "password" in parts else ""
+    return (f"postgresql+psycopg://{user}{password}@{parts.get('host', '127.0.0.1')}:{parts.get('port', '5432')}"
+            f"/{dbname}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logs("WARNING", "text")
+    conninfo = f"{args.pg} dbname={args.db_name}"
+    database_url = sqlalchemy_url(args.pg, args.db_name)
+    report: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    report["machine"] = machine_info(f"{args.pg} dbname=postgres", args.redis)
+    m = report["machine"]
+    log(f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['memory_gib']} GiB, Python {m['python']}, "
+        f"{m['postgresql']}, Redis {m['redis']}, load {m['loadavg_before']}")
+
+    create_database(args.pg, args.db_name)
+    try:
+        return _run(args, conninfo, database_url, report)
+    finally:
+        if args.keep:
+            log(f"kept database {args.db_name}")
+        else:
+            drop_database(args.pg, args.db_name)
+            log(f"dropped database {args.db_name}")
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+            log(f"figures written to {args.json}")
+
+
+def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dict[str, Any]) -> int:
+    n = args.appointments
+    upgrade(database_url)
+    secret_keys = Keyring.generate_spec()
+    keyring = Keyring.parse(secret_keys)
+    db = Database(database_url)
+    tz = pick_timezone()
+    org_ids = create_orgs(db, keyring, args.orgs, tz, args.realistic_window)
+    log(f"{len(org_ids)} orgs in {tz}; loading {n:,} appointments")
+
+    # The first reminder is due `lead` seconds after the load: enough for populate, its no-op
+    # repeat, the workers' start and the scheduler's own first populate pass.
+    lead = args.lead if args.lead is not None else 30 + n / 1500
+    due_from = None
+    if not args.populate_only:
+        due_from = datetime.now(UTC) + timedelta(seconds=lead)
+    plan = LoadPlan(org_ids=org_ids, appointments=n, contacts_per_appointment=args.contacts_per_appointment,
+                    tz=tz, due_from=due_from, spread=args.spread)
+    load = bulk_load(conninfo, plan)
+    report["load"] = {"appointments": n, "contacts": plan.contacts(), "orgs": len(org_ids), "timezone": tz,
+                      **{k: round(v, 1) for k, v in load.items()}}
+    log(f"loaded {n:,} appointments, {plan.contacts():,} contacts in {load['copy_s']:.1f}s "
+        f"(+{load['analyze_s']:.1f}s VACUUM ANALYZE)")
+
+    started = time.perf_counter()
+    first = populate(db, horizon=HORIZON)
+    populate_s = time.perf_counter() - started
+    started = time.perf_counter()
+    again = populate(db, horizon=HORIZON)
+    repeat_s = time.perf_counter() - started
+    report["populate"] = {
+        "seconds": round(populate_s, 2), "appointments_per_s": round(n / populate_s, 1),
+        "created": first.created, "planned": first.planned, "skipped": first.skipped,
+        "repeat_pass_seconds": round(repeat_s, 2), "repeat_created": again.created,
+    }
+    log(f"populate: {n:,} appointments in {populate_s:.1f}s = {n / populate_s:,.0f} appointments/s "
+        f"(created {first.created:,}, planned {first.planned:,}, skipped {first.skipped:,}); "
+        f"repeat pass (nothing new) {repeat_s:.1f}s, created {again.created}")
+    if first.created != n or again.created != 0:
+        log("WARNING: populate did not create exactly one reminder per appointment")
+    if args.populate_only:
+        with psycopg.connect(conninfo) as conn:
+            report["populate"]["messages_by_status"] = dict(conn.execute(
+                "SELECT status, count(*) FROM messages GROUP BY status").fetchall())
+        db.dispose()
+        _print_summary(report)
+        return 0
+    db.dispose()
+    return _send(args, conninfo, database_url, secret_keys, due_from, report)
+
+
+def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_keys: str,
+          due_from: datetime | None, report: dict[str, Any]) -> int:
+    n = args.appointments
+    redis.Redis.from_url(args.redis).flushdb()
+    logdir = Path(tempfile.mkdtemp(prefix="lembra-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMBRA_", "DATABASE_URL", "BROKER_URL"))}
+    env.update({
+        "DATABASE_URL": database_url, "BROKER_URL": args.redis, "LEMBRA_SECRET_KEYS": secret_keys,
+        "LEMBRA_LOG_LEVEL": "WARNING", "LEMBRA_DISPATCH_INTERVAL": args.dispatch_interval,
+        "LEMBRA_POPULATE_INTERVAL": args.populate_interval, "PYTHONUNBUFFERED": "1",
+    })
+    if args.send_batch:
+        env["LEMBRA_SEND_BATCH"] = args.send_batch
+    if args.claim_batch:
+        env["LEMBRA_CLAIM_BATCH"] = args.claim_batch
+    children = Children(logdir, env)
+    sampler = Sampler(children.procs)
+    log(f"starting {args.workers} worker process(es) x {args.threads} threads ({args.worker_layout}); "
+        f"logs in {logdir}")
+    if args.worker_layout == "single":
+        children.start("worker", ["worker", "--processes", str(args.workers), "--threads", str(args.threads)])
+    else:
+        for index in range(args.workers):
+            children.start(f"worker{index}", ["worker", "--processes", "1", "--threads", str(args.threads)])
+    sampler.start()
+    ready_s = wait_for_workers(args.redis, args.workers, children, timeout=120)
+    log(f"workers ready in {ready_s:.1f}s")
+    if due_from is not None and datetime.now(UTC) > due_from:
+        log(f"WARNING: the first reminders fell due {(datetime.now(UTC) - due_from).total_seconds():.0f}s before "
+            "the scheduler started; raise --lead (their lateness includes the wait)")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        pg_before = pg_snapshot(conn)
+    dispatch_started = datetime.now(UTC)
+    children.start("scheduler", ["scheduler"])
+    wait_s = (due_from - dispatch_started).total_seconds() if due_from else 0
+    log(f"scheduler started; first reminder due in {wait_s:.1f}s, last in {wait_s + args.spread:.1f}s")
+
+    spy: subprocess.Popen[bytes] | None = None
+    spy_out = logdir / "worker.pyspy.txt"
+    deadline = time.monotonic() + args.timeout + max(wait_s, 0)
+    last_report = 0.0
+    previous_sent, previous_t = 0, time.monotonic()
+    timed_out = False
+    marked = False
+    polls = 0
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while True:
+            time.sleep(1)
+            polls += 2
+            remaining = open_count(conn)
+            sent = conn.execute("SELECT count(*) FROM sandbox_messages").fetchone()[0]
+            if sent and not marked:
+                sampler.mark()
+                marked = True
+            if args.py_spy and spy is None and sent > 0:
+                targets = [p for p in sampler.stats.items() if p[1].role.startswith("worker") and " #" in p[1].role]
+                if targets:
+                    pid = targets[0][0]
+                    spy = start_py_spy(pid, args.py_spy, spy_out)
+                    log(f"py-spy recording worker pid {pid} for {args.py_spy:.0f}s")
+            now = time.monotonic()
+            if now - last_report >= 5:
+                rate = (sent - previous_sent) / (now - previous_t)
+                log(f"recorded {sent:,}/{n:,}, open {remaining:,}, last 5s {rate:,.0f} msg/s")
+                last_report, previous_sent, previous_t = now, sent, now
+            if remaining == 0 and (due_from is None or datetime.now(UTC) > due_from):
+                break
+            dead = {k: v for k, v in children.alive().items() if v is not None}
+            if dead:
+                log(f"WARNING: a process exited during the run: {dead}")
+                break
+            if now > deadline:
+                log(f"WARNING: timed out after {args.timeout:.0f}s with {remaining:,} messages open")
+                timed_out = True
+                break
+    if spy is not None:
+        try:
+            spy.wait(timeout=args.py_spy + 30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+    sampler.stop()
+    children.stop_all()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        pg_after = pg_snapshot(conn)
+        report["send"] = results(conn, dispatch_started)
+    sent_n = max(report["send"]["sent"] or 0, 1)
+    delta = {k: pg_after[k] - pg_before[k] for k in pg_before}
+    delta["commits"] -= polls + 2  # this script's own polling, one autocommit transaction per query
+    report["postgres"] = {
+        **{f"{k}_total": v for k, v in delta.items()},
+        "commits_per_message": round(delta["commits"] / sent_n, 2),
+        "wal_kib_per_message": round(delta["wal_bytes"] / sent_n / 1024, 2),
+        "messages_updates_per_message": round(delta["messages_updates"] / sent_n, 2),
+        "messages_hot_update_pct": round(100 * delta["messages_hot_updates"] / max(delta["messages_updates"], 1), 1),
+        "tuples_inserted_per_message": round(delta["tuples_inserted"] / sent_n, 2),
+    }
+    report["send"]["timed_out"] = timed_out
+    report["send"]["workers_ready_s"] = round(ready_s, 1)
+    report["resources"] = sampler.summary()
+    groups = report["resources"]["cpu_seconds_by_group"]
+    per_msg = {k: round(1000 * v / sent_n, 2) for k, v in groups.items()}
+    ours = sum(groups.values())
+    report["resources"]["cpu_ms_per_message"] = per_msg
+    report["resources"]["cpu_ms_per_message_total"] = round(1000 * ours / sent_n, 2)
+    # If nothing else ran on the machine and every core were busy with this pipeline only.
+    report["resources"]["ceiling_messages_per_s_dedicated_cores"] = round(
+        (os.cpu_count() or 1) * sent_n / max(ours, 1e-9), 0)
+    report["logdir"] = str(logdir)
+    if spy is not None and spy_out.exists():
+        report["py_spy"] = summarize_collapsed(spy_out)
+        report["py_spy"]["file"] = str(spy_out)
+    _print_summary(report)
+    ok = report["send"]["not_sent"] == 0 and report["send"]["duplicate_idempotency_keys"] == 0 and not timed_out
+    return 0 if ok else 1
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    m, pop = report["machine"], report["populate"]
+    lines = ["", "=== Lembra throughput benchmark", 
+             f"machine    {m['nproc']} CPU {m['cpu_model']}, {m['memory_gib']} GiB RAM, kernel {m['kernel']}",
+             f"software   Python {m['python']}, {m['postgresql']} "
+             f"(shared_buffers {m['postgresql_settings'].get('shared_buffers')}, synchronous_commit "
+             f"{m['postgresql_settings'].get('synchronous_commit')}), Redis {m['redis']}",
+             f"data       {report['load']['appointments']:,} appointments, {report['load']['contacts']:,} contacts, "
+             f"{report['load']['orgs']} orgs",
+             f"populate   {pop['seconds']:.1f}s = {pop['appointments_per_s']:,.0f} appointments/s "
+             f"(created {pop['created']:,}); repeat pass {pop['repeat_pass_seconds']:.1f}s"]
+    send = report.get("send")
+    if send:
+        a = report["args"]
+        lines.append(f"workers    {a['workers']} process(es) x {a['threads']} threads ({a['worker_layout']})")
+        if send.get("sent"):
+            lat = send["lateness_s"]
+            lines += [
+                f"sent       {send['sent']:,} ({send['messages_per_s_first_to_last_sent']:,.0f} msg/s first->last sent, "
+                f"{send['messages_per_s_from_dispatch_start']:,.0f} msg/s from dispatch start; "
+                f"per-second median {send['per_second_median']}, max {send['per_second_max']})",
+                f"lateness   p50 {lat['p50']}s, p95 {lat['p95']}s, p99 {lat['p99']}s, max {lat['max']}s",
+            ]
+        lines += [
+            f"checks     not sent {send['not_sent']} {send['messages_by_status']}, duplicate keys "
+            f"{send['duplicate_idempotency_keys']}, sent without sandbox row {send['sent_without_sandbox_row']}",
+        ]
+        res = report["resources"]
+        lines.append(f"worker RSS peak per process {res['worker_peak_rss_mib_max']} MiB "
+                     f"(all worker processes {res['worker_peak_rss_mib_sum']} MiB)")
+        for name, proc in res["processes"].items():
+            lines.append(f"           {name}: peak {proc['peak_rss_mib']} MiB, CPU {proc['cpu_s']}s")
+        lines.append(f"CPU        machine {res['machine_cpu_busy_pct']}% busy "
+                     f"({res['machine_cpu_busy_s']}s of {res['machine_cpu_capacity_s']}s); by group (s): "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(res["cpu_seconds_by_group"].items()))
+                     + f", everything else {res['other_cpu_s']}")
+        lines.append("CPU/msg    " + ", ".join(f"{k} {v} ms" for k, v in sorted(res["cpu_ms_per_message"].items()))
+                     + f"; total {res['cpu_ms_per_message_total']} ms -> at most "
+                     f"{res['ceiling_messages_per_s_dedicated_cores']:,.0f} msg/s on {m['nproc']} dedicated cores")
+        pg = report.get("postgres")
+        if pg:
+            lines.append(f"postgres   per message: {pg['commits_per_message']} commits, {pg['wal_kib_per_message']} KiB WAL, "
+                         f"{pg['messages_updates_per_message']} updates of `messages` "
+                         f"({pg['messages_hot_update_pct']}% HOT), {pg['tuples_inserted_per_message']} rows inserted")
+        spy = report.get("py_spy")
+        if spy:
+            lines.append(f"py-spy     {spy['samples']} samples of one worker, self time by library: "
+                         + ", ".join(f"{k} {v}%" for k, v in spy["self_by_library_pct"][:8]))
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""Meta WhatsApp Cloud API provider (the official one).
+
+Wire format: /work/shared/conformance/meta_whatsapp_cloud.md (sources cited there) and the
+samples under samples/meta_whatsapp/.
+
+Sending (SPEC §5, the 24-hour customer-service window):
+- window open (`message.conversation_open`), no buttons → `type:"text"`;
+- window open with buttons → `type:"interactive"` reply buttons whose ids are ours ("confirm:42");
+- window closed → the approved `message.template` (`type:"template"`), body parameters in order
+  and, when the message has buttons, one `quick_reply` button component per button (index 0, 1,
+  …) whose payload is our button id — the approved template must define its quick-reply buttons
+  in that order (Confirmar first, Cancelar second);
+- window closed and no template → PermanentError("template_required"); never free text.
+- Meta answering 131047 (re-engagement: the window is in fact closed) to a text/interactive send
+  → one resend as the template when there is one, else PermanentError("window_closed").
+`message.reference` goes out as `biz_opaque_callback_data`, which status webhooks echo back
+(`StatusEvent.reference`).
+
+Config keys: `phone_number_id`, `access_token`, `app_secret`, `verify_token`, optional `waba_id`
+(kept for the admin; unused here), `base_url` (default https://graph.facebook.com/<api_version>),
+`api_version` (default DEFAULT_API_VERSION, ignored when `base_url` is given).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import re
+from datetime import datetime, timezone
+from typing import Any, Mapping
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import requests
+
+from gateway.contract import (
+    Health,
+    InboundMessageEvent,
+    OutboundMessage,
+    Provider,
+    ProviderContext,
+    SendResult,
+    StatusEvent,
+    TemplateRef,
+    WebhookEvent,
+    WebhookRequest,
+    WebhookResult,
+)
+from gateway.errors import BadSignature, MalformedWebhook, PermanentError, ProviderError, TransientError
+from gateway.http import HttpResponse, call, default_error, retry_after_seconds
+from gateway.phones import InvalidPhone, normalize_phone
+
+log = logging.getLogger(__name__)
+
+#: Graph API version used when `base_url` is not configured. The notes' curl example is v17.0,
+#: which Meta has retired (docs.rs whatsapp-cloud-api 0.5.5, docs corpus: "uses Facebook Graph API
+#: version v26.0 by default (v20.0 expires on 2026-09-24)"); a channel may pin `api_version`.
+DEFAULT_API_VERSION = "v26.0"
+GRAPH_URL = "https://graph.facebook.com"
+
+SIGNATURE_HEADER = "X-Hub-Signature-256"
+#: Meta documents webhook payloads of up to 3 MB; anything larger is not a Meta notification.
+MAX_BODY_BYTES = 3 * 1024 * 1024
+#: `biz_opaque_callback_data` is limited to 512 characters (longer references are not sent).
+MAX_CALLBACK_DATA = 512
+#: Interactive reply buttons: at most 3, body text at most 1024 characters, title at most 20.
+MAX_REPLY_BUTTONS = 3
+MAX_INTERACTIVE_BODY = 1024
+MAX_BUTTON_TITLE = 20
+#: Fields read by health() from the phone-number node.
+HEALTH_FIELDS = "display_phone_number,verified_name,quality_rating"
+
+#: hub.challenge is echoed back verbatim; Meta sends a number. Anything else is refused so the
+#: endpoint never reflects arbitrary content.
+_CHALLENGE_RE = re.compile(r"^[A-Za-z0-9._~-]{1,256}$")
+_DIGITS_RE = re.compile(r"^[0-9]{6,15}$")
+_WHITESPACE_RE = re.compile(r"\s+")
+
+# Graph / WhatsApp error codes (notes §2) → (permanent?, our code, channel_broken).
+_ERRORS: dict[int, tuple[bool, str, bool]] = {
+    131047: (True, "window_closed", False),       # re-engagement: > 24 h since the patient wrote
+    131026: (True, "undeliverable", False),       # not a WhatsApp user, old app, ToS not accepted…
+    130429: (False, "throughput", False),         # Cloud API throughput (mps) reached
+    131056: (False, "pair_rate_limit", False),    # too many messages to the same user
+    131048: (True, "spam_rate_limit", False),     # number restricted for spam: do not hammer it
+    131049: (False, "marketing_limit", False),    # per-user marketing limit: later
+    131051: (True, "unsupported_type", False),
+    131000: (False, "generic_error", False),      # "something went wrong": retry
+    130472: (True, "experiment", False),          # user's number is part of an experiment
+    131053: (True, "media_error", False),
+    190: (True, "token_invalid", True),           # access token expired / invalid
+    368: (True, "account_restricted", True),
+    131031: (True, "account_locked", True),
+    80007: (False, "waba_rate_limit", False),
+}
+#: Codes that, on a failed status webhook, are worth another attempt (the rest are permanent).
+_TRANSIENT_CODES = frozenset(code for code, (permanent, _, _) in _ERRORS.items() if not permanent)
+
+
+class MetaProvider(Provider):
+    """WhatsApp through Meta's Cloud API (Graph `/{phone_number_id}/messages`)."""
+
+    name = "meta"
+    kinds = ("whatsapp",)
+    # The Cloud API has no idempotency key: an unknown outcome must not be retried blindly.
+    honours_idempotency = False
+
+    def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
+        super().__init__(config, context)
+        self._session = requests.Session()
+
+    # ------------------------------------------------------------------ configuration
+
+    def _setting(self, key: str) -> str:
+        value = self.config.get(key)
+        return value.strip() if isinstance(value, str) else ""
+
+    @property
+    def base_url(self) -> str:
+        base = self._setting("base_url")
+        if not base:
+            base = f"{GRAPH_URL}/{self._setting('api_version') or DEFAULT_API_VERSION}"
+        return base.rstrip("/")
+
+    def _credentials(self) -> tuple[str, str]:
+        phone_number_id = self._setting("phone_number_id")
+        token = self._setting("access_token")
+        if not phone_number_id or not token:
+            raise PermanentError("channel has no phone_number_id / access_token", code="misconfigured",
+                                 channel_broken=True)
+        return quote(phone_number_id, safe=""), token
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, message: OutboundMessage) -> SendResult:
+        phone_number_id, token = self._credentials()
+        try:
+            to = normalize_phone(message.to).lstrip("+")
+        except InvalidPhone:
+            raise PermanentError("recipient is not a valid phone number", code="invalid_number") from None
+        url = f"{self.base_url}/{phone_number_id}/messages"
+        if not message.conversation_open:
+            if message.template is None:
+                raise PermanentError("outside the 24-hour window and no approved template", code="template_required")
+            return self._post(url, token, self._envelope(message, to, _template_payload(message.template, message)))
+        try:
+            return self._post(url, token, self._envelope(message, to, _session_payload(message)))
+        except PermanentError as exc:
+            if exc.code != "window_closed" or message.template is None:
+                raise
+            # Our idea of the window was stale; Meta sent nothing, so one template send is safe.
+            log.info("meta window closed, resending as template", extra={"channel_id": self.context.channel_id})
+            return self._post(url, token, self._envelope(message, to, _template_payload(message.template, message)))
+
+    def _envelope(self, message: OutboundMessage, to: str, typed: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": to, **typed}
+        if message.reference and len(message.reference) <= MAX_CALLBACK_DATA:
+            body["biz_opaque_callback_data"] = message.reference
+        return body
+
+    def _post(self, url: str, token: str, body: dict[str, Any]) -> SendResult:
+        response = call(
+            self._session, "POST", url, timeout=self.context.timeout, classify=classify_error,
+            headers={"Authorization": f"Bearer {token}"}, json=body,
+        )
+        data = response.body
+        try:
+            first = data["messages"][0]
+            message_id = first["id"]
+        except (KeyError, IndexError, TypeError):
+            message_id = None
+            first = None
+        if not isinstance(message_id, str) or not message_id:
+            # Meta said 2xx, so something may have gone out: fail without a retry rather than risk
+            # a second copy.
+            raise PermanentError("send answer carries no message id", code="bad_response")
+        status = first.get("message_status") if isinstance(first, dict) else None
+        return SendResult(provider_message_id=message_id,
+                          provider_status=status if isinstance(status, str) else "accepted")
+
+    # ------------------------------------------------------------------ health
+
+    def health(self) -> Health:
+        try:
+            phone_number_id, token = self._credentials()
+            response = call(
+                self._session, "GET", f"{self.base_url}/{phone_number_id}", timeout=self.context.timeout,
+                classify=classify_error, headers={"Authorization": f"Bearer {token}"},
+                params={"fields": HEALTH_FIELDS},
+            )
+        except TransientError as exc:
+            return Health(ok=False, state="unreachable", detail=exc.code)
+        except PermanentError as exc:
+            if exc.channel_broken:
+                return Health(ok=False, state=exc.code or "broken", detail=exc.code)
+            return Health(ok=False, state="error", detail=exc.code)
+        rating = response.body.get("quality_rating") if isinstance(response.body, dict) else None
+        return Health(ok=True, state="ok",
+                      detail=f"quality_rating={rating}" if isinstance(rating, str) and rating.isalnum() else None)
+
+    # ------------------------------------------------------------------ webhooks
+
+    def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
+        if request.method.upper() == "GET":
+            return self._verify_subscription(request)
+        body = request.body
+        if not isinstance(body, (bytes, bytearray)):
+            raise MalformedWebhook("body is not bytes")
+        if len(body) > MAX_BODY_BYTES:
+            raise MalformedWebhook("body too large")
+        self._check_signature(request.header(SIGNATURE_HEADER), bytes(body))
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise MalformedWebhook("body is not JSON") from None
+        return WebhookResult(events=_parse_notification(data))
+
+    def _verify_subscription(self, request: WebhookRequest) -> WebhookResult:
+        """Meta's GET handshake: echo hub.challenge when hub.verify_token is ours (notes §3)."""
+        query: Mapping[str, Any] = request.query or {}
+        if not query:
+            try:
+                query = dict(parse_qsl(urlsplit(request.url).query, keep_blank_values=True))
+            except ValueError:
+                query = {}
+        expected = self._setting("verify_token")
+        given = _first(query.get("hub.verify_token"))
+        if not expected or not isinstance(given, str) or not hmac.compare_digest(
+            given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+        ):
+            raise BadSignature("verify token does not match")
+        if _first(query.get("hub.mode")) != "subscribe":
+            raise MalformedWebhook("hub.mode is not subscribe")
+        challenge = _first(query.get("hub.challenge"))
+        if not isinstance(challenge, str) or not _CHALLENGE_RE.match(challenge):
+            raise MalformedWebhook("missing or odd hub.challenge")
+        return WebhookResult(events=[], response_body=challenge)
+
+    def _check_signature(self, header: str | None, body: bytes) -> None:
+        secret = self._setting("app_secret")
+        if not secret:
+            raise BadSignature("channel has no app secret to check the signature with")
+        if not isinstance(header, str) or not header.isascii():
+            raise BadSignature("missing signature")
+        scheme, _, given = header.strip().partition("=")
+        if scheme.lower() != "sha256" or not given:
+            raise BadSignature("missing signature")
+        expected = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(given.lower().encode("ascii"), expected.encode("ascii")):
+            raise BadSignature("signature does not match")
+
+
+# ---------------------------------------------------------------------- outbound payloads
+
+
+def _session_payload(message: OutboundMessage) -> dict[str, Any]:
+    """Free-form message, only valid inside the 24-hour window."""
+    buttons = message.buttons[:MAX_REPLY_BUTTONS]
+    if buttons and len(message.text) <= MAX_INTERACTIVE_BODY:
+        return {
+            "type": "interactive",
+            "interactive": {
+                "type": "button",
+                "body": {"text": message.text},
+                "action": {"buttons": [
+                    {"type": "reply", "reply": {"id": b.id, "title": b.title[:MAX_BUTTON_TITLE]}} for b in buttons
+                ]},
+            },
+        }
+    # No buttons, or a body too long for an interactive message: plain text (keywords still work).
+    return {"type": "text", "text": {"preview_url": False, "body": message.text}}
+
+
+def _template_payload(template: TemplateRef, message: OutboundMessage) -> dict[str, Any]:
+    """An approved template: body parameters in order, quick-reply payloads = our button ids."""
+    components: list[dict[str, Any]] = []
+    if template.parameters:
+        components.append({"type": "body", "parameters": [
+            {"type": "text", "text": _template_text(p)} for p in template.parameters
+        ]})
+    for index, button in enumerate(message.buttons):
+        components.append({
+            "type": "button", "sub_type": "quick_reply", "index": str(index),
+            "parameters": [{"type": "payload", "payload": button.id}],
+        })
+    payload: dict[str, Any] = {"name": template.name, "language": {
+        "policy": "deterministic", "code": template.language.replace("-", "_"),
+    }}
+    if components:
+        payload["components"] = components
+    return {"type": "template", "template": payload}
+
+
+def _template_text(value: str) -> str:
+    """Meta refuses template parameters with new lines, tabs or runs of spaces: fold them."""
+    return _WHITESPACE_RE.sub(" ", str(value)).strip()
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _error_object(body: Any) -> dict[str, Any] | None:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return body["error"]
+    return None
+
+
+def _int_code(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 12:
+        return int(value)
+    return None
+
+
+def classify_error(response: HttpResponse) -> ProviderError | None:
+    """Map a Graph error answer (`{"error":{"code":…}}`, notes §2) to a typed error."""
+    error = _error_object(response.body)
+    code = _int_code(error.get("code")) if error is not None else None
+    if code is None:
+        return None
+    retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+    known = _ERRORS.get(code)
+    if known is not None:
+        permanent, name, broken = known
+        if permanent:
+            return PermanentError(f"Meta refused the message ({code})", code=name, channel_broken=broken)
+        return TransientError(f"Meta asked to retry later ({code})", code=name, retry_after=retry_after)
+    fallback = default_error(response)
+    kind = PermanentError if fallback.permanent else TransientError
+    return kind(f"Meta error {code} (HTTP {response.status})", code=f"meta_{code}",
+                retry_after=fallback.retry_after, channel_broken=fallback.channel_broken)
+
+
+# ---------------------------------------------------------------------- notifications
+
+
+def _first(value: Any) -> Any:
+    """Query values may come as lists (parse_qs) or strings."""
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise MalformedWebhook(f"{what} is not a list")
+    return value
+
+
+def _parse_notification(data: Any) -> list[WebhookEvent]:
+    """Events of a `whatsapp_business_account` notification (notes §4); batches are iterated."""
+    if not isinstance(data, dict):
+        raise MalformedWebhook("body is not a JSON object")
+    kind = data.get("object")
+    if not isinstance(kind, str):
+        raise MalformedWebhook("not a Meta notification")
+    if kind != "whatsapp_business_account":
+        # Signed by our app, but for another product (page, instagram…): acknowledge, so Meta does
+        # not keep retrying it, and record nothing.
+        return []
+    events: list[WebhookEvent] = []
+    for entry in _list(data.get("entry"), "entry"):
+        if not isinstance(entry, dict):
+            raise MalformedWebhook("entry item is not an object")
+        for change in _list(entry.get("changes"), "changes"):
+            if not isinstance(change, dict):
+                raise MalformedWebhook("change is not an object")
+            if change.get("field") != "messages":
+                continue  # template / account / quality updates: not events we act on
+            value = change.get("value")
+            if not isinstance(value, dict):
+                raise MalformedWebhook("change value is not an object")
+            for item in _list(value.get("messages"), "messages"):
+                event = _inbound(item)
+                if event is not None:
+                    events.append(event)
+            for item in _list(value.get("statuses"), "statuses"):
+                status = _status(item)
+                if status is not None:
+                    events.append(status)
+            for error in _list(value.get("errors"), "errors"):
+                code = _int_code(error.get("code")) if isinstance(error, dict) else None
+                log.info("meta webhook carries an error", extra={"meta_code": code})
+    return events
+
+
+def _timestamp(value: Any) -> datetime:
+    seconds = _int_code(value)
+    if seconds is None or not 0 < seconds < 10**11:
+        raise MalformedWebhook("bad timestamp")
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        raise MalformedWebhook("bad timestamp") from None
+
+
+def _required_str(item: Mapping[str, Any], key: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise MalformedWebhook(f"missing {key}")
+    return value
+
+
+def _e164(wa_id: str) -> str:
+    """Meta's `from` is the wa_id (digits with country code); E.164 with the BR 9th digit fixed."""
+    if not _DIGITS_RE.match(wa_id):
+        raise MalformedWebhook("from is not a WhatsApp number")
+    try:
+        return normalize_phone("+" + wa_id)
+    except InvalidPhone:
+        return "+" + wa_id  # a number phonenumbers does not know: keep it as sent
+
+
+def _text_of(value: Any, key: str) -> str | None:
+    text = value.get(key) if isinstance(value, dict) else None
+    return text if isinstance(text, str) else None
+
+
+#: Media types that carry a caption; they count as inbound (they open the window, feed replies).
+_MEDIA_TYPES = frozenset({"image", "video", "document", "audio", "sticker", "location", "contacts"})
+
+
+def _inbound(item: Any) -> InboundMessageEvent | None:
+    if not isinstance(item, dict):
+        raise MalformedWebhook("message is not an object")
+    message_id = _required_str(item, "id")
+    timestamp = _timestamp(item.get("timestamp"))
+    kind = item.get("type") if isinstance(item.get("type"), str) else None
+    sender = item.get("from")
+    if sender is None:
+        # Username (BSUID-only) senders have no phone number to match a contact with.
+        log.info("meta inbound without a phone number skipped", extra={"provider_message_id": message_id})
+        return None
+    if not isinstance(sender, str):
+        raise MalformedWebhook("from is not a string")
+    from_address = _e164(sender)
+    text: str | None = None
+    payload: str | None = None
+    if kind == "text":
+        text = _text_of(item.get("text"), "body")
+        if text is None:
+            raise MalformedWebhook("text message without body")
+    elif kind == "interactive":
+        interactive = item.get("interactive")
+        reply_type = interactive.get("type") if isinstance(interactive, dict) else None
+        if reply_type not in ("button_reply", "list_reply"):
+            return _skipped(message_id, kind)  # e.g. flows replies, or the errored sample
+        reply = interactive.get(reply_type)
+        payload = _text_of(reply, "id")
+        text = _text_of(reply, "title")
+        if payload is None:
+            raise MalformedWebhook("interactive reply without id")
+    elif kind == "button":
+        button = item.get("button")
+        payload = _text_of(button, "payload")
+        text = _text_of(button, "text")
+        if payload is None and text is None:
+            raise MalformedWebhook("button reply without payload")
+    elif kind in _MEDIA_TYPES:
+        text = _text_of(item.get(kind), "caption")
+    else:
+        return _skipped(message_id, kind)  # unsupported, reaction, system, …
+    context = item.get("context")
+    in_reply_to = _text_of(context, "id") or None
+    return InboundMessageEvent(
+        provider_message_id=message_id, from_address=from_address, text=text, timestamp=timestamp,
+        button_payload=payload or None, in_reply_to=in_reply_to,
+    )
+
+
+def _skipped(message_id: str, kind: Any) -> None:
+    log.info("meta inbound type skipped", extra={"provider_message_id": message_id, "meta_type": kind})
+    return None
+
+
+def _status(item: Any) -> StatusEvent | None:
+    if not isinstance(item, dict):
+        raise MalformedWebhook("status is not an object")
+    message_id = _required_str(item, "id")
+    status = item.get("status")
+    if not isinstance(status, str):
+        raise MalformedWebhook("missing status")
+    timestamp = _timestamp(item.get("timestamp"))
+    if status not in ("sent", "delivered", "read", "failed"):
+        return None  # "played" (voice), "deleted", … : nothing to record
+    errors = _list(item.get("errors"), "status errors")
+    code: int | None = None
+    if errors and isinstance(errors[0], dict):
+        code = _int_code(errors[0].get("code"))
+    reference = item.get("biz_opaque_callback_data")
+    return StatusEvent(
+        provider_message_id=message_id,
+        status=status,  # type: ignore[arg-type]
+        timestamp=timestamp,
+        error_code=str(code) if code is not None else None,
+        error_permanent=code not in _TRANSIENT_CODES,
+        reference=reference if isinstance(reference, str) and reference else None,
+    )

@@ -1,0 +1,80 @@
+"""A loopback fake of Meta's Graph API (WhatsApp Cloud API) answering with the published samples.
+
+Sources (see shared/conformance/meta_whatsapp_cloud.md and samples/INDEX.md):
+- 200 send answer: `send_response_official_sdk.json` (WhatsApp/WhatsApp-Nodejs-SDK messages.test.ts);
+- error answers: the Graph shape `{"error": {...}}` of the notes §2, with the published error objects
+  (`error_object_*.json`, pywa tests/test_errors.py) as the inner object; codes without a
+  published object (130429, 131056, 131026, …) are built from the notes' shape and code table.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conformance import sample_bytes
+from tests.fakes.server import FakeServer, Recorded, Reply
+
+SAMPLES = "samples/meta_whatsapp/"
+
+
+def sample_json(name: str) -> Any:
+    return json.loads(sample_bytes(SAMPLES + name))
+
+
+def send_ok() -> Reply:
+    """Meta's documented 200 answer to POST /{phone_number_id}/messages."""
+    return Reply(200, sample_bytes(SAMPLES + "send_response_official_sdk.json"))
+
+
+def graph_error(inner: dict[str, Any], status: int = 400, headers: dict[str, str] | None = None) -> Reply:
+    """A Graph error answer: the documented `{"error": {...}}` envelope around an error object."""
+    return Reply(status, {"error": inner}, headers=dict(headers or {}))
+
+
+def published_error(name: str, status: int = 400) -> Reply:
+    """A published error object (error_object_*.json) as a synchronous Graph error."""
+    return graph_error(sample_json(name), status)
+
+
+def notes_error(code: int, title: str, status: int = 400, headers: dict[str, str] | None = None) -> Reply:
+    """An error built from the notes' §2 syntax (message "(#code) title", type, code, error_data, fbtrace_id)."""
+    return graph_error({
+        "message": f"(#{code}) {title}",
+        "type": "OAuthException",
+        "code": code,
+        "error_data": {"messaging_product": "whatsapp", "details": title},
+        "fbtrace_id": "AbCdEfGhIjKlMnOp",
+    }, status, headers)
+
+
+def phone_number_node() -> Reply:
+    """GET /{phone_number_id}?fields=… — Graph's phone-number node (no published sample; the
+    fields named in the provider's HEALTH_FIELDS with illustrative values)."""
+    return Reply(200, {"display_phone_number": "15550953877", "verified_name": "Clinica Teste",
+                       "quality_rating": "GREEN", "id": "277321005464405"})
+
+
+class FakeGraph(FakeServer):
+    """Answers scripted replies in order, then `default` (the documented 200 send answer).
+
+    One server can serve many tests: `reset(...)` forgets the recorded requests and sets a new script.
+    """
+
+    def __init__(self, *script: Reply, default: Reply | None = None) -> None:
+        super().__init__(self._answer)
+        # A scripted delay outlives the client's timeout, so the late answer hits a closed socket;
+        # that is the point of the delay, not an error worth a traceback on stderr.
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
+        self.reset(*script, default=default)
+
+    def reset(self, *script: Reply, default: Reply | None = None) -> "FakeGraph":
+        with self._lock:
+            self.requests.clear()
+            self.script = list(script)
+            self.default = default or send_ok()
+        return self
+
+    def _answer(self, request: Recorded) -> Reply:
+        with self._lock:
+            return self.script.pop(0) if self.script else self.default
