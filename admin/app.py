@@ -8,7 +8,7 @@ from flask import Flask
 from flask_wtf import CSRFProtect
 from prometheus_client import CollectorRegistry
 
-from admin import auth, console, health, optout, webhooks
+from admin import api, auth, console, health, optout, webhooks
 from engine.runtime import Runtime
 
 csrf = CSRFProtect()
@@ -49,6 +49,11 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
     csrf.exempt(optout.bp)  # RFC 8058 one-click POSTs come from mail clients, with no session
     app.register_blueprint(auth.bp)
     app.register_blueprint(console.bp)
+    app.register_blueprint(api.bp)
+    csrf.exempt(api.bp)  # the REST API authenticates by bearer key, not by session cookie
+    from admin.views import init_admin
+
+    init_admin(app, rt)  # Flask-Admin console at /admin; its POSTs are checked by CSRFProtect too
     return app
 
 

@@ -324,6 +324,19 @@ def channels_add(org_slug: str, kind: str, provider: str, name: str, pairs: tupl
             conn, rt.keyring, org_id=org.id, kind=kind, provider=provider, name=name, credentials=credentials,
             is_default=is_default, min_interval_ms=min_interval_ms, daily_cap=daily_cap))
     click.echo(f"webhook URL: {rt.settings.public_url}/webhooks/{provider}/{channel_id}")
+    if provider == "evolution":
+        # Evolution is told where to call (with the JWT key); other providers are set in their consoles.
+        from engine.models import channels as channels_table
+        from gateway.errors import ProviderError
+
+        with rt.db.connect() as conn:
+            row = conn.execute(select(channels_table).where(channels_table.c.id == channel_id)).one()
+        try:
+            rt.providers.get(row).configure_webhook()
+            click.echo("webhook configured on the Evolution instance")
+        except ProviderError as exc:
+            click.echo(f"warning: could not configure the Evolution webhook ({exc.code}); "
+                       "run `lembra channels add` again or set it in Evolution", err=True)
     click.echo(str(channel_id))
 
 
@@ -407,6 +420,42 @@ def keys_generate(version: int) -> None:
     from gateway.crypto import Keyring
 
     click.echo(Keyring.generate_spec(version))
+
+
+@main.group(help="REST API keys (one org each; shown once, stored hashed).")
+def apikeys() -> None:
+    """API key commands."""
+
+
+@apikeys.command("create", help="Create an API key for an org. The key is printed once, on the last line; "
+                                "only its hash is stored.")
+@click.option("--org", "org_slug", required=True)
+@click.option("--name", required=True, help="What the key is for, e.g. the clinic's scheduling software.")
+def apikeys_create(org_slug: str, name: str) -> None:
+    from engine.apikeys import create_key
+    from engine.orgs import org_by_slug
+
+    rt = _runtime()
+    with rt.db.begin() as conn:
+        org = _domain(lambda: org_by_slug(conn, org_slug))
+        new = _domain(lambda: create_key(conn, org_id=org.id, name=name))
+    click.echo(f"API key {new.id} ({new.prefix}) for {org_slug}; store it now, it is not shown again:", err=True)
+    click.echo(new.key)
+
+
+@apikeys.command("revoke", help="Revoke one of an org's API keys by id.")
+@click.option("--org", "org_slug", required=True)
+@click.option("--id", "key_id", required=True, type=int)
+def apikeys_revoke(org_slug: str, key_id: int) -> None:
+    from engine.apikeys import revoke
+    from engine.orgs import org_by_slug
+
+    rt = _runtime()
+    with rt.db.begin() as conn:
+        org = _domain(lambda: org_by_slug(conn, org_slug))
+        if not revoke(conn, org.id, key_id):
+            fail(f"org {org_slug} has no live API key {key_id}")
+    click.echo(f"revoked {key_id}")
 
 
 if __name__ == "__main__":

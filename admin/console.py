@@ -55,7 +55,7 @@ def local_time(value: Any, tz: str = "America/Sao_Paulo") -> str:
 @bp.route("/")
 @login_required
 def index():  # type: ignore[no-untyped-def]
-    return redirect(url_for("console.sandbox"))
+    return redirect(url_for("admin.index"))
 
 
 @bp.route("/sandbox")

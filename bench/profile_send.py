@@ -143,6 +143,38 @@ def micro(rt: Runtime, message_id: int, rounds: int = 2000) -> None:
         raw.close()
 
 
+def what_if(rt: Runtime, url: str, ids: list[int]) -> list[int]:
+    """Time two equal slices of `ids`: as the engine is, and on an engine without pool pre-ping.
+
+    The tweak lives in this process only (a second SQLAlchemy engine swapped into the runtime);
+    nothing in engine/ changes. Returns the ids left for the caller's own unprofiled slice."""
+    from sqlalchemy import create_engine
+
+    size = len(ids) // 3
+    slices = [ids[:size], ids[size:2 * size]]
+    rest = ids[2 * size:]
+
+    def run(label: str, chunk: list[int]) -> None:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for mid in chunk:
+            dispatch.send_one(rt, mid)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        print(f"what-if {label}: {len(chunk)} messages, wall {1000 * wall / len(chunk):.2f} ms/message, "
+              f"CPU {1000 * cpu / len(chunk):.2f} ms/message")
+
+    run("as is", slices[0])
+    original_engine = rt.db.engine
+    rt.db.engine = create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=False, pool_recycle=1800,
+                                 connect_args={"connect_timeout": 10, "application_name": "lembra"},
+                                 hide_parameters=True)
+    try:
+        run("without pool_pre_ping", slices[1])
+    finally:
+        rt.db.engine.dispose()
+        rt.db.engine = original_engine
+    return rest
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=2000)
@@ -151,6 +183,9 @@ def main() -> int:
     p.add_argument("--db-name", default="lembra_bench_profile")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--what-if", action="store_true",
+                   help="also time a slice on an engine without pool pre-ping (harness-only; engine/ is not "
+                        "modified) to size what dropping it would save")
     args = p.parse_args()
     if not args.db_name.startswith("lembra_bench"):
         p.error("--db-name must start with lembra_bench (the database is dropped)")
@@ -198,6 +233,8 @@ def main() -> int:
 
         # Half without the profiler (the true per-message cost), half under it (where it goes).
         plain, ids = ids[: len(ids) // 2], ids[len(ids) // 2:]
+        if args.what_if:
+            plain = what_if(rt, url, plain)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         for mid in plain:
             dispatch.send_one(rt, mid)

@@ -596,6 +596,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres", help="libpq server connection")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/14", help="broker URL; its db is FLUSHDB'd")
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    p.add_argument("--profile-populate", action="store_true",
+                   help="run the timed populate under cProfile and print where its time goes (slows it)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
     if not args.db_name.startswith("lembra_bench"):
@@ -603,6 +605,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.realistic_window and not args.populate_only:
         p.error("--realistic-window only makes sense with --populate-only")
     return args
+
+
+def populate_breakdown(profiler: Any, wall: float) -> dict[str, float]:
+    """Inclusive seconds of populate's steps (under cProfile, which slows the Python parts)."""
+    import pstats
+
+    stats = pstats.Stats(profiler)
+    wanted = {
+        "insert_reminders (set-based INSERT ... SELECT)": ("engine/populate.py", "_insert_reminders"),
+        "cancel_stale": ("engine/populate.py", "_cancel_stale"),
+        "plan_new (all)": ("engine/populate.py", "plan_new"),
+        "plan_new: windows.place": ("engine/windows.py", "place"),
+        "plan_new: nominal_due": ("engine/windows.py", "nominal_due"),
+        "plan_new + insert: record_events": ("engine/outbox.py", "record_events"),
+        "all SQL: psycopg Cursor.execute": ("psycopg/cursor.py", "execute"),
+        "all SQL: psycopg Cursor.executemany": ("psycopg/cursor.py", "executemany"),
+    }
+    out = {"wall_s_under_profile": round(wall, 2)}
+    for label, (suffix, name) in wanted.items():
+        out[label] = round(sum(v[3] for (path, _l, func), v in stats.stats.items()  # type: ignore[attr-defined]
+                               if path.endswith(suffix) and func == name), 2)
+    return out
 
 
 def sqlalchemy_url(pg: str, dbname: str) -> str:
@@ -662,22 +686,35 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
     log(f"loaded {n:,} appointments, {plan.contacts():,} contacts in {load['copy_s']:.1f}s "
         f"(+{load['analyze_s']:.1f}s VACUUM ANALYZE)")
 
-    started = time.perf_counter()
+    profiler = None
+    if args.profile_populate:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    started, cpu0 = time.perf_counter(), time.process_time()
     first = populate(db, horizon=HORIZON)
-    populate_s = time.perf_counter() - started
+    populate_s, populate_cpu = time.perf_counter() - started, time.process_time() - cpu0
+    if profiler is not None:
+        profiler.disable()
+        report["populate_profile"] = populate_breakdown(profiler, populate_s)
     started = time.perf_counter()
     again = populate(db, horizon=HORIZON)
     repeat_s = time.perf_counter() - started
     report["populate"] = {
         "seconds": round(populate_s, 2), "appointments_per_s": round(n / populate_s, 1),
+        "python_cpu_seconds": round(populate_cpu, 2),
         "created": first.created, "planned": first.planned, "skipped": first.skipped,
         "repeat_pass_seconds": round(repeat_s, 2), "repeat_created": again.created,
     }
     log(f"populate: {n:,} appointments in {populate_s:.1f}s = {n / populate_s:,.0f} appointments/s "
-        f"(created {first.created:,}, planned {first.planned:,}, skipped {first.skipped:,}); "
+        f"(created {first.created:,}, planned {first.planned:,}, skipped {first.skipped:,}; "
+        f"{populate_cpu:.1f}s of it Python CPU in this process); "
         f"repeat pass (nothing new) {repeat_s:.1f}s, created {again.created}")
     if first.created != n or again.created != 0:
         log("WARNING: populate did not create exactly one reminder per appointment")
+    if "populate_profile" in report:
+        log("populate under cProfile, inclusive seconds: " + json.dumps(report["populate_profile"]))
     if args.populate_only:
         with psycopg.connect(conninfo) as conn:
             report["populate"]["messages_by_status"] = dict(conn.execute(

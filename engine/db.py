@@ -74,13 +74,15 @@ class Database:
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[Connection]:
-        """A connection inside a transaction, committed on success, rolled back on error."""
-        with self.engine.begin() as conn:
-            yield conn
+        """A write transaction: committed on success, rolled back on error."""
+        with self.engine.connect() as conn:
+            conn.execution_options(lembra_write=True)
+            with conn.begin():
+                yield conn
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[Connection]:
-        """A plain connection for callers that manage transactions themselves."""
+        """A connection for reading (on SQLite its transactions do not take the write lock)."""
         with self.engine.connect() as conn:
             yield conn
 
@@ -127,9 +129,13 @@ def _make_engine(url: str, *, pool_size: int, echo: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Connection) -> None:
-            # Take the write lock up front: a deferred transaction that later writes can fail
-            # with "database is locked" instead of waiting its turn.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Write transactions take the write lock up front: a deferred transaction that later
+            # writes can fail with "database is locked" instead of waiting its turn. Reads stay
+            # deferred, so WAL lets them run beside a writer.
+            if conn.get_execution_options().get("lembra_write"):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.exec_driver_sql("BEGIN")
 
         return engine
     return create_engine(

@@ -92,11 +92,28 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
                 if apply_status(conn, org_id, channel.id, event):
                     received.statuses_applied += 1
             elif isinstance(event, ConnectionEvent):
-                conn.execute(
-                    update(channels).where(channels.c.org_id == org_id, channels.c.id == channel.id)
-                    .values(status_detail=event.state[:100], updated_at=now)
-                )
+                apply_connection(conn, channel, event)
     return received
+
+
+#: Connection states after which nothing can be sent until an operator reconnects the number.
+BROKEN_STATES = ("close", "refused")
+
+
+def apply_connection(conn: Connection, channel: Any, event: ConnectionEvent) -> None:
+    """Follow the provider's connection: a closed number marks the channel broken (and tells the
+    operator), an open one makes it active again."""
+    now = clock.now()
+    values: dict[str, Any] = {"status_detail": f"{event.state}:{event.detail}"[:100] if event.detail else event.state[:100],
+                              "updated_at": now}
+    if event.state == "open" and channel.status == "broken":
+        values["status"] = "active"
+    elif event.state in BROKEN_STATES and channel.status == "active":
+        values["status"] = "broken"
+        open_inbox_item(conn, channel.org_id, "channel_broken", f"channel:{channel.id}:broken:{int(now.timestamp())}",
+                        channel_id=channel.id, detail=f"the number disconnected ({event.state})")
+    conn.execute(update(channels).where(channels.c.org_id == channel.org_id, channels.c.id == channel.id)
+                 .values(**values))
 
 
 def _redacted_body(body: bytes) -> Any:

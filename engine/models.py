@@ -437,3 +437,16 @@ class WebhookEvent(Base):
 
 channel_pacing = ChannelPacing.__table__
 webhook_events = WebhookEvent.__table__
+
+
+class ContactEvent(Base):
+    __tablename__ = "contact_events"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    contact_id: Mapped[int] = _fk("contacts.id")
+    type: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    created_at: Mapped[datetime]
+
+
+contact_events = ContactEvent.__table__

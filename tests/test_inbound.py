@@ -502,3 +502,28 @@ def test_shared_number_sair_stops_every_message_to_that_number(rt, clock):
     # A new appointment for the child sends nothing to the number that said SAIR.
     world.appointment(child, local(2026, 12, 4, 16, 0))
     assert [m for m in world.messages(status="pending") if m.purpose == "session_reminder"] == []
+
+
+def test_connection_updates_break_and_restore_the_channel(rt, clock):
+    from sqlalchemy import select as _select
+
+    from engine.inbound import apply_connection
+    from engine.models import channels as channels_table
+    from engine.models import inbox_items
+    from gateway.contract import ConnectionEvent
+
+    world = clinic(rt)
+    channel_id = world.channels["whatsapp"]
+
+    def channel():
+        with rt.db.connect() as conn:
+            return conn.execute(_select(channels_table).where(channels_table.c.id == channel_id)).one()
+
+    with rt.db.begin() as conn:
+        apply_connection(conn, channel(), ConnectionEvent(state="close", detail="401"))
+    assert (channel().status, channel().status_detail) == ("broken", "close:401")
+    with rt.db.connect() as conn:
+        assert conn.execute(_select(inbox_items.c.kind)).scalars().all() == ["channel_broken"]
+    with rt.db.begin() as conn:
+        apply_connection(conn, channel(), ConnectionEvent(state="open"))
+    assert channel().status == "active"

@@ -1,0 +1,154 @@
+"""Plumbing of `/api/v1`: the blueprint, bearer-key authentication, the org-scoped transaction,
+request parsing and the JSON error envelope."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+from typing import Any, Callable, Iterator, Mapping
+
+from flask import Blueprint, current_app, g, jsonify, request
+from marshmallow import Schema, ValidationError
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+
+from engine.apikeys import ApiKeyIdentity, authenticate
+from engine.runtime import Runtime
+
+log = logging.getLogger("lembra.api")
+
+PREFIX = "/api/v1"
+bp = Blueprint("api", __name__, url_prefix=PREFIX)
+
+REASONS = {
+    400: "malformed request", 401: "missing, invalid or revoked API key", 404: "not found",
+    405: "method not allowed", 409: "conflict", 413: "request body too large", 415: "unsupported media type",
+    422: "validation failed", 500: "internal error",
+}
+
+
+class ApiError(Exception):
+    """An error answered as `{error, details}` with `status`."""
+
+    def __init__(self, status: int, error: str | None = None, details: Any = None) -> None:
+        super().__init__(error or REASONS.get(status, "error"))
+        self.status = status
+        self.error = error or REASONS.get(status, "error")
+        self.details = details
+
+
+def error_response(status: int, error: str | None = None, details: Any = None,
+                   headers: Mapping[str, str] | None = None) -> Any:
+    response = jsonify({"error": error or REASONS.get(status, "error"), "details": details})
+    response.status_code = status
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="lembra"'
+    return response
+
+
+@bp.errorhandler(ApiError)
+def _api_error(exc: ApiError) -> Any:
+    return error_response(exc.status, exc.error, exc.details)
+
+
+@bp.errorhandler(ValidationError)
+def _validation_error(exc: ValidationError) -> Any:
+    return error_response(422, details=exc.messages)
+
+
+@bp.errorhandler(HTTPException)
+def _http_error(exc: HTTPException) -> Any:
+    code = exc.code or 500
+    headers = {}
+    if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+        headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+    return error_response(code, REASONS.get(code, exc.name.lower()), None, headers)
+
+
+@bp.errorhandler(Exception)
+def _unexpected(exc: Exception) -> Any:
+    log.exception("api request failed", extra={"path": request.path, "method": request.method})
+    return error_response(500)
+
+
+@bp.before_app_request
+def _unrouted_api_request() -> Any:
+    """Unknown paths and methods under /api/v1 answer JSON too. Routing errors never reach a
+    blueprint's handlers (no endpoint matched), so they are answered here, before dispatch."""
+    exc = request.routing_exception
+    if exc is None or not (request.path == PREFIX or request.path.startswith(PREFIX + "/")):
+        return None
+    if isinstance(exc, MethodNotAllowed):
+        return error_response(405, headers={"Allow": ", ".join(sorted(exc.valid_methods or ()))})
+    if isinstance(exc, NotFound):
+        return error_response(404)
+    return None  # redirects (e.g. a missing trailing slash) keep Flask's own behaviour
+
+
+def runtime() -> Runtime:
+    return current_app.config["LEMBRA_RUNTIME"]
+
+
+def caller() -> ApiKeyIdentity:
+    return g.lembra_api_key
+
+
+def require_key(view: Callable[..., Any]) -> Callable[..., Any]:
+    """401 unless the request carries a live key; the key is then `caller()`."""
+
+    @functools.wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401)
+        with runtime().db.begin() as conn:
+            identity = authenticate(conn, token.strip())
+        if identity is None:
+            raise ApiError(401)
+        g.lembra_api_key = identity
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def org_tx() -> Iterator[Connection]:
+    """One transaction for the caller's org. On PostgreSQL it also declares the org, so row-level
+    security backs up every query's own org filter."""
+    with runtime().db.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT set_config('lembra.org_id', :org, true)"), {"org": str(caller().org_id)})
+        yield conn
+
+
+def json_body() -> Any:
+    """The request's JSON document; 400 when it is not JSON at all."""
+    raw = request.get_data(cache=True)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+
+
+def load(schema: Schema, data: Any, extra_errors: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Validate with `schema`; a 422 lists every error (plus `extra_errors` found elsewhere)."""
+    errors: dict[str, Any] = dict(extra_errors or {})
+    result: dict[str, Any] = {}
+    try:
+        result = schema.load(data)
+    except ValidationError as exc:
+        messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
+        errors.update(messages)
+    if errors:
+        raise ValidationError(errors)
+    return result
+
+
+def load_query(schema: Schema) -> dict[str, Any]:
+    return load(schema, {key: request.args.get(key) for key in request.args})

@@ -1,0 +1,70 @@
+"""The admin console (Flask-Admin) mounted at /admin: one tenant-scoped base view, every view
+inheriting it, a scoped ORM session bound to the runtime's engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, g
+from flask_admin import Admin
+from flask_admin.menu import MenuLink
+from flask_admin.theme import Bootstrap4Theme
+from sqlalchemy import event, text
+from sqlalchemy.orm import scoped_session, sessionmaker
+
+from engine.models import AuditLog, Appointment, Channel, Contact, Message, ReminderRule, Template
+from engine.runtime import Runtime
+
+def init_admin(app: Flask, rt: Runtime) -> Admin:
+    from admin.views.audit import AuditView
+    from admin.views.dashboard import DashboardView
+    from admin.views.messaging import ChannelView, TemplateView
+    from admin.views.outbox import LogView, QueueView
+    from admin.views.scheduling import AppointmentView, ContactView, ReminderRuleView
+
+    factory = sessionmaker(bind=rt.db.engine)
+    Session: scoped_session[Any] = scoped_session(factory)
+    app.extensions["lembra_session"] = Session
+    if rt.db.dialect == "postgresql":
+        @event.listens_for(factory, "after_begin")
+        def _declare_org(session: Any, transaction: Any, connection: Any) -> None:
+            # Row-level security behind the views' own filters (defence in depth).
+            org_id = g.get("lembra_org_id") if _has_app_context() else None
+            if org_id is not None:
+                connection.execute(text("SELECT set_config('lembra.org_id', :o, true)"), {"o": str(org_id)})
+
+    @app.teardown_appcontext
+    def _remove_session(exc: BaseException | None) -> None:
+        Session.remove()
+
+    _babel(app)
+    admin = Admin(app, name="Lembra", url="/admin",
+                  index_view=DashboardView(name="Painel", url="/admin", endpoint="admin"),
+                  theme=Bootstrap4Theme(base_template="admin/lembra_base.html", fluid=True))
+    s = Session
+    admin.add_view(AppointmentView(Appointment, s, name="Agendamentos", endpoint="appointments"))
+    admin.add_view(ContactView(Contact, s, name="Contatos", endpoint="contacts"))
+    admin.add_view(ReminderRuleView(ReminderRule, s, name="Regras de lembrete", endpoint="rules", category="Configuração"))
+    admin.add_view(TemplateView(Template, s, name="Modelos", endpoint="templates", category="Configuração"))
+    admin.add_view(ChannelView(Channel, s, name="Canais", endpoint="channels", category="Configuração"))
+    admin.add_view(QueueView(Message, s, name="Fila", endpoint="queue"))
+    admin.add_view(LogView(Message, s, name="Registros", endpoint="logs"))
+    admin.add_link(MenuLink(name="Caixa do sandbox", url="/sandbox"))
+    admin.add_view(AuditView(AuditLog, s, name="Auditoria", endpoint="audit"))
+    return admin
+
+
+def _has_app_context() -> bool:
+    from flask import has_app_context
+
+    return has_app_context()
+
+
+def _babel(app: Flask) -> None:
+    """Flask-Admin's own strings in Portuguese (flask-babel), when it is installed."""
+    try:
+        from flask_babel import Babel
+    except ImportError:  # pragma: no cover - English chrome, pt-BR labels still ours
+        return
+    app.config.setdefault("BABEL_DEFAULT_LOCALE", "pt_BR")
+    Babel(app, locale_selector=lambda: "pt_BR")

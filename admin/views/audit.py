@@ -1,0 +1,40 @@
+"""Auditoria: who changed what, read-only."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from admin.views.base import TenantModelView, org_id
+from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter
+
+from engine.models import AuditLog, User
+
+ACTION_LABELS = {"create": "criou", "update": "alterou", "delete": "excluiu", "cancel": "cancelou",
+                 "retry": "reenviou", "test_send": "testou"}
+
+
+def _user(view: Any, model: Any) -> str:
+    if model.user_id is None:
+        return "API" if model.api_key_id else "sistema"
+    row = view.session.query(User.email).filter(User.org_id == org_id(), User.id == model.user_id).first()
+    return row.email if row else f"usuário {model.user_id}"
+
+
+class AuditView(TenantModelView):
+    allow_create = allow_edit = allow_delete = False
+    column_list = ("created_at", "user", "action", "entity", "entity_id", "changes")
+    column_details_list = column_list
+    column_export_list = column_list
+    column_labels = {"created_at": "Quando", "user": "Quem", "action": "Ação", "entity": "Onde",
+                     "entity_id": "Registro", "changes": "Alterações"}
+    column_filters = ("action", "entity", DateTimeBetweenFilter(AuditLog.created_at, "Quando"))
+    column_default_sort = ("id", True)
+    column_formatters = {
+        "user": lambda v, c, m, n: _user(v, m),
+        "action": lambda v, c, m, n: ACTION_LABELS.get(m.action, m.action),
+        "changes": lambda v, c, m, n: json.dumps(m.changes, ensure_ascii=False) if m.changes else "",
+    }
+    column_formatters_export = {"user": lambda v, c, m, n: _user(v, m),
+                                "changes": lambda v, c, m, n: json.dumps(m.changes, ensure_ascii=False) if m.changes else ""}
+    empty_message = "Nenhuma alteração registrada ainda."

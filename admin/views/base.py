@@ -1,0 +1,315 @@
+"""The one tenant-scoped base of every console view.
+
+Flask-Admin does not scope anything by itself: its `get_one` (edit, details, delete), its
+relationship dropdowns, AJAX loaders and inline models all bypass `get_query`, and its default
+form has no CSRF. `TenantModelView` closes each of those for every view that inherits it:
+
+- `get_query` / `get_count_query` / `get_one` filter on the signed-in user's org; another org's
+  id answers 404;
+- `org_id` (and the timestamps) are set on the server, never taken from a form;
+- relationship dropdowns are built by the views from org-scoped queries, `form_ajax_refs`,
+  inline models and list editing are refused at start-up;
+- forms are `SecureForm`s whose token is Flask-WTF's (the app's CSRFProtect checks every POST);
+- owner/manager edit, agent reads;
+- CSV export escapes formula cells, and secret columns are never listed, exported or in forms;
+- every change writes an `audit_log` row without secrets.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+from zoneinfo import ZoneInfo
+
+from flask import abort, current_app, flash, g, redirect, request, url_for
+from flask_admin.contrib.sqla import ModelView
+from flask_admin.form import SecureForm
+from flask_login import current_user
+from flask_wtf.csrf import _FlaskFormCSRF
+from markupsafe import Markup, escape
+from sqlalchemy import func, insert, inspect as sa_inspect
+from sqlalchemy.engine import Connection
+
+from engine import clock
+from engine.models import AuditLog, Org, audit_log
+from engine.runtime import Runtime
+
+#: Columns that hold secrets (sealed credentials, hashes): never listed, in forms or exported.
+SECRET_COLUMNS = frozenset({"credentials", "key_version", "password_hash", "key_hash", "llm_api_key"})
+#: A CSV cell starting with one of these is a formula in a spreadsheet (CWE-1236).
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+STATUS_LABELS = {
+    "new": "Planejando", "pending": "Agendada", "claimed": "Na fila", "sending": "Enviando", "sent": "Enviada",
+    "delivered": "Entregue", "read": "Lida", "failed": "Falhou", "unknown": "Incerta", "cancelled": "Cancelada",
+    "expired": "Expirada", "dead": "Esgotada", "skipped": "Não enviada",
+    # appointments
+    "scheduled": "Agendado", "confirmed": "Confirmado", "completed": "Realizado", "no_show": "Faltou",
+    # channels
+    "active": "Ativo", "disabled": "Desativado", "error": "Com erro",
+}
+STATUS_COLORS = {
+    "sent": "success", "delivered": "success", "read": "success", "confirmed": "success", "active": "success",
+    "completed": "success",
+    "failed": "danger", "dead": "danger", "unknown": "danger", "error": "danger", "no_show": "danger",
+    "cancelled": "secondary", "expired": "secondary", "skipped": "secondary", "disabled": "secondary",
+    "pending": "warning", "new": "warning", "claimed": "warning", "sending": "warning", "scheduled": "info",
+}
+KIND_LABELS = {"whatsapp": "WhatsApp", "email": "E-mail", "sms": "SMS"}
+PURPOSE_LABELS = {
+    "session_reminder": "Lembrete de sessão", "session_confirmation": "Confirmação de agendamento",
+    "session_cancellation": "Aviso de cancelamento", "confirm_ack": "Resposta: confirmado",
+    "cancel_ack": "Resposta: cancelado", "optout_confirmation": "Confirmação de descadastro",
+    "followup": "Follow-up", "adhoc": "Avulsa",
+}
+
+
+def runtime() -> Runtime:
+    return current_app.config["LEMBRA_RUNTIME"]
+
+
+def db_session() -> Any:
+    """The console's scoped ORM session (one per app, bound to the runtime's engine)."""
+    return current_app.extensions["lembra_session"]()
+
+
+def org_id() -> int:
+    """The signed-in user's org (is_accessible has run before any view code)."""
+    return int(current_user.org_id)
+
+
+def is_editor() -> bool:
+    return bool(current_user.is_authenticated and current_user.role in ("owner", "manager"))
+
+
+class TenantSecureForm(SecureForm):
+    """Flask-Admin's SecureForm with Flask-WTF's token, the one the app's CSRFProtect checks."""
+
+    class Meta(SecureForm.Meta):
+        csrf_class = _FlaskFormCSRF
+        csrf_field_name = "csrf_token"
+
+        @property
+        def csrf_secret(self) -> Any:
+            return current_app.config.get("WTF_CSRF_SECRET_KEY", current_app.secret_key)
+
+        @property
+        def csrf_time_limit(self) -> Any:
+            return current_app.config.get("WTF_CSRF_TIME_LIMIT", 3600)
+
+
+def csv_safe(value: Any) -> Any:
+    """A CSV cell that a spreadsheet will not evaluate as a formula."""
+    if value is None:
+        return ""
+    if isinstance(value, Markup):
+        value = str(value.striptags())
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def org_timezone() -> str:
+    tz = g.get("lembra_org_tz")
+    if tz is None:
+        org = db_session().get(Org, org_id())
+        tz = g.lembra_org_tz = org.timezone if org is not None else "America/Sao_Paulo"
+    return tz
+
+
+def local_dt(value: datetime | None, fmt: str = "%d/%m/%Y %H:%M") -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(ZoneInfo(org_timezone())).strftime(fmt)
+
+
+def badge(status: str | None) -> Markup:
+    if not status:
+        return Markup("—")
+    color = STATUS_COLORS.get(status, "light")
+    return Markup('<span class="badge badge-{}">{}</span>').format(color, STATUS_LABELS.get(status, status))
+
+
+def _fmt_datetime(view: Any, value: datetime, name: str | None = None) -> str:
+    return local_dt(value)
+
+
+def _fmt_bool(view: Any, value: bool, name: str | None = None) -> str:
+    return "Sim" if value else "Não"
+
+
+def write_audit(conn: Connection, action: str, entity: str, entity_id: int | None,
+                changes: Mapping[str, Any] | None = None) -> None:
+    """One audit row for a console change; secret keys never reach it."""
+    clean = {k: _jsonable(v) for k, v in (changes or {}).items() if k not in SECRET_COLUMNS}
+    conn.execute(insert(audit_log).values(
+        org_id=org_id(), user_id=int(current_user.id), action=action, entity=entity,
+        entity_id=entity_id, changes=clean or None, created_at=clock.now(),
+    ))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def changed_fields(model: Any) -> dict[str, Any]:
+    """The model's attributes changed in this unit of work, new values, secrets left out."""
+    state = sa_inspect(model)
+    out: dict[str, Any] = {}
+    for attr in state.attrs:
+        if attr.key in SECRET_COLUMNS or attr.key in ("created_at", "updated_at"):
+            continue
+        history = attr.history
+        if history.has_changes():
+            out[attr.key] = history.added[0] if history.added else None
+    return out
+
+
+class TenantModelView(ModelView):
+    """Every console view inherits this; see the module docstring for what it guarantees."""
+
+    form_base_class = TenantSecureForm
+    can_export = True
+    export_types = ["csv"]
+    can_view_details = True
+    can_set_page_size = False
+    page_size = 50
+    column_display_pk = False
+    form_ajax_refs: Any = None
+    inline_models: Any = None
+    column_editable_list: Any = ()
+    list_template = "admin/lembra_list.html"
+    column_type_formatters = {datetime: _fmt_datetime, bool: _fmt_bool, type(None): lambda v, x, n=None: "—"}
+    column_type_formatters_detail = column_type_formatters
+    column_type_formatters_export = {datetime: _fmt_datetime, bool: _fmt_bool, type(None): lambda v, x, n=None: ""}
+
+    #: Switches of the view itself; the user's role narrows them per request (agents read only).
+    allow_create = True
+    allow_edit = True
+    allow_delete = False
+    #: Table name written in audit_log.entity.
+    audit_entity = ""
+    #: What to say when the list is empty (tells the user what to do next).
+    empty_message = "Nada por aqui ainda."
+
+    def __init__(self, model: Any, session: Any, **kwargs: Any) -> None:
+        super().__init__(model, session, **kwargs)
+        if self.form_ajax_refs or self.inline_models or self.column_editable_list:
+            raise RuntimeError("AJAX refs, inline models and list editing bypass the tenant scope")
+        for attr in ("column_list", "column_details_list", "column_export_list", "form_columns",
+                     "column_searchable_list", "column_filters", "column_sortable_list"):
+            names = {c if isinstance(c, str) else getattr(c, "key", getattr(c, "name", "")) for c in (getattr(self, attr) or ())}
+            leaked = names & SECRET_COLUMNS
+            if leaked:
+                raise RuntimeError(f"{type(self).__name__}.{attr} exposes {sorted(leaked)}")
+        self.audit_entity = self.audit_entity or model.__tablename__
+
+    # --- role -------------------------------------------------------------------------------
+    @property
+    def can_create(self) -> bool:  # type: ignore[override]
+        return self.allow_create and is_editor()
+
+    @property
+    def can_edit(self) -> bool:  # type: ignore[override]
+        return self.allow_edit and is_editor()
+
+    @property
+    def can_delete(self) -> bool:  # type: ignore[override]
+        return self.allow_delete and is_editor()
+
+    def is_action_allowed(self, name: str) -> bool:
+        return is_editor() and super().is_action_allowed(name)
+
+    # --- access -------------------------------------------------------------------------------
+    def is_accessible(self) -> bool:
+        if not current_user.is_authenticated:
+            return False
+        g.lembra_org_id = int(current_user.org_id)
+        return True
+
+    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
+        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
+
+    # --- scoping ------------------------------------------------------------------------------
+    def scope(self, query: Any) -> Any:
+        return query.filter(self.model.org_id == org_id())
+
+    def get_query(self) -> Any:
+        return self.scope(self.session.query(self.model))
+
+    def get_count_query(self) -> Any:
+        return self.scope(self.session.query(func.count("*")).select_from(self.model))
+
+    def get_one(self, id: Any) -> Any:
+        try:
+            pk = int(str(id))
+        except (TypeError, ValueError):
+            abort(404)
+        row = self.get_query().filter(self.model.id == pk).one_or_none()
+        if row is None:
+            abort(404)
+        return row
+
+    def _get_filter_groups(self) -> Any:
+        """Filter options that depend on the org (a callable) are built per request, not once
+        at start-up for everyone."""
+        groups = super()._get_filter_groups()
+        for items in (groups or {}).values():
+            for i, item in enumerate(items):
+                flt = self._filters[item["index"]]
+                if callable(flt.options):
+                    items[i] = {**item, "options": [(str(k), str(v)) for k, v in flt.options()]}
+        return groups
+
+    def ajax_lookup(self) -> Any:  # no AJAX loaders: they would bypass the org filter
+        abort(404)
+
+    # --- writes -------------------------------------------------------------------------------
+    def on_model_change(self, form: Any, model: Any, is_created: bool) -> None:
+        now = clock.now()
+        model.org_id = org_id()  # never from the form
+        if is_created and hasattr(model, "created_at"):
+            model.created_at = now
+        if hasattr(model, "updated_at"):
+            model.updated_at = now
+        changes = changed_fields(model)
+        changes.pop("org_id", None)
+        self.session.flush()  # the new row's id, in the same transaction as its audit row
+        write_audit(self.session.connection(), "create" if is_created else "update", self.audit_entity,
+                    model.id, changes)
+
+    def on_model_delete(self, model: Any) -> None:
+        write_audit(self.session.connection(), "delete", self.audit_entity, model.id, None)
+
+    def handle_view_exception(self, exc: Exception) -> bool:
+        from engine.orgs import DomainError
+
+        if isinstance(exc, DomainError):
+            flash(f"Não foi possível salvar: {exc}", "error")
+            return True
+        return super().handle_view_exception(exc)
+
+    # --- export ---------------------------------------------------------------------------------
+    def get_export_value(self, model: Any, name: Any) -> Any:
+        return csv_safe(super().get_export_value(model, name))
+
+    def get_export_name(self, export_type: str = "csv") -> str:
+        return f"lembra-{self.endpoint}-{clock.now().strftime('%Y%m%d-%H%M')}.{export_type}"
+
+    def render(self, template: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("empty_message", self.empty_message)
+        return super().render(template, **kwargs)
+
+
+def ids_of(raw: Iterable[str]) -> list[int]:
+    """Row ids posted by a list action, as ints (anything else is dropped)."""
+    return [int(x) for x in raw if re.fullmatch(r"\d{1,18}", str(x))]

@@ -1,0 +1,171 @@
+"""Fila (the outbox: filters, cancel, retry) and Registros (message logs with their timeline)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import flash
+from flask_admin.actions import action
+from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
+from sqlalchemy import select
+
+from admin.views.base import (
+    KIND_LABELS, PURPOSE_LABELS, STATUS_LABELS, TenantModelView, badge, ids_of, local_dt, org_id, write_audit,
+)
+from engine import clock
+from engine.models import (
+    CHANNEL_KINDS, MESSAGE_STATUSES, OPEN_STATUSES, Channel, Contact, Message, MessageEvent, message_events,
+)
+from engine.outbox import transition
+
+RETRYABLE = ("failed", "dead", "unknown", "expired")
+LOGGED = ("sent", "delivered", "read", "failed", "unknown", "dead", "expired", "sending")
+EVENT_LABELS = {
+    "queued": "Criada", "planned": "Programada", "claimed": "Separada para envio", "sending": "Enviando",
+    "sent": "Enviada", "delivered": "Entregue", "read": "Lida", "failed": "Falhou", "retry": "Nova tentativa",
+    "retried": "Reenvio pedido", "cancelled": "Cancelada", "expired": "Expirada", "dead": "Esgotada",
+    "skipped": "Não enviada", "unknown": "Resultado incerto",
+}
+
+
+def _contact(view: Any, model: Any) -> str:
+    row = view.session.query(Contact.name).filter(Contact.org_id == org_id(), Contact.id == model.contact_id).first()
+    return (row.name if row and row.name else f"Contato {model.contact_id}")
+
+
+def _channel_options() -> list[tuple[str, str]]:
+    """The org's channels, for the channel filter (evaluated per request, scoped)."""
+    from flask import has_request_context
+    from flask_login import current_user
+
+    from admin.views.base import db_session
+
+    if not has_request_context() or not current_user.is_authenticated:
+        return []
+    rows = db_session().query(Channel.id, Channel.name).filter(Channel.org_id == org_id()).order_by(Channel.name).all()
+    return [(str(r.id), r.name) for r in rows]
+
+
+STATUS_OPTIONS = [(s, STATUS_LABELS[s]) for s in MESSAGE_STATUSES]
+KIND_OPTIONS = [(k, KIND_LABELS[k]) for k in CHANNEL_KINDS]
+PURPOSE_OPTIONS = list(PURPOSE_LABELS.items())
+
+
+class _MessageBase(TenantModelView):
+    allow_create = False
+    allow_edit = False
+    allow_delete = False
+    column_labels = {
+        "id": "#", "contact": "Paciente", "purpose": "Tipo", "channel_kind": "Canal", "status": "Status",
+        "due_at": "Programada para", "sent_at": "Enviada", "delivered_at": "Entregue", "read_at": "Lida",
+        "attempts": "Tentativas", "reason": "Motivo", "template_key": "Modelo", "body": "Texto enviado",
+        "subject": "Assunto", "error_code": "Erro", "error_detail": "Detalhe do erro", "skip_reason": "Motivo",
+        "provider_message_id": "Id no provedor", "created_at": "Criada em", "failed_at": "Falhou em",
+        "variables": "Variáveis",
+    }
+    column_formatters = {
+        "contact": lambda v, c, m, n: _contact(v, m),
+        "purpose": lambda v, c, m, n: PURPOSE_LABELS.get(m.purpose, m.purpose),
+        "channel_kind": lambda v, c, m, n: KIND_LABELS.get(m.channel_kind, m.channel_kind),
+        "status": lambda v, c, m, n: badge(m.status),
+        "reason": lambda v, c, m, n: m.error_code or m.skip_reason or "",
+        "variables": lambda v, c, m, n: json.dumps((m.payload or {}).get("variables") or {}, ensure_ascii=False),
+    }
+    column_formatters_detail = column_formatters
+    column_formatters_export = {
+        "contact": lambda v, c, m, n: _contact(v, m),
+        "reason": lambda v, c, m, n: m.error_code or m.skip_reason or "",
+        "status": lambda v, c, m, n: m.status,
+    }
+    column_default_sort = ("id", True)
+    column_sortable_list = ("id", "due_at", "sent_at", "status")
+    details_template = "admin/message_details.html"
+
+    def render(self, template: str, **kwargs: Any) -> Any:
+        model = kwargs.get("model")
+        if template == self.details_template and model is not None:
+            rows = self.session.connection().execute(
+                select(message_events).where(message_events.c.org_id == org_id(),
+                                             message_events.c.message_id == model.id)
+                .order_by(message_events.c.id)).all()
+            kwargs["events"] = [{
+                "when": local_dt(r.created_at, "%d/%m/%Y %H:%M:%S"), "label": EVENT_LABELS.get(r.event, r.event),
+                "attempt": r.attempt, "provider_status": r.provider_status,
+                "detail": json.dumps(r.detail, ensure_ascii=False)[:300] if r.detail else "",
+            } for r in rows]
+        return super().render(template, **kwargs)
+
+
+class QueueView(_MessageBase):
+    """Fila: every message of the org, with cancel and retry through engine.outbox.transition."""
+
+    column_list = ("id", "contact", "purpose", "channel_kind", "status", "due_at", "sent_at", "attempts", "reason")
+    column_details_list = ("id", "contact", "purpose", "channel_kind", "status", "template_key", "due_at", "sent_at",
+                           "delivered_at", "read_at", "failed_at", "attempts", "error_code", "skip_reason",
+                           "created_at")
+    column_export_list = column_list
+    column_filters = (
+        FilterEqual(Message.status, "Status", options=STATUS_OPTIONS),
+        FilterEqual(Message.channel_kind, "Canal", options=KIND_OPTIONS),
+        FilterEqual(Message.purpose, "Tipo", options=PURPOSE_OPTIONS),
+        DateTimeBetweenFilter(Message.due_at, "Programada para"),
+    )
+    empty_message = "Nada na fila. Crie regras de lembrete e agendamentos para ver mensagens aqui."
+
+    @action("cancel", "Cancelar", "Cancelar as mensagens selecionadas que ainda não saíram?")
+    def action_cancel(self, ids: Any) -> None:
+        conn = self.session.connection()
+        done = 0
+        for mid in ids_of(ids):
+            if transition(conn, org_id(), mid, OPEN_STATUSES, "cancelled", "cancelled",
+                          values={"skip_reason": "cancelled_by_operator", "lease_until": None},
+                          detail={"reason": "cancelled_by_operator", "user_id": int(current_user_id())}):
+                write_audit(conn, "cancel", "messages", mid, {"status": "cancelled"})
+                done += 1
+        self.session.commit()
+        flash(f"{done} mensagem(ns) cancelada(s)." if done else "Nenhuma das selecionadas podia ser cancelada.",
+              "success" if done else "warning")
+
+    @action("retry", "Reenviar", "Reenviar agora as mensagens selecionadas que falharam?")
+    def action_retry(self, ids: Any) -> None:
+        conn = self.session.connection()
+        now = clock.now()
+        done = 0
+        for mid in ids_of(ids):
+            if transition(conn, org_id(), mid, RETRYABLE, "pending", "retried",
+                          values={"due_at": now, "next_attempt_at": now, "lease_until": None, "claimed_by": None,
+                                  "error_code": None, "error_detail": None},
+                          detail={"reason": "retried_by_operator", "user_id": int(current_user_id())}):
+                write_audit(conn, "retry", "messages", mid, {"status": "pending"})
+                done += 1
+        self.session.commit()
+        flash(f"{done} mensagem(ns) de volta à fila." if done else "Nenhuma das selecionadas podia ser reenviada.",
+              "success" if done else "warning")
+
+
+class LogView(_MessageBase):
+    """Registros: what went out (or tried to), with template, body, variables and provider events."""
+
+    column_list = ("id", "contact", "purpose", "channel_kind", "status", "sent_at", "delivered_at", "read_at", "reason")
+    column_details_list = ("id", "contact", "purpose", "channel_kind", "status", "template_key", "subject", "body",
+                           "variables", "provider_message_id", "attempts", "sent_at", "delivered_at", "read_at",
+                           "failed_at", "error_code", "error_detail")
+    column_export_list = ("id", "contact", "purpose", "channel_kind", "status", "template_key", "sent_at",
+                          "delivered_at", "read_at", "error_code", "body")
+    column_filters = (
+        FilterEqual(Message.channel_id, "Canal", options=_channel_options),
+        FilterEqual(Message.status, "Status", options=[(s, STATUS_LABELS[s]) for s in LOGGED]),
+        DateTimeBetweenFilter(Message.sent_at, "Período (envio)"),
+    )
+    column_default_sort = ("sent_at", True)
+    empty_message = "Nenhuma mensagem enviada ainda. Elas aparecem aqui assim que o primeiro lembrete sair."
+
+    def scope(self, query: Any) -> Any:
+        return super().scope(query).filter(Message.status.in_(LOGGED))
+
+
+def current_user_id() -> int:
+    from flask_login import current_user
+
+    return int(current_user.id)

@@ -1,0 +1,252 @@
+"""Meta WhatsApp Cloud API end to end: reminder → the Graph fake → signed status webhooks
+(delivered, then read) → the patient taps Confirmar → the appointment is confirmed; "sair"
+cancels every pending message of theirs. Plus the 24-hour window and throughput back-off.
+
+Webhook bodies follow the published samples' structure (shared/conformance/samples/
+meta_whatsapp: webhook_status_*.json, webhook_inbound_text.json,
+webhook_inbound_template_quick_reply_button.json) with this test's ids and numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from admin.app import create_app
+from engine import dispatch
+from engine.channels import create_channel
+from engine.models import appointments, messages
+from engine.outbox import enqueue
+from tests.conftest import BROKER_URL, IS_POSTGRES
+from tests.factories import World
+from tests.fakes.meta import notes_error, sample_json
+from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.processes import Processes, lembra_env, wait_until
+
+APP_SECRET = "meta-app-secret"
+PHONE = "+5516999887766"
+WA_ID = "5516999887766"
+
+
+class Graph(FakeServer):
+    """The Graph API fake: each accepted send gets its own wamid, in the documented 200 shape
+    (send_response_official_sdk.json); scripted errors first when given."""
+
+    def __init__(self) -> None:
+        self.script: list[Reply] = []
+        self._ids = itertools.count(1)
+        super().__init__(self._answer)
+
+    def _answer(self, request: Recorded) -> Reply:
+        if self.script:
+            return self.script.pop(0)
+        body = request.json()
+        return Reply(200, {"messaging_product": "whatsapp",
+                           "contacts": [{"input": body.get("to"), "wa_id": body.get("to")}],
+                           "messages": [{"id": f"wamid.LEMBRA{next(self._ids):04d}"}]})
+
+    def sends(self) -> list[dict[str, Any]]:
+        return [r.json() for r in self.requests if r.method == "POST" and r.path.endswith("/messages")]
+
+
+def _envelope(sample: str, key: str, item: dict[str, Any]) -> dict[str, Any]:
+    data = copy.deepcopy(sample_json(sample))
+    value = data["entry"][0]["changes"][0]["value"]
+    value["contacts"][0]["wa_id"] = WA_ID
+    value[key] = [item]
+    return data
+
+
+def status_body(wamid: str, status: str, ts: int) -> dict[str, Any]:
+    item = copy.deepcopy(sample_json("webhook_status_delivered.json")["entry"][0]["changes"][0]["value"]["statuses"][0])
+    item.update(id=wamid, status=status, timestamp=str(ts), recipient_id=WA_ID)
+    return _envelope("webhook_status_delivered.json", "statuses", item)
+
+
+def text_body(mid: str, text: str, ts: int) -> dict[str, Any]:
+    item = {"from": WA_ID, "id": mid, "timestamp": str(ts), "type": "text", "text": {"body": text}}
+    return _envelope("webhook_inbound_text.json", "messages", item)
+
+
+def button_body(mid: str, payload: str, context_id: str, ts: int) -> dict[str, Any]:
+    item = copy.deepcopy(sample_json("webhook_inbound_template_quick_reply_button.json")
+                         ["entry"][0]["changes"][0]["value"]["messages"][0])
+    item.update(id=mid, timestamp=str(ts), button={"payload": payload, "text": "Confirmar"})
+    item["from"] = WA_ID
+    item["context"]["id"] = context_id
+    return _envelope("webhook_inbound_template_quick_reply_button.json", "messages", item)
+
+
+def post(client, channel_id: int, body: dict[str, Any], secret: str = APP_SECRET):
+    raw = json.dumps(body).encode()
+    signature = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+    return client.post(f"/webhooks/meta/{channel_id}", data=raw,
+                       headers={"Content-Type": "application/json", "X-Hub-Signature-256": signature})
+
+
+def meta_world(rt, graph: Graph) -> tuple[World, int]:
+    world = World(rt)
+    with rt.db.begin() as conn:
+        channel_id = create_channel(conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta",
+                                    name="WhatsApp oficial",
+                                    credentials={"phone_number_id": "1122334455667", "access_token": "EAAG-token",
+                                                 "app_secret": APP_SECRET, "verify_token": "verifique",
+                                                 "base_url": graph.url})
+    world.channels["whatsapp"] = channel_id
+    world.rule(1440, kinds=("whatsapp",))
+    return world, channel_id
+
+
+def _send_due(rt) -> list[str]:
+    return [dispatch.send_one(rt, mid) for mid in dispatch.claim_due(rt, limit=50)]
+
+
+def _status_of(rt, message_id: int) -> str:
+    with rt.db.connect() as conn:
+        return conn.execute(select(messages.c.status).where(messages.c.id == message_id)).scalar_one()
+
+
+def test_reminder_status_confirm_and_sair_through_meta(rt, clock):
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph)
+        client = create_app(rt).test_client()
+        contact = world.contact(phone=PHONE)
+        appointment_id = world.appointment(contact, clock.now() + timedelta(hours=30))
+        later_id = world.appointment(contact, clock.now() + timedelta(days=4))
+        clock.advance(timedelta(hours=6))
+        assert _send_due(rt) == ["sent"]
+
+        [sent] = graph.sends()
+        assert sent["type"] == "template", "outside the 24 h window a reminder goes as the approved template"
+        assert sent["to"] == WA_ID and sent["template"]["name"] == "session_reminder_v1"
+        params = [p["text"] for p in sent["template"]["components"][0]["parameters"]]
+        assert params[0] == "Ana" and params[1] == "Dra. Beatriz Costa"
+        payloads = [c["parameters"][0]["payload"] for c in sent["template"]["components"] if c["type"] == "button"]
+        assert payloads == [f"confirm:{appointment_id}", f"cancel:{appointment_id}"]
+        [reminder] = world.messages(status="sent")
+        now_ts = int(clock.now().timestamp())
+
+        assert post(client, channel_id, status_body(reminder.provider_message_id, "delivered", now_ts)).status_code == 200
+        assert _status_of(rt, reminder.id) == "delivered"
+        assert post(client, channel_id, status_body(reminder.provider_message_id, "read", now_ts + 5)).status_code == 200
+        post(client, channel_id, status_body(reminder.provider_message_id, "delivered", now_ts + 1))  # late
+        assert _status_of(rt, reminder.id) == "read"
+
+        tapped = post(client, channel_id, button_body("wamid.IN1", f"confirm:{appointment_id}",
+                                                      reminder.provider_message_id, now_ts + 60))
+        assert tapped.status_code == 200
+        with rt.db.connect() as conn:
+            status = conn.execute(select(appointments.c.status).where(appointments.c.id == appointment_id)).scalar_one()
+        assert status == "confirmed"
+        assert _send_due(rt) == ["sent"]
+        ack = graph.sends()[-1]
+        assert ack["type"] == "text", "inside the window (the patient just wrote) free text goes"
+        assert "confirmada" in ack["text"]["body"]
+
+        world.populate()
+        pending = [m.id for m in world.messages(status="pending")]
+        assert pending, "the other appointment's reminder is waiting"
+        assert post(client, channel_id, text_body("wamid.IN2", "sair", now_ts + 120)).status_code == 200
+        assert all(_status_of(rt, mid) == "cancelled" for mid in pending)
+        assert _send_due(rt) == ["sent"]
+        assert "não receberá mais" in graph.sends()[-1]["text"]["body"]
+
+
+def test_outside_the_window_without_template_fails_explicitly(rt, clock):
+    with Graph() as graph:
+        world, _ = meta_world(rt, graph)
+        contact = world.contact(phone=PHONE)
+        with rt.db.begin() as conn:
+            mid = enqueue(conn, org_id=world.org_id, contact_id=contact, channel_kind="whatsapp", purpose="notice",
+                          idempotency_key="notice:1", payload={"text": "Aviso da clínica"}, respect_window=False)
+        assert _send_due(rt) == ["failed"]
+        row = world.message(mid)
+        assert (row.status, row.error_code) == ("failed", "template_required")
+        assert graph.sends() == [], "nothing is sent silently outside the window"
+
+
+def test_throughput_errors_back_off_instead_of_failing(rt, clock):
+    with Graph() as graph:
+        world, _ = meta_world(rt, graph)
+        graph.script = [notes_error(130429, "Rate limit hit", status=400)]
+        contact = world.contact(phone=PHONE)
+        world.appointment(contact, clock.now() + timedelta(hours=30))
+        clock.advance(timedelta(hours=6))
+        assert _send_due(rt) == ["retried"]
+        [row] = world.messages()
+        assert row.status == "pending" and row.error_code == "throughput"
+        assert row.next_attempt_at == clock.now() + timedelta(minutes=5)
+        clock.advance(timedelta(minutes=5))
+        assert _send_due(rt) == ["sent"]
+
+
+def test_meta_webhook_verification_and_bad_signature(rt, clock):
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph)
+        client = create_app(rt).test_client()
+        ok = client.get(f"/webhooks/meta/{channel_id}?hub.mode=subscribe&hub.verify_token=verifique&hub.challenge=1158201444")
+        assert ok.status_code == 200 and ok.text == "1158201444"
+        assert client.get(f"/webhooks/meta/{channel_id}?hub.mode=subscribe&hub.verify_token=nope&hub.challenge=1").status_code == 401
+        body = text_body("wamid.IN9", "sair", 1_800_000_000)
+        assert post(client, channel_id, body, secret="wrong").status_code == 401
+        world.contact(phone=PHONE)
+        with rt.db.connect() as conn:
+            assert conn.execute(select(messages)).all() == []
+
+
+@pytest.mark.skipif(not (IS_POSTGRES and BROKER_URL.startswith("redis")), reason="needs PostgreSQL and Redis")
+def test_end_to_end_on_postgres_and_redis_with_worker_processes(rt, clock, tmp_path, database_url):
+    """The same story with real `lembra worker` and `lembra scheduler` processes."""
+    from datetime import datetime, timezone
+
+    from engine.broker import setup_broker
+
+    clock.set(datetime.now(timezone.utc))
+    procs = Processes(tmp_path)
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph)
+        contact = world.contact(phone=PHONE)
+        appointment_id = world.appointment(contact, clock.now() + timedelta(hours=24, seconds=2))
+        world.appointment(contact, clock.now() + timedelta(days=3))
+        setup_broker(rt.settings)
+        import engine.actors as actors
+
+        client = create_app(rt, enqueue_inbound=lambda ids: actors.process_inbound.send(list(ids))).test_client()
+        env = lembra_env(database_url, LEMBRA_POPULATE_INTERVAL="1")
+        try:
+            procs.start("worker", ["worker", "--processes", "1", "--threads", "4"], env)
+            procs.start("scheduler", ["scheduler"], env)
+            wait_until(lambda: len(graph.sends()) >= 1, timeout=60, what="the reminder at the Graph fake",
+                       on_fail=procs.logs)
+            [reminder] = world.messages(status="sent")
+            now_ts = int(time.time())
+            post(client, channel_id, status_body(reminder.provider_message_id, "delivered", now_ts))
+            post(client, channel_id, status_body(reminder.provider_message_id, "read", now_ts + 1))
+            assert _status_of(rt, reminder.id) == "read"
+            post(client, channel_id, button_body("wamid.PG1", f"confirm:{appointment_id}",
+                                                 reminder.provider_message_id, now_ts + 2))
+
+            def confirmed() -> bool:
+                with rt.db.connect() as conn:
+                    return conn.execute(select(appointments.c.status)
+                                        .where(appointments.c.id == appointment_id)).scalar_one() == "confirmed"
+
+            wait_until(confirmed, timeout=30, what="the appointment confirmed by the worker", on_fail=procs.logs)
+            pending = [m.id for m in world.messages(status="pending")]
+            assert pending
+            started = time.monotonic()
+            post(client, channel_id, text_body("wamid.PG2", "Sair", now_ts + 3))
+            wait_until(lambda: all(_status_of(rt, mid) == "cancelled" for mid in pending), timeout=30,
+                       what="every pending message cancelled", on_fail=procs.logs)
+            print(f"sair → every pending message cancelled in {time.monotonic() - started:.3f} s")
+        finally:
+            procs.stop_all()
