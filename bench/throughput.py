@@ -27,7 +27,6 @@ lateness measures how fast the backlog drains.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import platform
@@ -39,10 +38,10 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -86,6 +85,18 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def code_version() -> dict[str, Any]:
+    """The commit measured, and whether the engine's files differ from it (others may be editing)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    dirty = git("status", "--porcelain", "--", "engine", "gateway", "providers", "admin", "sql")
+    return {"commit": git("rev-parse", "--short", "HEAD"), "engine_dirty": bool(dirty),
+            "dirty_files": dirty.splitlines()[:20]}
+
+
 def machine_info(conninfo: str, redis_url: str) -> dict[str, Any]:
     cpu_model = "unknown"
     try:
@@ -119,6 +130,24 @@ def machine_info(conninfo: str, redis_url: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Database and data
 # ---------------------------------------------------------------------------------------------
+
+
+def server_cpu_seconds() -> dict[int, float]:
+    """CPU seconds so far of every PostgreSQL process, by pid."""
+    out = {}
+    for proc in psutil.process_iter(["name"]):
+        if (proc.info["name"] or "").startswith("postgres"):
+            try:
+                times = proc.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            out[proc.pid] = times.user + times.system
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU used between two snapshots (a process born in between counts from zero)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def create_database(server: str, name: str) -> None:
@@ -644,9 +673,11 @@ def main(argv: list[str] | None = None) -> int:
     database_url = sqlalchemy_url(args.pg, args.db_name)
     report: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     report["machine"] = machine_info(f"{args.pg} dbname=postgres", args.redis)
+    report["code"] = code_version()
     m = report["machine"]
     log(f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['memory_gib']} GiB, Python {m['python']}, "
-        f"{m['postgresql']}, Redis {m['redis']}, load {m['loadavg_before']}")
+        f"{m['postgresql']}, Redis {m['redis']}, load {m['loadavg_before']}; code {report['code']['commit']}"
+        + (" + uncommitted engine changes" if report["code"]["engine_dirty"] else ""))
 
     create_database(args.pg, args.db_name)
     try:
@@ -692,9 +723,11 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
 
         profiler = cProfile.Profile()
         profiler.enable()
+    pg0 = server_cpu_seconds()
     started, cpu0 = time.perf_counter(), time.process_time()
     first = populate(db, horizon=HORIZON)
     populate_s, populate_cpu = time.perf_counter() - started, time.process_time() - cpu0
+    populate_pg_cpu = cpu_delta(pg0, server_cpu_seconds())
     if profiler is not None:
         profiler.disable()
         report["populate_profile"] = populate_breakdown(profiler, populate_s)
@@ -703,13 +736,13 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
     repeat_s = time.perf_counter() - started
     report["populate"] = {
         "seconds": round(populate_s, 2), "appointments_per_s": round(n / populate_s, 1),
-        "python_cpu_seconds": round(populate_cpu, 2),
+        "python_cpu_seconds": round(populate_cpu, 2), "postgresql_cpu_seconds": round(populate_pg_cpu, 2),
         "created": first.created, "planned": first.planned, "skipped": first.skipped,
         "repeat_pass_seconds": round(repeat_s, 2), "repeat_created": again.created,
     }
     log(f"populate: {n:,} appointments in {populate_s:.1f}s = {n / populate_s:,.0f} appointments/s "
         f"(created {first.created:,}, planned {first.planned:,}, skipped {first.skipped:,}; "
-        f"{populate_cpu:.1f}s of it Python CPU in this process); "
+        f"CPU: {populate_cpu:.1f}s Python in this process, {populate_pg_cpu:.1f}s PostgreSQL); "
         f"repeat pass (nothing new) {repeat_s:.1f}s, created {again.created}")
     if first.created != n or again.created != 0:
         log("WARNING: populate did not create exactly one reminder per appointment")
@@ -844,7 +877,9 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
 
 def _print_summary(report: dict[str, Any]) -> None:
     m, pop = report["machine"], report["populate"]
-    lines = ["", "=== Lembra throughput benchmark", 
+    code = report.get("code", {})
+    lines = ["", f"=== Lembra throughput benchmark (commit {code.get('commit')}"
+             + (", engine files modified" if code.get("engine_dirty") else "") + ")",
              f"machine    {m['nproc']} CPU {m['cpu_model']}, {m['memory_gib']} GiB RAM, kernel {m['kernel']}",
              f"software   Python {m['python']}, {m['postgresql']} "
              f"(shared_buffers {m['postgresql_settings'].get('shared_buffers')}, synchronous_commit "

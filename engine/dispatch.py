@@ -48,6 +48,8 @@ from engine.runtime import Runtime
 from engine.templates import MissingAddress, RenderedMessage, render_message
 from engine.windows import earliest_allowed_after, is_allowed
 from gateway import registry
+from gateway.contract import Provider
+from gateway.crypto import CryptoError
 from gateway.errors import ProviderError
 from gateway.pacing import PacingPolicy, Reservation
 
@@ -152,6 +154,7 @@ class _Prepared:
     attempt: int
     channel: Any
     rendered: RenderedMessage
+    provider: Provider
     send_at: datetime | None = None
 
 
@@ -161,8 +164,8 @@ def send_one(rt: Runtime, message_id: int) -> str:
     if isinstance(prepared_or_outcome, str):
         return prepared_or_outcome
     prepared = prepared_or_outcome
+    provider = prepared.provider
     try:
-        provider = rt.providers.get(prepared.channel)
         if prepared.send_at is not None:
             # A paced channel: this worker holds the number's next slot; wait for it.
             wait = (prepared.send_at - clock.now()).total_seconds()
@@ -272,6 +275,12 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
             return _fail_in_tx(conn, msg, "template_error", str(exc))
         except MissingAddress:
             return _fail_in_tx(conn, msg, "no_address", "the contact has no address for this channel")
+        try:
+            # Built (and cached) before any slot is reserved: a cold start must not sit between
+            # the reserved instant and the moment on the wire.
+            provider = rt.providers.get(channel)
+        except (CryptoError, registry.UnknownProvider):
+            return _retry_or_give_up(conn, rt, msg, msg.attempts + 1, "channel_misconfigured", None, now)
         # Reserve the number's slot last, right before the row is marked sending, so the
         # reserved instant and the moment on the wire stay close.
         send_at = None
@@ -290,11 +299,11 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
                            values={"attempts": attempt, "channel_id": channel.id,
                                    "lease_until": (send_at or now) + rt.settings.lease, "claimed_by": WORKER_ID,
                                    "subject": rendered.outbound.subject, "body": rendered.outbound.text},
-                           attempt=attempt)
+                           attempt=attempt, detail={"slot": send_at.isoformat()} if send_at else None)
         if not moved:
             return "not_claimed"
     return _Prepared(org_id=org_id, message_id=message_id, attempt=attempt, channel=channel, rendered=rendered,
-                     send_at=send_at)
+                     provider=provider, send_at=send_at)
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:
