@@ -18,7 +18,6 @@ from gateway import registry
 from gateway.contract import OutboundMessage, Provider, ProviderContext
 from gateway.crypto import Keyring
 
-
 #: Credential keys each provider needs (more are accepted: `base_url`, `from_name`, …).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "sandbox": (),

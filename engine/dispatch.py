@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.channels import default_channel
+from engine.inbox import open_inbox_item
 from engine.models import (
     appointments,
     channels,
@@ -37,13 +38,12 @@ from engine.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.inbox import open_inbox_item
 from engine.optout_links import OptOutTarget, make_url
+from engine.orgs import policy_for
 from engine.outbox import record_events, transition
 from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.pacing import DbPacingStore
 from engine.render import TemplateError
-from engine.orgs import policy_for
 from engine.runtime import Runtime
 from engine.templates import MissingAddress, RenderedMessage, render_message
 from engine.windows import earliest_allowed_after, is_allowed

@@ -37,7 +37,12 @@ from engine.outbox import enqueue, transition
 from engine.populate import refresh_appointment
 from engine.redact import redact
 from engine.runtime import Runtime
-from gateway.contract import ConnectionEvent, InboundMessageEvent, StatusEvent, WebhookRequest
+from gateway.contract import (
+    ConnectionEvent,
+    InboundMessageEvent,
+    StatusEvent,
+    WebhookRequest,
+)
 from gateway.errors import UnknownChannel
 
 log = logging.getLogger(__name__)

@@ -17,13 +17,28 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, case, cast, exists, func, literal, not_, or_, select, true, update
+from sqlalchemy import (
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    literal,
+    not_,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.db import Database
 from engine.dialect import epoch_seconds, insert_ignore
 from engine.models import (
+    OPEN_STATUSES,
     appointments,
     channels,
     contacts,
@@ -34,7 +49,6 @@ from engine.models import (
     reminder_rules,
 )
 from engine.orgs import policy_for
-from engine.models import OPEN_STATUSES
 from engine.outbox import cancel_open, record_events, transition_where
 from engine.windows import nominal_due, place
 

@@ -25,9 +25,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jinja2
 import jinja2.sandbox
-from jinja2.runtime import Context
 from babel import Locale, UnknownLocaleError
 from babel.dates import format_date, format_skeleton, format_time
+from jinja2.runtime import Context
 
 __all__ = [
     "MAX_HTML_OUTPUT",

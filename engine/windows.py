@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import holidays
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 __all__ = [
     "MAX_SEARCH_DAYS",

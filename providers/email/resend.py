@@ -38,9 +38,23 @@ from typing import Any, Callable
 
 import requests
 
-from gateway.contract import OutboundMessage, Provider, SendResult, StatusEvent, WebhookRequest, WebhookResult
-from gateway.errors import BadSignature, MalformedWebhook, PermanentError, ProviderError, TransientError
+from gateway.contract import (
+    OutboundMessage,
+    Provider,
+    SendResult,
+    StatusEvent,
+    WebhookRequest,
+    WebhookResult,
+)
+from gateway.errors import (
+    BadSignature,
+    MalformedWebhook,
+    PermanentError,
+    ProviderError,
+    TransientError,
+)
 from gateway.http import HttpResponse, call, retry_after_seconds
+from gateway.webhook_body import json_object
 from providers.email import mime
 
 DEFAULT_BASE_URL = "https://api.resend.com"
@@ -124,12 +138,7 @@ class ResendProvider(Provider):
         if len(body) > MAX_WEBHOOK_BODY:
             raise MalformedWebhook("body too large")
         timestamp = self._verify(request, bytes(body))
-        try:
-            data: Any = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise MalformedWebhook("body is not JSON") from None
-        if not isinstance(data, dict):
-            raise MalformedWebhook("body is not a JSON object")
+        data = json_object(body)
         event_type = data.get("type")
         if not isinstance(event_type, str) or not event_type:
             raise MalformedWebhook("missing type")

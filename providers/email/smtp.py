@@ -34,8 +34,19 @@ import socket
 import ssl
 from typing import Literal
 
-from gateway.contract import OutboundMessage, Provider, SendResult, WebhookRequest, WebhookResult
-from gateway.errors import MalformedWebhook, PermanentError, ProviderError, TransientError
+from gateway.contract import (
+    OutboundMessage,
+    Provider,
+    SendResult,
+    WebhookRequest,
+    WebhookResult,
+)
+from gateway.errors import (
+    MalformedWebhook,
+    PermanentError,
+    ProviderError,
+    TransientError,
+)
 from providers.email import mime
 
 Security = Literal["starttls", "ssl", "none"]

@@ -53,6 +53,7 @@ from gateway.errors import (
 )
 from gateway.http import HttpResponse, call
 from gateway.phones import InvalidPhone, jid_to_e164, normalize_phone
+from gateway.webhook_body import bounded, json_value
 
 #: Events Lembra subscribes to (the UPPER_SNAKE form `/webhook/set` takes; [R] `wa.types.ts`).
 WEBHOOK_EVENTS = ("MESSAGES_UPSERT", "MESSAGES_UPDATE", "CONNECTION_UPDATE", "QRCODE_UPDATED")
@@ -244,15 +245,7 @@ class EvolutionProvider(Provider):
     def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
         """Verify the Bearer JWT, then parse Evolution's ``{event, instance, data, …}`` envelope."""
         self._verify_token(request)
-        body = request.body
-        if not isinstance(body, (bytes, bytearray)):
-            raise MalformedWebhook("body is not bytes")
-        if len(body) > MAX_WEBHOOK_BYTES:
-            raise MalformedWebhook("body too large")
-        try:
-            envelope = json.loads(body)
-        except (ValueError, RecursionError):
-            raise MalformedWebhook("body is not JSON") from None
+        envelope = json_value(bounded(request.body, MAX_WEBHOOK_BYTES))
         try:
             return WebhookResult(events=self._events(envelope))
         except WebhookError:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import re
 from datetime import datetime, timezone
@@ -47,9 +46,16 @@ from gateway.contract import (
     WebhookRequest,
     WebhookResult,
 )
-from gateway.errors import BadSignature, MalformedWebhook, PermanentError, ProviderError, TransientError
+from gateway.errors import (
+    BadSignature,
+    MalformedWebhook,
+    PermanentError,
+    ProviderError,
+    TransientError,
+)
 from gateway.http import HttpResponse, call, default_error, retry_after_seconds
 from gateway.phones import InvalidPhone, normalize_phone
+from gateway.webhook_body import bounded, json_value
 
 log = logging.getLogger(__name__)
 
@@ -204,16 +210,9 @@ class MetaProvider(Provider):
     def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
         if request.method.upper() == "GET":
             return self._verify_subscription(request)
-        body = request.body
-        if not isinstance(body, (bytes, bytearray)):
-            raise MalformedWebhook("body is not bytes")
-        if len(body) > MAX_BODY_BYTES:
-            raise MalformedWebhook("body too large")
-        self._check_signature(request.header(SIGNATURE_HEADER), bytes(body))
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise MalformedWebhook("body is not JSON") from None
+        body = bounded(request.body, MAX_BODY_BYTES)
+        self._check_signature(request.header(SIGNATURE_HEADER), body)
+        data = json_value(body)
         return WebhookResult(events=_parse_notification(data))
 
     def _verify_subscription(self, request: WebhookRequest) -> WebhookResult:

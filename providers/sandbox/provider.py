@@ -12,7 +12,6 @@ Settings, for demos and tests of failure handling:
 from __future__ import annotations
 
 import hmac
-import json
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -27,9 +26,16 @@ from gateway.contract import (
     WebhookRequest,
     WebhookResult,
 )
-from gateway.errors import BadSignature, MalformedWebhook, PermanentError, TransientError
+from gateway.errors import (
+    BadSignature,
+    MalformedWebhook,
+    PermanentError,
+    TransientError,
+)
+from gateway.webhook_body import bounded, json_object
 
 SECRET_HEADER = "X-Sandbox-Secret"
+MAX_WEBHOOK_BYTES = 64 * 1024
 QUICK_REPLIES = (Button("confirm", "Confirmar"), Button("cancel", "Cancelar"))
 
 
@@ -63,12 +69,7 @@ class SandboxProvider(Provider):
         secret = self.config.get("webhook_secret")
         if secret and not hmac.compare_digest(str(request.header(SECRET_HEADER) or ""), str(secret)):
             raise BadSignature("sandbox secret does not match")
-        try:
-            data: Any = json.loads(request.body)
-        except (ValueError, UnicodeDecodeError):
-            raise MalformedWebhook("body is not JSON") from None
-        if not isinstance(data, dict):
-            raise MalformedWebhook("body is not a JSON object")
+        data = json_object(bounded(request.body, MAX_WEBHOOK_BYTES))
         kind = data.get("type")
         message_id = data.get("id")
         if not isinstance(message_id, str) or not message_id:

@@ -53,6 +53,7 @@ from gateway.errors import (
 )
 from gateway.http import HttpResponse, call, default_error
 from gateway.phones import InvalidPhone, normalize_phone
+from gateway.webhook_body import bounded, json_object
 
 log = logging.getLogger(__name__)
 
@@ -169,15 +170,7 @@ class ZenviaProvider(Provider):
         given = request.header(WEBHOOK_SECRET_HEADER) or ""
         if not hmac.compare_digest(given.encode("utf-8", "surrogatepass"), secret.encode("utf-8")):
             raise BadSignature("webhook secret does not match")
-        body = request.body or b""
-        if len(body) > MAX_WEBHOOK_BYTES:
-            raise MalformedWebhook("body too large")
-        try:
-            data: Any = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise MalformedWebhook("body is not JSON") from None
-        if not isinstance(data, dict):
-            raise MalformedWebhook("body is not a JSON object")
+        data = json_object(bounded(request.body or b"", MAX_WEBHOOK_BYTES))
         kind = data.get("type")
         if not isinstance(kind, str) or not kind:
             raise MalformedWebhook("event without type")
