@@ -253,8 +253,9 @@ def users_create(org_slug: str, email: str, role: str, password: str | None) -> 
 @click.option("--org", "org_slug", default=None)
 @click.option("--limit", default=50, show_default=True, type=int)
 def messages(status: str | None, org_slug: str | None, limit: int) -> None:
-    from engine.models import MESSAGE_STATUSES, orgs as orgs_table
+    from engine.models import MESSAGE_STATUSES
     from engine.models import messages as messages_table
+    from engine.models import orgs as orgs_table
     from engine.orgs import org_by_slug
 
     if status is not None and status not in MESSAGE_STATUSES:

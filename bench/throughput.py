@@ -132,11 +132,38 @@ def machine_info(conninfo: str, redis_url: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def server_cpu_seconds() -> dict[int, float]:
-    """CPU seconds so far of every PostgreSQL process, by pid."""
+def postgres_role(title: str, dbname: str) -> str | None:
+    """Whose work a PostgreSQL process does, from its process title.
+
+    `postgres: 15/main: USER DB HOST(PORT) STATE` is a client backend, `... autovacuum worker DB`
+    an autovacuum worker: ours when DB is the benchmark's, else someone else's (None). The
+    postmaster, checkpointer, background writer, WAL writer and launchers serve everyone; they
+    are counted apart as "postgresql-shared"."""
+    head, sep, rest = title.partition(": ")
+    if not sep or not head.startswith("postgres"):
+        return "postgresql-shared"  # the postmaster: /usr/lib/postgresql/15/bin/postgres -D …
+    _cluster, sep, what = rest.partition(": ")
+    words = (what if sep else rest).split()
+    if len(words) >= 3 and words[0] == "autovacuum" and words[1] == "worker":
+        return "postgresql" if words[2] == dbname else None
+    if len(words) >= 3 and ("(" in words[2] or words[2] == "[local]"):  # a client backend
+        return "postgresql" if words[1] == dbname else None
+    return "postgresql-shared"
+
+
+def _title(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def server_cpu_seconds(dbname: str) -> dict[int, float]:
+    """CPU seconds so far of the PostgreSQL processes working for `dbname` (backends, autovacuum),
+    by pid; other databases' backends (other people's jobs) are left out."""
     out = {}
     for proc in psutil.process_iter(["name"]):
-        if (proc.info["name"] or "").startswith("postgres"):
+        if (proc.info["name"] or "").startswith("postgres") and postgres_role(_title(proc), dbname) == "postgresql":
             try:
                 times = proc.cpu_times()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -293,9 +320,11 @@ class Sampler(threading.Thread):
     """Every `interval` s: RSS and CPU time of our children (and their children); every 4th pass
     also the CPU time of PostgreSQL and Redis server processes, and the whole machine's."""
 
-    def __init__(self, roots: dict[str, subprocess.Popen[bytes]], interval: float = 0.5) -> None:
+    def __init__(self, roots: dict[str, subprocess.Popen[bytes]], dbname: str, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.roots = roots
+        self.dbname = dbname
+        self.pg_roles: dict[int, str | None] = {}
         self.interval = interval
         self.stop_event = threading.Event()
         self.stats: dict[int, ProcStats] = {}
@@ -336,7 +365,11 @@ class Sampler(threading.Thread):
         for proc in psutil.process_iter(["name"]):
             pname = proc.info["name"] or ""
             if pname.startswith("postgres"):
-                self._sample(proc, "postgresql", self.servers, rss=False)
+                if proc.pid not in self.pg_roles:  # a backend keeps its database for life
+                    self.pg_roles[proc.pid] = postgres_role(_title(proc), self.dbname)
+                role = self.pg_roles[proc.pid]
+                if role is not None:
+                    self._sample(proc, role, self.servers, rss=False)
             elif pname.startswith("redis-server"):
                 self._sample(proc, "redis", self.servers, rss=False)
         self.machine_last = psutil.cpu_times()
@@ -723,11 +756,11 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
 
         profiler = cProfile.Profile()
         profiler.enable()
-    pg0 = server_cpu_seconds()
+    pg0 = server_cpu_seconds(args.db_name)
     started, cpu0 = time.perf_counter(), time.process_time()
     first = populate(db, horizon=HORIZON)
     populate_s, populate_cpu = time.perf_counter() - started, time.process_time() - cpu0
-    populate_pg_cpu = cpu_delta(pg0, server_cpu_seconds())
+    populate_pg_cpu = cpu_delta(pg0, server_cpu_seconds(args.db_name))
     if profiler is not None:
         profiler.disable()
         report["populate_profile"] = populate_breakdown(profiler, populate_s)
@@ -775,7 +808,7 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
     if args.claim_batch:
         env["LEMBRA_CLAIM_BATCH"] = args.claim_batch
     children = Children(logdir, env)
-    sampler = Sampler(children.procs)
+    sampler = Sampler(children.procs, args.db_name)
     log(f"starting {args.workers} worker process(es) x {args.threads} threads ({args.worker_layout}); "
         f"logs in {logdir}")
     if args.worker_layout == "single":

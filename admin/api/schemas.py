@@ -10,7 +10,15 @@ from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import (
+    EXCLUDE,
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    validate,
+    validates_schema,
+)
 
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
 from gateway.phones import InvalidPhone, normalize_phone

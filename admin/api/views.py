@@ -10,11 +10,34 @@ from marshmallow import Schema, ValidationError
 from sqlalchemy import select
 
 from admin.api import services
-from admin.api.core import ApiError, bp, caller, json_body, load, load_query, org_tx, require_key
+from admin.api.core import (
+    ApiError,
+    bp,
+    caller,
+    json_body,
+    load,
+    load_query,
+    org_tx,
+    require_key,
+)
 from admin.api.openapi import documented, openapi_document
 from admin.api.schemas import (
-    MAX_ID, AppointmentIn, AppointmentOut, AppointmentPage, AppointmentQuery, ContactIn, ContactOut, ContactPage,
-    ContactQuery, EventIn, EventOut, IdempotencyHeader, MessageIn, MessageOut, MessagePage, MessageQuery,
+    MAX_ID,
+    AppointmentIn,
+    AppointmentOut,
+    AppointmentPage,
+    AppointmentQuery,
+    ContactIn,
+    ContactOut,
+    ContactPage,
+    ContactQuery,
+    EventIn,
+    EventOut,
+    IdempotencyHeader,
+    MessageIn,
+    MessageOut,
+    MessagePage,
+    MessageQuery,
     encode_cursor,
 )
 from engine.api_events import audit, record_contact_event

@@ -12,8 +12,17 @@ from flask_admin.theme import Bootstrap4Theme
 from sqlalchemy import event, text
 from sqlalchemy.orm import scoped_session, sessionmaker
 
-from engine.models import AuditLog, Appointment, Channel, Contact, Message, ReminderRule, Template
+from engine.models import (
+    Appointment,
+    AuditLog,
+    Channel,
+    Contact,
+    Message,
+    ReminderRule,
+    Template,
+)
 from engine.runtime import Runtime
+
 
 def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.audit import AuditView

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from admin.views.base import TenantModelView, org_id
 from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter
 
+from admin.views.base import TenantModelView, org_id
 from engine.models import AuditLog, User
 
 ACTION_LABELS = {"create": "criou", "update": "alterou", "delete": "excluiu", "cancel": "cancelou",

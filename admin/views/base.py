@@ -27,12 +27,13 @@ from flask_admin.contrib.sqla import ModelView
 from flask_admin.form import SecureForm
 from flask_login import current_user
 from flask_wtf.csrf import _FlaskFormCSRF
-from markupsafe import Markup, escape
-from sqlalchemy import func, insert, inspect as sa_inspect
+from markupsafe import Markup
+from sqlalchemy import func, insert
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.models import AuditLog, Org, audit_log
+from engine.models import Org, audit_log
 from engine.runtime import Runtime
 
 #: Columns that hold secrets (sealed credentials, hashes): never listed, in forms or exported.

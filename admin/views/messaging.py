@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from flask import abort, flash, jsonify, redirect, request, url_for
+from flask import abort, flash, jsonify, redirect, request
 from flask_admin import expose
 from flask_admin.actions import action
 from markupsafe import Markup
@@ -14,14 +14,21 @@ from wtforms import BooleanField, PasswordField, SelectField, StringField, TextA
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from admin.views.base import (
-    KIND_LABELS, PURPOSE_LABELS, TenantModelView, badge, ids_of, is_editor, org_id, runtime, write_audit,
+    KIND_LABELS,
+    PURPOSE_LABELS,
+    TenantModelView,
+    badge,
+    ids_of,
+    is_editor,
+    org_id,
+    runtime,
+    write_audit,
 )
 from engine import clock
 from engine.channels import REQUIRED_KEYS, create_channel
-from engine.models import CHANNEL_KINDS, PROVIDERS, Channel, Template, channels
+from engine.models import CHANNEL_KINDS, PROVIDERS, Template, channels
 from engine.orgs import DomainError
 from engine.render import SAMPLE_VARIABLES, TemplateError, render_text, validate
-from gateway import registry
 from gateway.contract import OutboundMessage
 
 TEMPLATE_KEYS = ("session_reminder", "session_confirmation", "session_cancellation", "confirm_ack", "cancel_ack",

@@ -11,11 +11,25 @@ from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
 from sqlalchemy import select
 
 from admin.views.base import (
-    KIND_LABELS, PURPOSE_LABELS, STATUS_LABELS, TenantModelView, badge, ids_of, local_dt, org_id, write_audit,
+    KIND_LABELS,
+    PURPOSE_LABELS,
+    STATUS_LABELS,
+    TenantModelView,
+    badge,
+    ids_of,
+    local_dt,
+    org_id,
+    write_audit,
 )
 from engine import clock
 from engine.models import (
-    CHANNEL_KINDS, MESSAGE_STATUSES, OPEN_STATUSES, Channel, Contact, Message, MessageEvent, message_events,
+    CHANNEL_KINDS,
+    MESSAGE_STATUSES,
+    OPEN_STATUSES,
+    Channel,
+    Contact,
+    Message,
+    message_events,
 )
 from engine.outbox import transition
 

@@ -6,23 +6,58 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from flask import flash
+from flask import abort, flash, redirect, request, url_for
+from flask_admin import expose
 from flask_admin.actions import action
 from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
 from markupsafe import Markup
-from sqlalchemy import delete, insert, select, update
-from wtforms import BooleanField, IntegerField, SelectField, SelectMultipleField, StringField
+from sqlalchemy import delete, insert, update
+from werkzeug.datastructures import CombinedMultiDict
+from wtforms import (
+    BooleanField,
+    FileField,
+    IntegerField,
+    SelectField,
+    SelectMultipleField,
+    StringField,
+)
 from wtforms.fields import DateTimeLocalField
-from wtforms.validators import DataRequired, Email, Length, NumberRange, Optional, ValidationError
+from wtforms.validators import (
+    DataRequired,
+    Email,
+    Length,
+    NumberRange,
+    Optional,
+    ValidationError,
+)
 
 from admin.views.base import (
-    KIND_LABELS, PURPOSE_LABELS, TenantModelView, badge, ids_of, local_dt, org_id, org_timezone, write_audit,
+    KIND_LABELS,
+    PURPOSE_LABELS,
+    TenantModelView,
+    TenantSecureForm,
+    badge,
+    ids_of,
+    is_editor,
+    local_dt,
+    org_id,
+    org_timezone,
+    runtime,
+    write_audit,
 )
 from engine import appointments as appts
 from engine import clock
+from engine import imports as csv_import
 from engine.contacts import create_contact
 from engine.models import (
-    APPOINTMENT_STATUSES, CHANNEL_KINDS, Appointment, Contact, Preference, ReminderRuleKind, appointments, contacts,
+    APPOINTMENT_STATUSES,
+    CHANNEL_KINDS,
+    Appointment,
+    Contact,
+    Preference,
+    ReminderRuleKind,
+    appointments,
+    contacts,
     reminder_rule_kinds,
 )
 from engine.orgs import DomainError
@@ -39,6 +74,29 @@ def _contact_name(session: Any, contact_id: int | None) -> str:
         return "—"
     row = session.query(Contact).filter(Contact.org_id == org_id(), Contact.id == contact_id).one_or_none()
     return (row.name or f"Contato {row.id}") if row else "—"
+
+
+class ImportForm(TenantSecureForm):
+    """The CSV upload (the token is checked by the app's CSRFProtect and by the form)."""
+
+    file = FileField("Arquivo CSV")
+
+
+#: Errors listed on the result page; the counts always cover all of them.
+IMPORT_ERRORS_SHOWN = 1000
+IMPORT_COLUMNS = [
+    ("external_id", "sim", "ID do agendamento no seu sistema (atualiza se já existir)"),
+    ("contact_external_id", "sim", "ID do paciente no seu sistema"),
+    ("contact_name", "sim", "Nome do paciente"),
+    ("phone", "não", "Celular com DDD, ex.: (16) 99988-7766"),
+    ("email", "não", "E-mail do paciente"),
+    ("starts_at", "sim", "dd/mm/aaaa hh:mm (horário da clínica) ou ISO 8601 com fuso, ex.: 2026-12-03T14:30-03:00"),
+    ("professional", "não", "Profissional"),
+    ("mode", "não", "presencial ou online"),
+    ("location", "não", "Local / sala"),
+    ("status", "não", "agendado, confirmado, cancelado, realizado ou faltou"),
+    ("consent", "não", "Canais que o paciente aceitou, separados por |, ex.: whatsapp|email"),
+]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -60,8 +118,60 @@ class AppointmentView(TenantModelView):
     column_filters = (FilterEqual(Appointment.status, "Status", options=[(k, v) for k, v in STATUS_CHOICES]),
                       DateTimeBetweenFilter(Appointment.starts_at, "Início"), "professional")
     column_choices = {"status": [(s, s) for s in APPOINTMENT_STATUSES]}
-    empty_message = "Nenhum agendamento. Crie um aqui (ou envie pela API) e os lembretes entram na fila na hora."
+    empty_message = ("Nenhum agendamento. Crie um aqui, importe uma planilha CSV ou envie pela API; os lembretes "
+                     "entram na fila na hora.")
     audit_entity = "appointments"
+    list_template = "admin/appointment_list.html"
+
+    # --- CSV import ---------------------------------------------------------------------------
+    def create_blueprint(self, admin: Any) -> Any:
+        blueprint = super().create_blueprint(admin)
+        endpoint = f"{self.endpoint}.import_csv"
+
+        def allow_upload() -> None:
+            # The app refuses bodies over 1 MB before any view runs (and CSRFProtect reads the form
+            # first), so the import page raises its own limit for its own POSTs only.
+            if request.endpoint == endpoint and request.method == "POST":
+                request.max_content_length = csv_import.MAX_BYTES + 256 * 1024
+
+        @blueprint.record_once
+        def _register(state: Any) -> None:
+            state.app.before_request_funcs.setdefault(None, []).insert(0, allow_upload)
+
+        @blueprint.errorhandler(413)
+        def _too_large(exc: Any) -> Any:
+            flash(f"Arquivo grande demais: o limite é {csv_import.MAX_BYTES // (1024 * 1024)} MB. "
+                  "Divida-o em partes.", "error")
+            return redirect(url_for(endpoint))
+
+        return blueprint
+
+    @expose("/import/", methods=("GET", "POST"))
+    def import_csv(self) -> Any:
+        if not is_editor():
+            abort(403)
+        form = ImportForm(CombinedMultiDict((request.files, request.form)) if request.method == "POST" else None)
+        report = None
+        if request.method == "POST" and form.validate():
+            upload = form.file.data
+            if upload is None or not getattr(upload, "filename", ""):
+                form.file.errors = ["Escolha um arquivo CSV."]
+            else:
+                try:
+                    report = csv_import.import_appointments(runtime().db, org_id(), upload.stream)
+                except csv_import.ImportFileError as exc:
+                    flash(str(exc), "error")
+                else:
+                    with runtime().db.begin() as conn:
+                        write_audit(conn, "import", "appointments", None, report.counts())
+                    flash(f"Importação concluída: {report.created} agendamento(s) criado(s), {report.updated} "
+                          f"atualizado(s), {report.unchanged} sem alteração, {len(report.errors)} linha(s) com "
+                          f"erro; {report.reminders_created} lembrete(s) na fila.",
+                          "warning" if report.errors else "success")
+        return self.render("admin/appointment_import.html", form=form, report=report, columns=IMPORT_COLUMNS,
+                           example_header=csv_import.EXAMPLE_HEADER, example_line=csv_import.EXAMPLE_LINE,
+                           max_mb=csv_import.MAX_BYTES // (1024 * 1024), max_rows=csv_import.MAX_ROWS,
+                           errors_shown=IMPORT_ERRORS_SHOWN)
 
     column_formatters = {
         "contact_id": lambda v, c, m, n: _contact_name(v.session, m.contact_id),
