@@ -401,6 +401,8 @@ class Sampler(threading.Thread):
         self.started = self.ended
 
     def stop(self) -> None:
+        if not self.is_alive():
+            return
         with self.lock:
             self.sample_children()
         self.stop_event.set()
@@ -699,8 +701,13 @@ def sqlalchemy_url(pg: str, dbname: str) -> str:
             f"/{dbname}")
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     configure_logs("WARNING", "text")
     conninfo = f"{args.pg} dbname={args.db_name}"
     database_url = sqlalchemy_url(args.pg, args.db_name)
@@ -816,64 +823,67 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
     else:
         for index in range(args.workers):
             children.start(f"worker{index}", ["worker", "--processes", "1", "--threads", str(args.threads)])
-    sampler.start()
-    ready_s = wait_for_workers(args.redis, args.workers, children, timeout=120)
-    log(f"workers ready in {ready_s:.1f}s")
-    if due_from is not None and datetime.now(UTC) > due_from:
-        log(f"WARNING: the first reminders fell due {(datetime.now(UTC) - due_from).total_seconds():.0f}s before "
-            "the scheduler started; raise --lead (their lateness includes the wait)")
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        pg_before = pg_snapshot(conn)
-    dispatch_started = datetime.now(UTC)
-    children.start("scheduler", ["scheduler"])
-    wait_s = (due_from - dispatch_started).total_seconds() if due_from else 0
-    log(f"scheduler started; first reminder due in {wait_s:.1f}s, last in {wait_s + args.spread:.1f}s")
-
     spy: subprocess.Popen[bytes] | None = None
     spy_out = logdir / "worker.pyspy.txt"
-    deadline = time.monotonic() + args.timeout + max(wait_s, 0)
-    last_report = 0.0
-    previous_sent, previous_t = 0, time.monotonic()
     timed_out = False
-    marked = False
     polls = 0
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        while True:
-            time.sleep(1)
-            polls += 2
-            remaining = open_count(conn)
-            sent = conn.execute("SELECT count(*) FROM sandbox_messages").fetchone()[0]
-            if sent and not marked:
-                sampler.mark()
-                marked = True
-            if args.py_spy and spy is None and sent > 0:
-                targets = [p for p in sampler.stats.items() if p[1].role.startswith("worker") and " #" in p[1].role]
-                if targets:
-                    pid = targets[0][0]
-                    spy = start_py_spy(pid, args.py_spy, spy_out)
-                    log(f"py-spy recording worker pid {pid} for {args.py_spy:.0f}s")
-            now = time.monotonic()
-            if now - last_report >= 5:
-                rate = (sent - previous_sent) / (now - previous_t)
-                log(f"recorded {sent:,}/{n:,}, open {remaining:,}, last 5s {rate:,.0f} msg/s")
-                last_report, previous_sent, previous_t = now, sent, now
-            if remaining == 0 and (due_from is None or datetime.now(UTC) > due_from):
-                break
-            dead = {k: v for k, v in children.alive().items() if v is not None}
-            if dead:
-                log(f"WARNING: a process exited during the run: {dead}")
-                break
-            if now > deadline:
-                log(f"WARNING: timed out after {args.timeout:.0f}s with {remaining:,} messages open")
-                timed_out = True
-                break
-    if spy is not None:
-        try:
-            spy.wait(timeout=args.py_spy + 30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
-    sampler.stop()
-    children.stop_all()
+    try:
+        sampler.start()
+        ready_s = wait_for_workers(args.redis, args.workers, children, timeout=120)
+        log(f"workers ready in {ready_s:.1f}s")
+        if due_from is not None and datetime.now(UTC) > due_from:
+            log(f"WARNING: the first reminders fell due {(datetime.now(UTC) - due_from).total_seconds():.0f}s before "
+                "the scheduler started; raise --lead (their lateness includes the wait)")
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            pg_before = pg_snapshot(conn)
+        dispatch_started = datetime.now(UTC)
+        children.start("scheduler", ["scheduler"])
+        wait_s = (due_from - dispatch_started).total_seconds() if due_from else 0
+        log(f"scheduler started; first reminder due in {wait_s:.1f}s, last in {wait_s + args.spread:.1f}s")
+
+        deadline = time.monotonic() + args.timeout + max(wait_s, 0)
+        last_report = 0.0
+        previous_sent, previous_t = 0, time.monotonic()
+        marked = False
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            while True:
+                time.sleep(1)
+                polls += 2
+                remaining = open_count(conn)
+                sent = conn.execute("SELECT count(*) FROM sandbox_messages").fetchone()[0]
+                if sent and not marked:
+                    sampler.mark()
+                    marked = True
+                if args.py_spy and spy is None and sent > 0:
+                    targets = [p for p in sampler.stats.items() if p[1].role.startswith("worker") and " #" in p[1].role]
+                    if targets:
+                        pid = targets[0][0]
+                        spy = start_py_spy(pid, args.py_spy, spy_out)
+                        log(f"py-spy recording worker pid {pid} for {args.py_spy:.0f}s")
+                now = time.monotonic()
+                if now - last_report >= 5:
+                    rate = (sent - previous_sent) / (now - previous_t)
+                    log(f"recorded {sent:,}/{n:,}, open {remaining:,}, last 5s {rate:,.0f} msg/s")
+                    last_report, previous_sent, previous_t = now, sent, now
+                if remaining == 0 and (due_from is None or datetime.now(UTC) > due_from):
+                    break
+                dead = {k: v for k, v in children.alive().items() if v is not None}
+                if dead:
+                    log(f"WARNING: a process exited during the run: {dead}")
+                    break
+                if now > deadline:
+                    log(f"WARNING: timed out after {args.timeout:.0f}s with {remaining:,} messages open")
+                    timed_out = True
+                    break
+    finally:
+        # Also on an exception or SIGTERM: never leave workers or a scheduler behind.
+        if spy is not None:
+            try:
+                spy.wait(timeout=args.py_spy + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        sampler.stop()
+        children.stop_all()
     with psycopg.connect(conninfo, autocommit=True) as conn:
         pg_after = pg_snapshot(conn)
         report["send"] = results(conn, dispatch_started)

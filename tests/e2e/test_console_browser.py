@@ -186,7 +186,9 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
     default.get_by_role("link", name="Personalizar").click()
     expect(page.locator("#key")).to_have_value("session_reminder")
     expect(page.locator("#channel_kind")).to_have_value("whatsapp")
+    page.wait_for_load_state("load")  # the preview script listens from `load` on
     page.fill("#body", TEMPLATE_BODY)  # fires `input`: the preview is fetched live, with sample data
+    page.locator("#body").dispatch_event("input")  # again, in case the first came before the listener
     expect(page.locator("#lembra-preview")).to_contain_text("Teste E2E: sua sessão com Dra. Beatriz Costa")
     expect(page.locator("#lembra-preview-error")).to_be_hidden()
     steps.shot("modelo-previa")
