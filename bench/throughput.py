@@ -343,6 +343,7 @@ class Sampler(threading.Thread):
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return
         stat = into.setdefault(proc.pid, ProcStats(role))
+        stat.role = role  # a worker parent is only known as one once its children exist
         cpu = times.user + times.system
         if stat.cpu_first is None:
             # A process first seen after the start counts from zero (it started during the run).
@@ -702,6 +703,9 @@ def sqlalchemy_url(pg: str, dbname: str) -> str:
 
 
 def _terminated(signum: int, _frame: Any) -> None:
+    # Once: a second SIGTERM (e.g. `timeout` signals its whole process group too) must not cut
+    # the clean-up short and leave workers behind.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
