@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine import dispatch
 from engine.populate import PopulateResult, populate
@@ -78,9 +78,11 @@ class Scheduler:
                         continue
                     log.info("scheduler is active")
                     self._loop(stop, lambda: _still_holding(lock_conn))
-                    lock_conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK})
-                    lock_conn.commit()
-            except DBAPIError as exc:
+                    if _still_holding(lock_conn):  # a dead connection released the lock already
+                        lock_conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK})
+                        lock_conn.commit()
+            # Not only DBAPIError: a connection killed under us surfaces as PendingRollbackError.
+            except SQLAlchemyError as exc:
                 log.error("scheduler lost its database connection", extra={"error": type(exc).__name__})
                 stop.wait(2)
 
@@ -104,5 +106,5 @@ def _still_holding(conn) -> bool:  # type: ignore[no-untyped-def]
         conn.execute(text("SELECT 1")).scalar()
         conn.commit()
         return True
-    except DBAPIError:
+    except SQLAlchemyError:
         return False
