@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from flask import Flask
+from flask import Flask, redirect, url_for
 from flask_wtf import CSRFProtect
 from prometheus_client import CollectorRegistry
 
-from admin import api, auth, console, health, optout, webhooks
+from admin import api, auth, health, optout, webhooks
+from admin.i18n import init_i18n
+from admin.throttle import LoginThrottle
 from engine.runtime import Runtime
 
 csrf = CSRFProtect()
@@ -36,11 +38,13 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
                 process_inbound(rt, inbound_id)
 
     app.config["LEMBRA_ENQUEUE_INBOUND"] = enqueue_inbound
+    app.extensions["lembra_login_throttle"] = LoginThrottle(rt.settings.ratelimit_url)
     registry = CollectorRegistry()
     registry.register(health.QueueCollector(rt))
     app.config["LEMBRA_METRICS"] = registry
 
     csrf.init_app(app)
+    init_i18n(app)
     auth.login_manager.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(webhooks.bp)
@@ -48,13 +52,20 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
     app.register_blueprint(optout.bp)
     csrf.exempt(optout.bp)  # RFC 8058 one-click POSTs come from mail clients, with no session
     app.register_blueprint(auth.bp)
-    app.register_blueprint(console.bp)
+    _bookmarks(app)
     app.register_blueprint(api.bp)
     csrf.exempt(api.bp)  # the REST API authenticates by bearer key, not by session cookie
     from admin.views import init_admin
 
     init_admin(app, rt)  # Flask-Admin console at /admin; its POSTs are checked by CSRFProtect too
     return app
+
+
+def _bookmarks(app: Flask) -> None:
+    """Old addresses kept as redirects: the README's root URL and the sandbox inbox's first home."""
+    app.add_url_rule("/", "root", lambda: redirect(url_for("admin.index")))
+    # Bookmarks of the standalone page; the inbox now lives in the console (admin/views/sandbox.py).
+    app.add_url_rule("/sandbox", "sandbox_bookmark", lambda: redirect(url_for("sandbox.index")))
 
 
 def _session_key(rt: Runtime) -> bytes:

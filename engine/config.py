@@ -35,6 +35,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_SEND_BATCH": ("25", "message ids carried by one worker task"),
     "LEMBRA_MAX_IN_FLIGHT": ("5000", "claimed-but-unsent messages allowed at once across the fleet"),
     "LEMBRA_SEND_TIMEOUT": ("15", "seconds a provider call may take"),
+    "LEMBRA_RATELIMIT_URL": ("", "where failed sign-ins are counted: memory:// or redis://HOST:6379/N "
+                             + "(default: the broker's Redis, else memory://)"),
 }
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
@@ -73,6 +75,8 @@ class Settings:
     send_batch: int = 25
     max_in_flight: int = 5000
     send_timeout: float = 15.0
+    #: Where failed sign-ins are counted; every web process must share it (see admin/throttle.py).
+    ratelimit_url: str = "memory://"
 
     @property
     def is_sqlite(self) -> bool:
@@ -134,7 +138,16 @@ class Settings:
             send_batch=_positive_int("LEMBRA_SEND_BATCH", get),
             max_in_flight=_positive_int("LEMBRA_MAX_IN_FLIGHT", get),
             send_timeout=_positive_float("LEMBRA_SEND_TIMEOUT", get),
+            ratelimit_url=_ratelimit_url(get("LEMBRA_RATELIMIT_URL"), broker_url),
         )
+
+
+def _ratelimit_url(value: str, broker_url: str) -> str:
+    if not value:
+        return broker_url if broker_url.startswith(("redis://", "rediss://")) else "memory://"
+    if not value.startswith(("memory://", "redis://", "rediss://")):
+        raise ConfigError("LEMBRA_RATELIMIT_URL must start with memory:// or redis://")
+    return value
 
 
 def _positive_int(name: str, get) -> int:  # type: ignore[no-untyped-def]

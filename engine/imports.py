@@ -41,6 +41,7 @@ from engine.db import Database
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
 from engine.orgs import DomainError
 from engine.populate import DEFAULT_HORIZON, populate_org
+from engine.texts import N_, Text
 from gateway.phones import InvalidPhone, normalize_phone
 
 #: Biggest file accepted (bytes) and most data rows; beyond them the whole file is refused.
@@ -51,7 +52,7 @@ BATCH = 500
 #: Evidence recorded with consent given in an import.
 EVIDENCE = "importação CSV"
 #: Reason given for a row that a concurrent change made impossible to write.
-CONFLICT_REASON = "não foi possível gravar esta linha (conflito com outra alteração); importe-a de novo"
+CONFLICT_REASON = N_("não foi possível gravar esta linha (conflito com outra alteração); importe-a de novo")
 #: Longest value accepted in one cell.
 MAX_CELL = 300
 
@@ -64,8 +65,8 @@ EXAMPLE_LINE = ("AG-1001;PAC-77;Ana Clara Souza;(16) 99988-7766;ana@example.com;
                 "Dra. Beatriz Costa;presencial;Sala 2;agendado;whatsapp|email")
 
 COLUMN_LABELS = {
-    "external_id": "ID do agendamento", "contact_external_id": "ID do paciente",
-    "contact_name": "nome do paciente", "starts_at": "data e hora",
+    "external_id": N_("ID do agendamento"), "contact_external_id": N_("ID do paciente"),
+    "contact_name": N_("nome do paciente"), "starts_at": N_("data e hora"),
 }
 _STATUS_ALIASES = {
     "agendado": "scheduled", "confirmado": "confirmed", "cancelado": "cancelled", "realizado": "completed",
@@ -81,7 +82,11 @@ Source = str | bytes | IO[str] | IO[bytes]
 
 
 class ImportFileError(DomainError):
-    """The whole file is refused (too big, not CSV, missing columns); the message is pt-BR."""
+    """The whole file is refused (too big, not CSV, missing columns); `text` says why, translatable."""
+
+    def __init__(self, text: Text) -> None:
+        super().__init__(str(text))
+        self.text = text
 
 
 @dataclass
@@ -91,7 +96,7 @@ class ImportReport:
     created: int = 0
     updated: int = 0
     unchanged: int = 0
-    errors: list[tuple[int, str]] = field(default_factory=list)
+    errors: list[tuple[int, Text]] = field(default_factory=list)
     contacts_created: int = 0
     contacts_updated: int = 0
     reminders_created: int = 0
@@ -127,7 +132,9 @@ class _Row:
 
 
 class _RowError(Exception):
-    pass
+    def __init__(self, text: Text) -> None:
+        super().__init__(str(text))
+        self.text = text
 
 
 @dataclass
@@ -137,7 +144,7 @@ class _Tally:
     unchanged: int = 0
     contacts_created: int = 0
     contacts_updated: int = 0
-    errors: list[tuple[int, str]] = field(default_factory=list)
+    errors: list[tuple[int, Text]] = field(default_factory=list)
 
     def add_to(self, report: ImportReport) -> None:
         report.created += self.created
@@ -184,7 +191,7 @@ def import_appointments(target: Database | Connection, org_id: int, source: Sour
             else:
                 report.reminders_created = populate_org(target, org_id, horizon=DEFAULT_HORIZON).created
             report.populate_seconds = time.perf_counter() - populate_started
-    report.errors.sort()
+    report.errors.sort(key=lambda error: error[0])
     report.seconds = time.perf_counter() - started
     return report
 
@@ -211,8 +218,8 @@ def _read(source: Source) -> str:
         data = source
     size = len(data.encode("utf-8")) if isinstance(data, str) else len(data)
     if size > MAX_BYTES:
-        raise ImportFileError(f"Arquivo grande demais: o limite é {MAX_BYTES // (1024 * 1024)} MB "
-                              f"({MAX_ROWS:,} linhas). Divida-o em partes.".replace(",", "."))
+        raise ImportFileError(N_("Arquivo grande demais: o limite é %(mb)d MB (%(linhas)d linhas). Divida-o em partes.",
+                                 mb=MAX_BYTES // (1024 * 1024), linhas=MAX_ROWS))
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8-sig")
@@ -220,14 +227,14 @@ def _read(source: Source) -> str:
             # Excel in pt-BR saves "CSV (separado por vírgulas)" as Windows-1252.
             data = data.decode("cp1252", errors="replace")
     if "\x00" in data:
-        raise ImportFileError("O arquivo não parece ser um CSV de texto (UTF-8).")
+        raise ImportFileError(N_("O arquivo não parece ser um CSV de texto (UTF-8)."))
     return data.lstrip("\ufeff")
 
 
 def _parse(raw: str, tz: ZoneInfo, report: ImportReport) -> list[_Row]:
     header_line = next((ln for ln in raw.splitlines() if ln.strip()), "")
     if not header_line:
-        raise ImportFileError("O arquivo está vazio.")
+        raise ImportFileError(N_("O arquivo está vazio."))
     delimiter = ";" if header_line.count(";") > header_line.count(",") else ","
     reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter)
     try:
@@ -237,11 +244,11 @@ def _parse(raw: str, tz: ZoneInfo, report: ImportReport) -> list[_Row]:
         names = [h.strip().lstrip("\ufeff").lower() for h in header]
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
-            raise ImportFileError(f"Faltam colunas no cabeçalho: {', '.join(missing)}. "
-                                  f"Colunas aceitas: {', '.join(COLUMNS)}.")
+            raise ImportFileError(N_("Faltam colunas no cabeçalho: %(faltam)s. Colunas aceitas: %(aceitas)s.",
+                                     faltam=", ".join(missing), aceitas=", ".join(COLUMNS)))
         repeated = sorted({n for n in names if n and names.count(n) > 1})
         if repeated:
-            raise ImportFileError(f"Coluna repetida no cabeçalho: {', '.join(repeated)}.")
+            raise ImportFileError(N_("Coluna repetida no cabeçalho: %(colunas)s.", colunas=", ".join(repeated)))
         index = {n: i for i, n in enumerate(names) if n in COLUMNS}
         rows: list[_Row] = []
         seen: dict[str, int] = {}
@@ -252,57 +259,58 @@ def _parse(raw: str, tz: ZoneInfo, report: ImportReport) -> list[_Row]:
                 continue
             report.rows += 1
             if report.rows > MAX_ROWS:
-                raise ImportFileError(f"Linhas demais: o limite é {MAX_ROWS:,} por arquivo. "
-                                      "Divida-o em partes.".replace(",", "."))
+                raise ImportFileError(N_("Linhas demais: o limite é %(linhas)d por arquivo. Divida-o em partes.",
+                                         linhas=MAX_ROWS))
             try:
                 if len(cells) > len(names) and any(c.strip() for c in cells[len(names):]):
-                    raise _RowError(f"{len(cells)} colunas, mas o cabeçalho tem {len(names)}")
+                    raise _RowError(N_("%(n)d colunas, mas o cabeçalho tem %(m)d", n=len(cells), m=len(names)))
                 row = _validate(line, {n: (cells[i].strip() if i < len(cells) else "") for n, i in index.items()}, tz)
                 first = seen.get(row.external_id)
                 if first is not None:
-                    raise _RowError(f"external_id repetido no arquivo (já usado na linha {first})")
+                    raise _RowError(N_("external_id repetido no arquivo (já usado na linha %(linha)d)", linha=first))
                 seen[row.external_id] = line
                 rows.append(row)
             except _RowError as exc:
-                report.errors.append((line, str(exc)))
+                report.errors.append((line, exc.text))
     except csv.Error:
-        raise ImportFileError(f"CSV malformado perto da linha {reader.line_num} (aspas sem fechar?).") from None
+        raise ImportFileError(N_("CSV malformado perto da linha %(linha)d (aspas sem fechar?).",
+                                 linha=reader.line_num)) from None
     return rows
 
 
 def _validate(line: int, v: dict[str, str], tz: ZoneInfo) -> _Row:
     for name, value in v.items():
         if len(value) > MAX_CELL:
-            raise _RowError(f"{name} longo demais (máximo {MAX_CELL} caracteres)")
+            raise _RowError(N_("%(coluna)s longo demais (máximo %(max)d caracteres)", coluna=name, max=MAX_CELL))
     for name in REQUIRED_COLUMNS:
         if not v.get(name):
-            raise _RowError(f"{name} em branco ({COLUMN_LABELS[name]} é obrigatório)")
+            raise _RowError(N_("%(coluna)s em branco (%(nome)s é obrigatório)", coluna=name, nome=COLUMN_LABELS[name]))
     phone = v.get("phone") or None
     if phone:
         try:
             phone = _normalize_phone(phone)
         except InvalidPhone:
-            raise _RowError("telefone inválido (use DDD e número, ex.: (16) 99988-7766)") from None
+            raise _RowError(N_("telefone inválido (use DDD e número, ex.: (16) 99988-7766)")) from None
     email = (v.get("email") or "").lower() or None
     if email and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", email):
-        raise _RowError("e-mail inválido")
+        raise _RowError(N_("e-mail inválido"))
     status = None
     if v.get("status"):
         status = _STATUS_ALIASES.get(v["status"].lower())
         if status is None:
-            raise _RowError("status desconhecido (use agendado, confirmado, cancelado, realizado ou faltou)")
+            raise _RowError(N_("status desconhecido (use agendado, confirmado, cancelado, realizado ou faltou)"))
     mode = None
     if v.get("mode"):
         mode = _MODE_ALIASES.get(v["mode"].lower())
         if mode is None:
-            raise _RowError("modalidade desconhecida (use presencial ou online)")
+            raise _RowError(N_("modalidade desconhecida (use presencial ou online)"))
     consent: list[str] = []
     for part in re.split(r"[|/+ ]+", (v.get("consent") or "").lower()):
         if not part:
             continue
         kind = _KIND_ALIASES.get(part)
         if kind is None:
-            raise _RowError("consentimento com canal desconhecido (use whatsapp, sms, email separados por |)")
+            raise _RowError(N_("consentimento com canal desconhecido (use whatsapp, sms, email separados por |)"))
         if kind not in consent:
             consent.append(kind)
     return _Row(
@@ -327,12 +335,12 @@ def _parse_start(value: str, tz: ZoneInfo) -> datetime:
         else:
             parsed = datetime.fromisoformat(value.replace(" ", "T", 1) if re.match(r"^\d{4}-", value) else value)
     except ValueError:
-        raise _RowError("starts_at inválido (use dd/mm/aaaa hh:mm ou ISO 8601 com fuso, ex.: "
-                        "2026-12-03T14:30-03:00)") from None
+        raise _RowError(N_("starts_at inválido (use dd/mm/aaaa hh:mm ou ISO 8601 com fuso, ex.: "
+                           "2026-12-03T14:30-03:00)")) from None
     if parsed.tzinfo is None:
-        raise _RowError("starts_at em ISO 8601 sem fuso horário (acrescente -03:00, ou use dd/mm/aaaa hh:mm)")
+        raise _RowError(N_("starts_at em ISO 8601 sem fuso horário (acrescente -03:00, ou use dd/mm/aaaa hh:mm)"))
     if not 2000 <= parsed.year <= 2100:
-        raise _RowError("starts_at fora do intervalo aceito (anos 2000 a 2100)")
+        raise _RowError(N_("starts_at fora do intervalo aceito (anos 2000 a 2100)"))
     return parsed
 
 
@@ -394,10 +402,10 @@ def _write_rows(conn: Connection, org_id: int, tz_name: str, batch: list[_Row], 
         contact = state.contacts.get(row.contact_external_id)
         existing = state.appointments.get(row.external_id)
         if contact is not None and contact.erased_at is not None:
-            tally.errors.append((row.line, "paciente apagado a pedido (LGPD); não recebe novos agendamentos"))
+            tally.errors.append((row.line, N_("paciente apagado a pedido (LGPD); não recebe novos agendamentos")))
             continue
         if existing is not None and (contact is None or existing.contact_id != contact.id):
-            tally.errors.append((row.line, "este agendamento já pertence a outro paciente"))
+            tally.errors.append((row.line, N_("este agendamento já pertence a outro paciente")))
             continue
         accepted.append(row)
         if contact is None:  # later rows of the same new patient: their values win, consent adds up

@@ -105,9 +105,10 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
 BROKEN_STATES = ("close", "refused")
 
 
-def apply_connection(conn: Connection, channel: Any, event: ConnectionEvent) -> None:
+def apply_connection(conn: Connection, channel: Any, event: ConnectionEvent, *, notify: bool = True) -> None:
     """Follow the provider's connection: a closed number marks the channel broken (and tells the
-    operator), an open one makes it active again."""
+    operator in the inbox, unless `notify` is False: the console's connect page, where the operator
+    is looking at the state), an open one makes it active again."""
     now = clock.now()
     values: dict[str, Any] = {"status_detail": f"{event.state}:{event.detail}"[:100] if event.detail else event.state[:100],
                               "updated_at": now}
@@ -115,8 +116,17 @@ def apply_connection(conn: Connection, channel: Any, event: ConnectionEvent) -> 
         values["status"] = "active"
     elif event.state in BROKEN_STATES and channel.status == "active":
         values["status"] = "broken"
-        open_inbox_item(conn, channel.org_id, "channel_broken", f"channel:{channel.id}:broken:{int(now.timestamp())}",
-                        channel_id=channel.id, detail=f"the number disconnected ({event.state})")
+        if notify:
+            open_inbox_item(conn, channel.org_id, "channel_broken",
+                            f"channel:{channel.id}:broken:{int(now.timestamp())}",
+                            channel_id=channel.id, detail=f"the number disconnected ({event.state})")
+    recorded = channel.status_detail or ""
+    if "status" not in values and (recorded == values["status_detail"]
+                                   or (event.detail is None and recorded.split(":", 1)[0] == event.state)):
+        # Nothing new (a repeated webhook, or the console polling the state while the operator scans
+        # the QR): writing anyway would bump `updated_at`, which makes every ProviderPool rebuild the
+        # channel's provider, and would replace a webhook's reason ("close:401") with the bare state.
+        return
     conn.execute(update(channels).where(channels.c.org_id == channel.org_id, channels.c.id == channel.id)
                  .values(**values))
 

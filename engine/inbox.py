@@ -3,6 +3,7 @@ patient cancellations, broken channels)."""
 
 from __future__ import annotations
 
+from sqlalchemy import String, cast, literal, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
@@ -23,3 +24,17 @@ def open_inbox_item(
             created_at=clock.now(),
         )
     )
+
+
+def resolve_inbox_item(conn: Connection, org_id: int, item_id: int, user_id: int | None) -> bool:
+    """Close one open item of the org; False when it is not open (or not the org's).
+
+    Its dedupe key is given up (suffixed with the item's id), so the same problem happening
+    again — a channel that breaks a second time — opens a new item instead of being swallowed
+    by the resolved one."""
+    result = conn.execute(
+        update(inbox_items)
+        .where(inbox_items.c.org_id == org_id, inbox_items.c.id == item_id, inbox_items.c.resolved_at.is_(None))
+        .values(resolved_at=clock.now(), resolved_by=user_id,
+                dedupe_key=inbox_items.c.dedupe_key + literal(":resolved:") + cast(inbox_items.c.id, String)))
+    return result.rowcount == 1

@@ -73,6 +73,7 @@ class User(Base):
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     last_login_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    locale: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:  # never the hash
         return f"<User {self.id} org={self.org_id} role={self.role}>"

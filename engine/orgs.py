@@ -24,6 +24,10 @@ class DomainError(ValueError):
     """Bad input to a domain operation; the message is one line and safe to show."""
 
 
+class EmailTaken(DomainError):
+    """Another user (of any org: e-mails are unique across the table) already has that e-mail."""
+
+
 def parse_hhmm(value: str) -> time:
     """'08:00' → time(8, 0)."""
     try:
@@ -95,6 +99,12 @@ def org_by_slug(conn: Connection, slug: str) -> Any:
     return row
 
 
+def hash_password(password: str) -> str:
+    """The stored form of a console password (werkzeug's salted hash). The one place passwords are
+    hashed, so the CLI and the console cannot drift apart."""
+    return generate_password_hash(password)
+
+
 def create_user(conn: Connection, *, org_id: int, email: str, role: str, password: str) -> int:
     """Create a user with a hashed password; returns its id."""
     email = (email or "").strip().lower()
@@ -109,8 +119,8 @@ def create_user(conn: Connection, *, org_id: int, email: str, role: str, passwor
             return int(conn.execute(
                 insert(users).values(
                     org_id=org_id, email=email, role=role, active=True,
-                    password_hash=generate_password_hash(password), created_at=clock.now(),
+                    password_hash=hash_password(password), created_at=clock.now(),
                 ).returning(users.c.id)
             ).scalar_one())
     except IntegrityError:
-        raise DomainError("a user with that e-mail already exists") from None
+        raise EmailTaken("a user with that e-mail already exists") from None

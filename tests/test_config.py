@@ -36,6 +36,17 @@ def test_defaults_are_valid():
     assert settings.lease == timedelta(seconds=120)
 
 
+def test_failed_sign_ins_are_counted_where_every_web_process_sees_them():
+    assert Settings.from_env({}).ratelimit_url == "memory://"
+    redis = Settings.from_env({"BROKER_URL": "redis://cache:6379/2"})
+    assert redis.ratelimit_url == "redis://cache:6379/2"
+    amqp = Settings.from_env({"BROKER_URL": "amqp://guest:guest@mq:5672/", "LEMBRA_RATELIMIT_URL": "redis://r:6379/3"})
+    assert amqp.ratelimit_url == "redis://r:6379/3"
+    with pytest.raises(ConfigError, match="LEMBRA_RATELIMIT_URL") as exc:
+        Settings.from_env({"LEMBRA_RATELIMIT_URL": "memcached://x"})
+    _one_line(exc.value)
+
+
 def test_postgres_spellings_are_normalised():
     settings = Settings.from_env({"DATABASE_URL": "postgres://u@db.example/lembra"})
     assert settings.database_url == "postgresql+psycopg://u@db.example/lembra"

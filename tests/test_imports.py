@@ -63,7 +63,7 @@ def test_ten_thousand_rows_with_three_bad_ones(rt, clock, world, capsys):
     assert report.rows == 10_000
     assert report.created == 9_997 and report.updated == 0 and report.unchanged == 0
     assert [line for line, _ in report.errors] == [101, 5001, 9001]
-    reasons = dict(report.errors)
+    reasons = {line: str(reason) for line, reason in report.errors}
     assert "starts_at inválido" in reasons[101]
     assert "contact_external_id em branco" in reasons[5001]
     assert "telefone inválido" in reasons[9001] and "12345" not in reasons[9001]
@@ -137,7 +137,7 @@ def test_every_row_reason_by_line_and_nothing_written_for_bad_rows(rt, clock, wo
         "A9,C9,\"=HYPERLINK(\"\"http://x\"\")\",16999887788,,03/12/2026 11:00,Confirmado,WhatsApp|E-mail,",  # 11
     ])
     report = import_appointments(rt.db, world.org_id, body)
-    lines = dict(report.errors)
+    lines = {line: str(reason) for line, reason in report.errors}
     assert sorted(lines) == [2, 3, 4, 5, 6, 7, 9]
     assert "sem fuso" in lines[2] and "status desconhecido" in lines[3] and "e-mail inválido" in lines[4]
     assert "consentimento" in lines[5] and "contact_name em branco" in lines[6] and "modalidade" in lines[7]
@@ -190,5 +190,6 @@ def test_file_level_refusals(rt, clock, world, monkeypatch):
 def test_an_appointment_cannot_move_to_another_patient(rt, clock, world):
     import_appointments(rt.db, world.org_id, f"{HEADER}\nAG-1;PAC-1;Ana;16999887766;;03/12/2026 14:00;;;;;")
     report = import_appointments(rt.db, world.org_id, f"{HEADER}\nAG-1;PAC-2;Bia;16999887755;;03/12/2026 14:00;;;;;")
-    assert report.errors == [(2, "este agendamento já pertence a outro paciente")]
+    assert [(line, str(reason)) for line, reason in report.errors] == [
+        (2, "este agendamento já pertence a outro paciente")]
     assert report.contacts_created == 0 and count(rt, contacts, contacts.c.org_id == world.org_id) == 1

@@ -124,15 +124,20 @@ def test_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(rt, backl
     [victim] = _start_workers(procs, database_url, 1, **short_lease)
     scheduler = _start_scheduler(procs, database_url, **short_lease)
 
-    # Kill while a send is in flight (each takes 150 ms in the sandbox), after a few went out.
-    wait_until(lambda: _status_counts(rt).get("sent", 0) >= 10 and _status_counts(rt).get("sending", 0) >= 1,
-               timeout=120, what="the first sends", on_fail=procs.logs)
+    # After a few went out, make the provider hang, so that the kill surely finds sends in flight
+    # (a kill timed against 150 ms sends can land between two of them on a loaded machine).
+    wait_until(lambda: _status_counts(rt).get("sent", 0) >= 10, timeout=120, what="the first sends",
+               on_fail=procs.logs)
+    _set_sandbox(rt, backlog.channel_id, delay_ms=600_000)
+    wait_until(lambda: _status_counts(rt).get("sending", 0) >= 1, timeout=120, what="a send in flight",
+               on_fail=procs.logs)
     procs.kill(victim, signal.SIGKILL)
     if scheduler is not None:
         procs.kill(scheduler, signal.SIGKILL)
     in_flight = _status_counts(rt)
     assert in_flight.get("sending", 0) >= 1, f"the kill caught nothing mid-send: {in_flight}"
 
+    _set_sandbox(rt, backlog.channel_id, delay_ms=150)
     _start_workers(procs, database_url, 1, **short_lease)
     _start_scheduler(procs, database_url, **short_lease)
     wait_until(lambda: not any(_status_counts(rt).get(s, 0) for s in OPEN), timeout=180,

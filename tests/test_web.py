@@ -9,11 +9,11 @@ import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from admin.app import create_app
 from engine import dispatch
-from engine.models import appointments, channels, inbound_messages, messages, sandbox_messages
+from engine.models import appointments, inbound_messages, messages, sandbox_messages
 from engine.orgs import create_user
 from tests.factories import World
 
@@ -95,23 +95,23 @@ def test_console_login_sandbox_reply_confirms_the_appointment(rt, clock, client)
     for mid in dispatch.claim_due(rt, limit=10):
         assert dispatch.send_one(rt, mid) == "sent"
 
-    assert client.get("/sandbox").status_code == 302  # login required
+    assert client.get("/admin/sandbox/").status_code == 302  # login required
     no_csrf = client.post("/login", data={"email": "recepcao@clinica.com.br", "password": "senha-forte-1"})
     assert no_csrf.status_code == 400  # CSRF token missing
     wrong = _login(client, "recepcao@clinica.com.br", "errada")
     assert "incorretos" in wrong.text
     assert _login(client, "recepcao@clinica.com.br", "senha-forte-1").status_code == 302
 
-    inbox = client.get("/sandbox")
+    inbox = client.get("/admin/sandbox/")
     assert inbox.status_code == 200
     assert "Lembrete: sua sessão com Dra. Beatriz Costa" in inbox.text
     with rt.db.connect() as conn:
         sandbox_id = conn.execute(select(sandbox_messages.c.id)).scalar_one()
     token = _csrf(inbox.text)
-    refused = client.post("/sandbox/reply", data={"sandbox_message_id": sandbox_id, "text": "OK"})
+    refused = client.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "text": "OK"})
     assert refused.status_code == 400  # no CSRF token
-    reply = client.post("/sandbox/reply", data={"sandbox_message_id": sandbox_id, "text": "Confirmar!",
-                                                "csrf_token": token})
+    reply = client.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "text": "Confirmar!",
+                                                       "csrf_token": token})
     assert reply.status_code == 302
     with rt.db.connect() as conn:
         status = conn.execute(select(appointments.c.status).where(appointments.c.id == appointment_id)).scalar_one()
@@ -119,7 +119,7 @@ def test_console_login_sandbox_reply_confirms_the_appointment(rt, clock, client)
     assert status == "confirmed"
     assert ack == "pending"
 
-    queue = client.get("/queue")
+    queue = client.get("/admin/queue/")
     assert queue.status_code == 200 and "Enviada" in queue.text
 
 
@@ -138,12 +138,12 @@ def test_console_never_shows_or_touches_another_orgs_rows(rt, clock, client):
         b_sandbox_id = conn.execute(select(sandbox_messages.c.id)).scalar_one()
 
     _login(client, "a@clinica.com.br", "senha-forte-a")
-    inbox = client.get("/sandbox")
+    inbox = client.get("/admin/sandbox/")
     assert "Paciente Só Da B" not in inbox.text and "Lembrete" not in inbox.text
     assert "Nenhuma mensagem ainda" in inbox.text
-    assert "Paciente Só Da B" not in client.get("/queue").text
-    poke = client.post("/sandbox/reply", data={"sandbox_message_id": b_sandbox_id, "text": "CANCELAR",
-                                               "csrf_token": _csrf(inbox.text)})
+    assert "Paciente Só Da B" not in client.get("/admin/queue/").text
+    poke = client.post("/admin/sandbox/reply/", data={"sandbox_message_id": b_sandbox_id, "text": "CANCELAR",
+                                                      "csrf_token": _csrf(inbox.text)})
     assert poke.status_code == 404
     assert _inbound_count(rt) == 0
 

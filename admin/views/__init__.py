@@ -7,11 +7,11 @@ from typing import Any
 
 from flask import Flask, g
 from flask_admin import Admin
-from flask_admin.menu import MenuLink
 from flask_admin.theme import Bootstrap4Theme
 from sqlalchemy import event, text
 from sqlalchemy.orm import scoped_session, sessionmaker
 
+from admin.i18n import _l
 from engine.models import (
     Appointment,
     AuditLog,
@@ -25,11 +25,16 @@ from engine.runtime import Runtime
 
 
 def init_admin(app: Flask, rt: Runtime) -> Admin:
+    from admin.views.access import ApiKeyView, UserView
     from admin.views.audit import AuditView
     from admin.views.dashboard import DashboardView
+    from admin.views.inbox import InboxView
     from admin.views.messaging import ChannelView, TemplateView
     from admin.views.outbox import LogView, QueueView
-    from admin.views.scheduling import AppointmentView, ContactView, ReminderRuleView
+    from admin.views.rules import ReminderRuleView
+    from admin.views.sandbox import SandboxView
+    from admin.views.scheduling import AppointmentView, ContactView
+    from engine.models import ApiKey, InboxItem, User
 
     factory = sessionmaker(bind=rt.db.engine)
     Session: scoped_session[Any] = scoped_session(factory)
@@ -46,20 +51,24 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     def _remove_session(exc: BaseException | None) -> None:
         Session.remove()
 
-    _babel(app)
     admin = Admin(app, name="Lembra", url="/admin",
-                  index_view=DashboardView(name="Painel", url="/admin", endpoint="admin"),
+                  index_view=DashboardView(name=_l("Painel"), url="/admin", endpoint="admin"),
                   theme=Bootstrap4Theme(base_template="admin/lembra_base.html", fluid=True))
     s = Session
-    admin.add_view(AppointmentView(Appointment, s, name="Agendamentos", endpoint="appointments"))
-    admin.add_view(ContactView(Contact, s, name="Contatos", endpoint="contacts"))
-    admin.add_view(ReminderRuleView(ReminderRule, s, name="Regras de lembrete", endpoint="rules", category="Configuração"))
-    admin.add_view(TemplateView(Template, s, name="Modelos", endpoint="templates", category="Configuração"))
-    admin.add_view(ChannelView(Channel, s, name="Canais", endpoint="channels", category="Configuração"))
-    admin.add_view(QueueView(Message, s, name="Fila", endpoint="queue"))
-    admin.add_view(LogView(Message, s, name="Registros", endpoint="logs"))
-    admin.add_link(MenuLink(name="Caixa do sandbox", url="/sandbox"))
-    admin.add_view(AuditView(AuditLog, s, name="Auditoria", endpoint="audit"))
+    admin.add_view(AppointmentView(Appointment, s, name=_l("Agendamentos"), endpoint="appointments"))
+    admin.add_view(ContactView(Contact, s, name=_l("Contatos"), endpoint="contacts"))
+    admin.add_view(ReminderRuleView(ReminderRule, s, name=_l("Regras de lembrete"), endpoint="rules",
+                                    category=_l("Configuração")))
+    admin.add_view(TemplateView(Template, s, name=_l("Modelos"), endpoint="templates", category=_l("Configuração")))
+    admin.add_view(ChannelView(Channel, s, name=_l("Canais"), endpoint="channels", category=_l("Configuração")))
+    admin.add_view(ApiKeyView(ApiKey, s, name=_l("Chaves de API"), endpoint="apikeys",
+                              category=_l("Configuração")))
+    admin.add_view(UserView(User, s, name=_l("Usuários"), endpoint="users", category=_l("Configuração")))
+    admin.add_view(QueueView(Message, s, name=_l("Fila"), endpoint="queue"))
+    admin.add_view(LogView(Message, s, name=_l("Registros"), endpoint="logs"))
+    admin.add_view(InboxView(InboxItem, s, name=_l("Pendências"), endpoint="inbox"))
+    admin.add_view(SandboxView(name=_l("Caixa do sandbox"), endpoint="sandbox"))
+    admin.add_view(AuditView(AuditLog, s, name=_l("Auditoria"), endpoint="audit"))
     return admin
 
 
@@ -67,13 +76,3 @@ def _has_app_context() -> bool:
     from flask import has_app_context
 
     return has_app_context()
-
-
-def _babel(app: Flask) -> None:
-    """Flask-Admin's own strings in Portuguese (flask-babel), when it is installed."""
-    try:
-        from flask_babel import Babel
-    except ImportError:  # pragma: no cover - English chrome, pt-BR labels still ours
-        return
-    app.config.setdefault("BABEL_DEFAULT_LOCALE", "pt_BR")
-    Babel(app, locale_selector=lambda: "pt_BR")

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 from flask import abort, current_app, flash, g, redirect, request, url_for
 from flask_admin.contrib.sqla import ModelView
 from flask_admin.form import SecureForm
+from flask_babel.speaklater import LazyString
 from flask_login import current_user
 from flask_wtf.csrf import _FlaskFormCSRF
 from markupsafe import Markup
@@ -32,6 +33,7 @@ from sqlalchemy import func, insert
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection
 
+from admin.i18n import _, _l, current_locale
 from engine import clock
 from engine.models import Org, audit_log
 from engine.runtime import Runtime
@@ -41,28 +43,33 @@ SECRET_COLUMNS = frozenset({"credentials", "key_version", "password_hash", "key_
 #: A CSV cell starting with one of these is a formula in a spreadsheet (CWE-1236).
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
+# Labels are lazy (`_l`): they are built once at import and shown in the reader's language on each
+# request; `str()` of one (CSV export, filter options) gives the current request's language.
 STATUS_LABELS = {
-    "new": "Planejando", "pending": "Agendada", "claimed": "Na fila", "sending": "Enviando", "sent": "Enviada",
-    "delivered": "Entregue", "read": "Lida", "failed": "Falhou", "unknown": "Incerta", "cancelled": "Cancelada",
-    "expired": "Expirada", "dead": "Esgotada", "skipped": "Não enviada",
+    "new": _l("Planejando"), "pending": _l("Agendada"), "claimed": _l("Na fila"), "sending": _l("Enviando"),
+    "sent": _l("Enviada"), "delivered": _l("Entregue"), "read": _l("Lida"), "failed": _l("Falhou"),
+    "unknown": _l("Incerta"), "cancelled": _l("Cancelada"), "expired": _l("Expirada"), "dead": _l("Esgotada"),
+    "skipped": _l("Não enviada"),
     # appointments
-    "scheduled": "Agendado", "confirmed": "Confirmado", "completed": "Realizado", "no_show": "Faltou",
+    "scheduled": _l("Agendado"), "confirmed": _l("Confirmado"), "completed": _l("Realizado"), "no_show": _l("Faltou"),
     # channels
-    "active": "Ativo", "disabled": "Desativado", "error": "Com erro",
+    "active": _l("Ativo"), "disabled": _l("Desativado"), "error": _l("Com erro"),
+    # a send or the provider said the channel stopped working (number disconnected, key refused)
+    "broken": _l("Com falha"),
 }
 STATUS_COLORS = {
     "sent": "success", "delivered": "success", "read": "success", "confirmed": "success", "active": "success",
     "completed": "success",
-    "failed": "danger", "dead": "danger", "unknown": "danger", "error": "danger", "no_show": "danger",
+    "failed": "danger", "dead": "danger", "unknown": "danger", "error": "danger", "no_show": "danger", "broken": "danger",
     "cancelled": "secondary", "expired": "secondary", "skipped": "secondary", "disabled": "secondary",
     "pending": "warning", "new": "warning", "claimed": "warning", "sending": "warning", "scheduled": "info",
 }
-KIND_LABELS = {"whatsapp": "WhatsApp", "email": "E-mail", "sms": "SMS"}
+KIND_LABELS = {"whatsapp": "WhatsApp", "email": _l("E-mail"), "sms": "SMS"}
 PURPOSE_LABELS = {
-    "session_reminder": "Lembrete de sessão", "session_confirmation": "Confirmação de agendamento",
-    "session_cancellation": "Aviso de cancelamento", "confirm_ack": "Resposta: confirmado",
-    "cancel_ack": "Resposta: cancelado", "optout_confirmation": "Confirmação de descadastro",
-    "followup": "Follow-up", "adhoc": "Avulsa",
+    "session_reminder": _l("Lembrete de sessão"), "session_confirmation": _l("Confirmação de agendamento"),
+    "session_cancellation": _l("Aviso de cancelamento"), "confirm_ack": _l("Resposta: confirmado"),
+    "cancel_ack": _l("Resposta: cancelado"), "optout_confirmation": _l("Confirmação de descadastro"),
+    "followup": _l("Follow-up"), "adhoc": _l("Avulsa"),
 }
 
 
@@ -99,6 +106,14 @@ class TenantSecureForm(SecureForm):
         def csrf_time_limit(self) -> Any:
             return current_app.config.get("WTF_CSRF_TIME_LIMIT", 3600)
 
+    def validate(self, extra_validators: Any = None) -> bool:
+        ok = super().validate(extra_validators)
+        # Validator messages are lazy strings (`_l`, fixed when the view class is built); Flask-Admin's
+        # field template shows an error only when it `is string`, so resolve them in the reader's language.
+        for field in self:
+            field.errors = [str(e) if isinstance(e, LazyString) else e for e in field.errors]
+        return ok
+
 
 def csv_safe(value: Any) -> Any:
     """A CSV cell that a spreadsheet will not evaluate as a formula."""
@@ -119,9 +134,16 @@ def org_timezone() -> str:
     return tz
 
 
-def local_dt(value: datetime | None, fmt: str = "%d/%m/%Y %H:%M") -> str:
+#: Date-time formats per console language (English gets ISO order: unambiguous for every reader).
+DATETIME_FORMATS = {"pt_BR": "%d/%m/%Y %H:%M", "en": "%Y-%m-%d %H:%M"}
+
+
+def local_dt(value: datetime | None, fmt: str | None = None, *, seconds: bool = False) -> str:
+    """`value` in the org's time zone, in the reader's date format unless `fmt` is given."""
     if value is None:
         return "—"
+    if fmt is None:
+        fmt = DATETIME_FORMATS.get(current_locale(), DATETIME_FORMATS["pt_BR"]) + (":%S" if seconds else "")
     return value.astimezone(ZoneInfo(org_timezone())).strftime(fmt)
 
 
@@ -137,7 +159,7 @@ def _fmt_datetime(view: Any, value: datetime, name: str | None = None) -> str:
 
 
 def _fmt_bool(view: Any, value: bool, name: str | None = None) -> str:
-    return "Sim" if value else "Não"
+    return _("Sim") if value else _("Não")
 
 
 def write_audit(conn: Connection, action: str, entity: str, entity_id: int | None,
@@ -200,7 +222,7 @@ class TenantModelView(ModelView):
     #: Table name written in audit_log.entity.
     audit_entity = ""
     #: What to say when the list is empty (tells the user what to do next).
-    empty_message = "Nada por aqui ainda."
+    empty_message = _l("Nada por aqui ainda.")
 
     def __init__(self, model: Any, session: Any, **kwargs: Any) -> None:
         super().__init__(model, session, **kwargs)
@@ -295,7 +317,7 @@ class TenantModelView(ModelView):
         from engine.orgs import DomainError
 
         if isinstance(exc, DomainError):
-            flash(f"Não foi possível salvar: {exc}", "error")
+            flash(_("Não foi possível salvar: %(erro)s", erro=exc), "error")
             return True
         return super().handle_view_exception(exc)
 

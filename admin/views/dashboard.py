@@ -1,9 +1,15 @@
-"""Painel: sent / delivered / read / failed per day for 30 days, queue depth, failure rate, alerts."""
+"""Painel: messages per day and per channel over 30 days, queue depth, failure rate, alerts.
+
+Each message counts once, by the furthest state it reached (read > delivered > failed > sent), on
+the day it was sent (or, never sent, the day it failed). Counting every timestamp instead would put
+a message that was delivered and read into three segments of the same day's bar.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -12,6 +18,7 @@ from flask_admin import AdminIndexView, expose
 from flask_login import current_user
 from sqlalchemy import func, or_, select
 
+from admin.i18n import _, _l
 from admin.views.base import KIND_LABELS, STATUS_LABELS, org_id, org_timezone
 from engine import clock
 from engine.models import Org, messages
@@ -19,9 +26,48 @@ from engine.models import Org, messages
 PENDING_ALERT = 500
 FAILURE_ALERT = 0.10
 DEPTH = ("new", "pending", "claimed", "sending", "unknown", "failed", "dead")
+#: The furthest states a sent (or failed) message can end in, bottom segment of a bar first.
+OUTCOMES = ("read", "delivered", "sent", "failed")
+#: Legend and column headers: each says what it counts, since a message is in one of them only.
+OUTCOME_LABELS = {"read": _l("Lidas"), "delivered": _l("Entregues, não lidas"),
+                  "sent": _l("Enviadas, sem confirmação de entrega"), "failed": _l("Falharam")}
+DAYS = 30
+
+
+def furthest_state(row: Any) -> str | None:
+    """The one state a message is counted in: read > delivered > failed > sent, or None if it was
+    never sent nor failed. A failure after the send (the provider's later `failed` status) beats
+    `sent`; a send after a failure (a retry that went out) beats that failure."""
+    if row.read_at is not None:
+        return "read"
+    if row.delivered_at is not None:
+        return "delivered"
+    if row.failed_at is not None and (row.sent_at is None or row.failed_at >= row.sent_at):
+        return "failed"
+    if row.sent_at is not None:
+        return "sent"
+    return None
+
+
+def tally(rows: Iterable[Any], start: datetime, tz: ZoneInfo) -> tuple[dict[str, dict[str, int]],
+                                                                       dict[str, dict[str, int]]]:
+    """Per local day (YYYY-MM-DD) and per channel kind, how many messages ended in each of OUTCOMES,
+    each message once, on the day it was sent (or failed), from `start` on."""
+    per_day: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(OUTCOMES, 0))
+    by_kind: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(OUTCOMES, 0))
+    for r in rows:
+        state = furthest_state(r)
+        anchor = r.sent_at if r.sent_at is not None else r.failed_at
+        if state is None or anchor is None or anchor < start:
+            continue
+        per_day[anchor.astimezone(tz).strftime("%Y-%m-%d")][state] += 1
+        by_kind[r.channel_kind][state] += 1
+    return dict(per_day), dict(by_kind)
 
 
 class DashboardView(AdminIndexView):
+    """The console's index page (endpoint `admin`)."""
+
     def is_accessible(self) -> bool:
         if not current_user.is_authenticated:
             return False
@@ -33,6 +79,7 @@ class DashboardView(AdminIndexView):
 
     @expose("/")
     def index(self) -> Any:
+        """Cards, the 30-day chart, the per-channel table and the alerts of the user's org."""
         from admin.views.base import db_session
 
         session = db_session()
@@ -45,45 +92,42 @@ class DashboardView(AdminIndexView):
             select(messages.c.status, func.count()).where(messages.c.org_id == oid, messages.c.status.in_(DEPTH))
             .group_by(messages.c.status)).all())
 
+        # Failure rate of the last hour: of the messages sent or failed in it (each once), how many failed.
         hour_ago = now - timedelta(hours=1)
         failed_hour = conn.execute(select(func.count()).select_from(messages).where(
             messages.c.org_id == oid, messages.c.failed_at >= hour_ago)).scalar_one()
-        sent_hour = conn.execute(select(func.count()).select_from(messages).where(
-            messages.c.org_id == oid, messages.c.sent_at >= hour_ago)).scalar_one()
-        attempted_hour = failed_hour + sent_hour
+        attempted_hour = conn.execute(select(func.count()).select_from(messages).where(
+            messages.c.org_id == oid, or_(messages.c.sent_at >= hour_ago, messages.c.failed_at >= hour_ago))
+        ).scalar_one()
         failure_rate = failed_hour / attempted_hour if attempted_hour else 0.0
 
-        start_local = (now.astimezone(tz) - timedelta(days=29)).replace(hour=0, minute=0, second=0, microsecond=0)
+        start_local = (now.astimezone(tz) - timedelta(days=DAYS - 1)).replace(hour=0, minute=0, second=0,
+                                                                                microsecond=0)
         start = start_local.astimezone(now.tzinfo)
         rows = conn.execute(select(messages.c.channel_kind, messages.c.sent_at, messages.c.delivered_at,
                                    messages.c.read_at, messages.c.failed_at).where(
             messages.c.org_id == oid,
             or_(messages.c.sent_at >= start, messages.c.failed_at >= start))).all()
-        per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"sent": 0, "delivered": 0, "read": 0, "failed": 0})
-        by_kind: dict[str, dict[str, int]] = defaultdict(lambda: {"sent": 0, "delivered": 0, "read": 0, "failed": 0})
-        for r in rows:
-            for key, at in (("sent", r.sent_at), ("delivered", r.delivered_at), ("read", r.read_at),
-                            ("failed", r.failed_at)):
-                if at is not None and at >= start:
-                    per_day[at.astimezone(tz).strftime("%Y-%m-%d")][key] += 1
-                    by_kind[r.channel_kind][key] += 1
+        per_day, by_kind = tally(rows, start, tz)
         days = []
-        for i in range(30):
+        for i in range(DAYS):
             d = start_local + timedelta(days=i)
-            counts = per_day.get(d.strftime("%Y-%m-%d"), {"sent": 0, "delivered": 0, "read": 0, "failed": 0})
-            days.append({"label": d.strftime("%d/%m"), **counts})
-        peak = max([sum(d[k] for k in ("sent", "delivered", "read", "failed")) for d in days] + [1])
+            counts = per_day.get(d.strftime("%Y-%m-%d"), dict.fromkeys(OUTCOMES, 0))
+            days.append({"label": d.strftime("%d/%m"), "total": sum(counts.values()), **counts})
+        peak = max([d["total"] for d in days] + [1])
 
         alerts = []
         if depth.get("pending", 0) > PENDING_ALERT:
-            alerts.append(f"{depth['pending']} mensagens aguardando envio (mais de {PENDING_ALERT}). "
-                          "Verifique se o worker e o agendador estão rodando.")
+            alerts.append(_("%(n)d mensagens aguardando envio (mais de %(limite)d). Verifique se o worker e o "
+                            "agendador estão rodando.", n=depth["pending"], limite=PENDING_ALERT))
         if attempted_hour and failure_rate > FAILURE_ALERT:
-            alerts.append(f"{failure_rate:.0%} dos envios falharam na última hora. Veja os Registros e o status dos Canais.")
+            percent = f"{failure_rate:.0%}"
+            alerts.append(_("%(pct)s dos envios falharam na última hora. Veja os Registros e o status dos Canais.",
+                            pct=percent))
         session.rollback()
         return self.render(
             "admin/dashboard.html", org=org, depth=depth, depth_labels=[(s, STATUS_LABELS[s]) for s in DEPTH],
             failure_rate=failure_rate, failed_hour=failed_hour, attempted_hour=attempted_hour, days=days, peak=peak,
-            by_kind=dict(by_kind), kind_labels=KIND_LABELS, alerts=alerts,
-            total_30=sum(sum(d[k] for k in ("sent", "failed")) for d in days),
+            outcomes=OUTCOMES, outcome_labels=OUTCOME_LABELS, by_kind=by_kind, kind_labels=KIND_LABELS, alerts=alerts,
+            total_30=sum(d["total"] for d in days),
         )

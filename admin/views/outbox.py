@@ -10,6 +10,7 @@ from flask_admin.actions import action
 from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
 from sqlalchemy import select
 
+from admin.i18n import _, _l, ngettext
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -36,16 +37,17 @@ from engine.outbox import transition
 RETRYABLE = ("failed", "dead", "unknown", "expired")
 LOGGED = ("sent", "delivered", "read", "failed", "unknown", "dead", "expired", "sending")
 EVENT_LABELS = {
-    "queued": "Criada", "planned": "Programada", "claimed": "Separada para envio", "sending": "Enviando",
-    "sent": "Enviada", "delivered": "Entregue", "read": "Lida", "failed": "Falhou", "retry": "Nova tentativa",
-    "retried": "Reenvio pedido", "cancelled": "Cancelada", "expired": "Expirada", "dead": "Esgotada",
-    "skipped": "Não enviada", "unknown": "Resultado incerto",
+    "queued": _l("Criada"), "planned": _l("Programada"), "claimed": _l("Separada para envio"),
+    "sending": _l("Enviando"), "sent": _l("Enviada"), "delivered": _l("Entregue"), "read": _l("Lida"),
+    "failed": _l("Falhou"), "retry": _l("Nova tentativa"), "retried": _l("Reenvio pedido"),
+    "cancelled": _l("Cancelada"), "expired": _l("Expirada"), "dead": _l("Esgotada"), "skipped": _l("Não enviada"),
+    "unknown": _l("Resultado incerto"),
 }
 
 
 def _contact(view: Any, model: Any) -> str:
     row = view.session.query(Contact.name).filter(Contact.org_id == org_id(), Contact.id == model.contact_id).first()
-    return (row.name if row and row.name else f"Contato {model.contact_id}")
+    return row.name if row and row.name else _("Contato %(id)s", id=model.contact_id)
 
 
 def _channel_options() -> list[tuple[str, str]]:
@@ -71,12 +73,13 @@ class _MessageBase(TenantModelView):
     allow_edit = False
     allow_delete = False
     column_labels = {
-        "id": "#", "contact": "Paciente", "purpose": "Tipo", "channel_kind": "Canal", "status": "Status",
-        "due_at": "Programada para", "sent_at": "Enviada", "delivered_at": "Entregue", "read_at": "Lida",
-        "attempts": "Tentativas", "reason": "Motivo", "template_key": "Modelo", "body": "Texto enviado",
-        "subject": "Assunto", "error_code": "Erro", "error_detail": "Detalhe do erro", "skip_reason": "Motivo",
-        "provider_message_id": "Id no provedor", "created_at": "Criada em", "failed_at": "Falhou em",
-        "variables": "Variáveis",
+        "id": "#", "contact": _l("Paciente"), "purpose": _l("Tipo"), "channel_kind": _l("Canal"),
+        "status": _l("Status"), "due_at": _l("Programada para"), "sent_at": _l("Enviada"),
+        "delivered_at": _l("Entregue"), "read_at": _l("Lida"), "attempts": _l("Tentativas"),
+        "reason": _l("Motivo"), "template_key": _l("Modelo"), "body": _l("Texto enviado"), "subject": _l("Assunto"),
+        "error_code": _l("Erro"), "error_detail": _l("Detalhe do erro"), "skip_reason": _l("Motivo"),
+        "provider_message_id": _l("Id no provedor"), "created_at": _l("Criada em"), "failed_at": _l("Falhou em"),
+        "variables": _l("Variáveis"),
     }
     column_formatters = {
         "contact": lambda v, c, m, n: _contact(v, m),
@@ -104,7 +107,7 @@ class _MessageBase(TenantModelView):
                                              message_events.c.message_id == model.id)
                 .order_by(message_events.c.id)).all()
             kwargs["events"] = [{
-                "when": local_dt(r.created_at, "%d/%m/%Y %H:%M:%S"), "label": EVENT_LABELS.get(r.event, r.event),
+                "when": local_dt(r.created_at, seconds=True), "label": EVENT_LABELS.get(r.event, r.event),
                 "attempt": r.attempt, "provider_status": r.provider_status,
                 "detail": json.dumps(r.detail, ensure_ascii=False)[:300] if r.detail else "",
             } for r in rows]
@@ -120,14 +123,14 @@ class QueueView(_MessageBase):
                            "created_at")
     column_export_list = column_list
     column_filters = (
-        FilterEqual(Message.status, "Status", options=STATUS_OPTIONS),
-        FilterEqual(Message.channel_kind, "Canal", options=KIND_OPTIONS),
-        FilterEqual(Message.purpose, "Tipo", options=PURPOSE_OPTIONS),
-        DateTimeBetweenFilter(Message.due_at, "Programada para"),
+        FilterEqual(Message.status, _l("Status"), options=STATUS_OPTIONS),
+        FilterEqual(Message.channel_kind, _l("Canal"), options=KIND_OPTIONS),
+        FilterEqual(Message.purpose, _l("Tipo"), options=PURPOSE_OPTIONS),
+        DateTimeBetweenFilter(Message.due_at, _l("Programada para")),
     )
-    empty_message = "Nada na fila. Crie regras de lembrete e agendamentos para ver mensagens aqui."
+    empty_message = _l("Nada na fila. Crie regras de lembrete e agendamentos para ver mensagens aqui.")
 
-    @action("cancel", "Cancelar", "Cancelar as mensagens selecionadas que ainda não saíram?")
+    @action("cancel", _l("Cancelar"), _l("Cancelar as mensagens selecionadas que ainda não saíram?"))
     def action_cancel(self, ids: Any) -> None:
         conn = self.session.connection()
         done = 0
@@ -138,10 +141,10 @@ class QueueView(_MessageBase):
                 write_audit(conn, "cancel", "messages", mid, {"status": "cancelled"})
                 done += 1
         self.session.commit()
-        flash(f"{done} mensagem(ns) cancelada(s)." if done else "Nenhuma das selecionadas podia ser cancelada.",
-              "success" if done else "warning")
+        flash(ngettext("%(num)d mensagem cancelada.", "%(num)d mensagens canceladas.", done) if done
+              else _("Nenhuma das selecionadas podia ser cancelada."), "success" if done else "warning")
 
-    @action("retry", "Reenviar", "Reenviar agora as mensagens selecionadas que falharam?")
+    @action("retry", _l("Reenviar"), _l("Reenviar agora as mensagens selecionadas que falharam?"))
     def action_retry(self, ids: Any) -> None:
         conn = self.session.connection()
         now = clock.now()
@@ -154,8 +157,8 @@ class QueueView(_MessageBase):
                 write_audit(conn, "retry", "messages", mid, {"status": "pending"})
                 done += 1
         self.session.commit()
-        flash(f"{done} mensagem(ns) de volta à fila." if done else "Nenhuma das selecionadas podia ser reenviada.",
-              "success" if done else "warning")
+        flash(ngettext("%(num)d mensagem de volta à fila.", "%(num)d mensagens de volta à fila.", done) if done
+              else _("Nenhuma das selecionadas podia ser reenviada."), "success" if done else "warning")
 
 
 class LogView(_MessageBase):
@@ -168,12 +171,12 @@ class LogView(_MessageBase):
     column_export_list = ("id", "contact", "purpose", "channel_kind", "status", "template_key", "sent_at",
                           "delivered_at", "read_at", "error_code", "body")
     column_filters = (
-        FilterEqual(Message.channel_id, "Canal", options=_channel_options),
-        FilterEqual(Message.status, "Status", options=[(s, STATUS_LABELS[s]) for s in LOGGED]),
-        DateTimeBetweenFilter(Message.sent_at, "Período (envio)"),
+        FilterEqual(Message.channel_id, _l("Canal"), options=_channel_options),
+        FilterEqual(Message.status, _l("Status"), options=[(s, STATUS_LABELS[s]) for s in LOGGED]),
+        DateTimeBetweenFilter(Message.sent_at, _l("Período (envio)")),
     )
     column_default_sort = ("sent_at", True)
-    empty_message = "Nenhuma mensagem enviada ainda. Elas aparecem aqui assim que o primeiro lembrete sair."
+    empty_message = _l("Nenhuma mensagem enviada ainda. Elas aparecem aqui assim que o primeiro lembrete sair.")
 
     def scope(self, query: Any) -> Any:
         return super().scope(query).filter(Message.status.in_(LOGGED))

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import timedelta
 
 from sqlalchemy import select
 
 from engine import clock as engine_clock
-from engine.models import appointments, audit_log, channels, message_events, messages, templates
+from engine.models import appointments, audit_log, channels, messages, templates
 from tests.admin.conftest import SECRET, csrf
 
 
@@ -48,7 +49,6 @@ def test_login_required_redirects_to_login(app, tenants):
 def test_creating_an_appointment_queues_its_reminders_and_is_audited(owner, tenants, rt):
     a, _ = tenants
     token = csrf(owner.get("/admin/appointments/new/").text)
-    starts = (engine_clock.now() + timedelta(days=2)).astimezone().strftime("%Y-%m-%dT%H:%M")
     response = owner.post("/admin/appointments/new/", data={
         "csrf_token": token, "contact_id": a.contact_id, "starts_at": "2026-12-03T15:00",
         "professional": "Dr. Console", "mode": "in_person", "location": "", "status": "scheduled", "external_id": "",
@@ -171,13 +171,162 @@ def test_csv_export_escapes_formulas(owner, tenants, rt):
     assert not any(n.startswith(("=", "+", "-", "@")) for n in names)
 
 
-def test_dashboard_counts_and_alerts(owner, tenants, rt):
+# --- Caixa do sandbox -------------------------------------------------------------------------------
+
+
+def _send_due(rt) -> list[str]:
+    from engine import dispatch
+
+    return [dispatch.send_one(rt, mid) for mid in dispatch.claim_due(rt, limit=50)]
+
+
+def _bubbles(html: str, direction: str) -> list[str]:
+    """The text of each bubble of one direction ("out": the clinic's, "in": the patient's), in page order."""
+    thread = html[html.index('id="lembra-thread"'):html.index('class="card-footer"')]
+    chunks = thread.split('<div class="lembra-msg ')[1:]
+    return [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", chunk.partition(">")[2])).strip()
+            for chunk in chunks if chunk.startswith(direction + '"')]
+
+
+def _sandbox_ids(rt, org_id: int) -> list[int]:
+    from engine.models import sandbox_messages
+
+    with rt.db.connect() as conn:
+        return list(conn.execute(select(sandbox_messages.c.id).where(sandbox_messages.c.org_id == org_id)
+                                 .order_by(sandbox_messages.c.id)).scalars())
+
+
+def test_sandbox_inbox_is_a_chat_per_contact_and_the_reply_confirms(owner, tenants, rt, clock):
     a, _ = tenants
-    from sqlalchemy import update
-    now = engine_clock.now()
-    with rt.db.begin() as conn:
-        conn.execute(update(messages).where(messages.c.id == a.message_id)
-                     .values(status="failed", failed_at=now - timedelta(minutes=5)))
-    page = owner.get("/admin/")
+    clock.advance(timedelta(hours=3, minutes=1))  # the 2 h reminder of the 5 h appointment is due (12:01 local)
+    assert _send_due(rt) == ["sent", "sent"]  # one per clinic
+    page = owner.get("/admin/sandbox/")
     assert page.status_code == 200
-    assert "Últimos 30 dias" in page.text and "falharam na última hora" in page.text
+    html = page.get_data(as_text=True)
+    assert len(re.findall(r"<h4[^>]*>\s*Caixa do sandbox\s*</h4>", html)) == 1  # the console's own page title
+    assert "Paciente Da A" in html and "Paciente Só Da B" not in html
+    [reminder] = _bubbles(html, "out")
+    assert "Lembrete de sessão" in reminder and "WhatsApp" in reminder
+    assert "01/12/2026 12:01" in reminder  # when it was sent, in São Paulo time
+    assert "Enviada" in reminder  # the message's status badge
+    assert 'name="button" value="confirm:' in html  # the reminder's quick replies, answerable here
+    assert _bubbles(html, "in") == []
+
+    sandbox_id = _sandbox_ids(rt, a.world.org_id)[0]
+    refused = owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "text": "CONFIRMAR"})
+    assert refused.status_code == 400  # no CSRF token
+    reply = owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "text": "CONFIRMAR",
+                                                      "csrf_token": csrf(html)})
+    assert reply.status_code == 302
+    assert reply.headers["Location"].endswith(f"/admin/sandbox/?contact={a.contact_id}")
+    with rt.db.connect() as conn:
+        status = conn.execute(select(appointments.c.status).where(appointments.c.id == a.appointment_id)).scalar_one()
+    assert status == "confirmed"  # through the sandbox webhook, signed with the channel's secret
+
+    assert _send_due(rt) == ["sent"]  # the acknowledgement
+    html = owner.get(reply.headers["Location"]).get_data(as_text=True)
+    assert "Resposta enviada como o paciente." in html
+    out, inbound = _bubbles(html, "out"), _bubbles(html, "in")
+    assert len(out) == 2 and "Resposta: confirmado" in out[1]
+    assert len(inbound) == 1 and "CONFIRMAR" in inbound[0] and "Agendamento confirmado" in inbound[0]
+    # chat order: reminder, the patient's reply, then the acknowledgement (all at the same frozen instant)
+    assert html.index(out[0][:20]) < html.index("CONFIRMAR") < html.index("Resposta: confirmado")
+
+
+def test_sandbox_quick_reply_button_cancels(owner, tenants, rt, clock):
+    a, _ = tenants
+    clock.advance(timedelta(hours=3, minutes=1))
+    _send_due(rt)
+    html = owner.get("/admin/sandbox/").get_data(as_text=True)
+    sandbox_id = _sandbox_ids(rt, a.world.org_id)[0]
+    token = csrf(html)
+    forged = owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "button": "cancel:999",
+                                                       "csrf_token": token})
+    assert forged.status_code == 400  # only the message's own buttons
+    owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "csrf_token": token,
+                                              "button": f"cancel:{a.appointment_id}"})
+    with rt.db.connect() as conn:
+        status = conn.execute(select(appointments.c.status).where(appointments.c.id == a.appointment_id)).scalar_one()
+    assert status == "cancelled"
+    html = owner.get(f"/admin/sandbox/?contact={a.contact_id}").get_data(as_text=True)
+    [inbound] = _bubbles(html, "in")
+    assert "Tocou no botão “Cancelar”" in inbound and "Agendamento cancelado" in inbound
+
+
+def test_sandbox_is_scoped_to_the_org(owner, tenants, rt, clock):
+    _, b = tenants
+    clock.advance(timedelta(hours=3, minutes=1))
+    _send_due(rt)
+    html = owner.get("/admin/sandbox/").get_data(as_text=True)
+    assert owner.get(f"/admin/sandbox/?contact={b.contact_id}").status_code == 404
+    assert owner.get("/admin/sandbox/?contact=abc").status_code == 404
+    # B's reminder went to the same phone number: A's user finds no conversation under it
+    assert owner.get("/admin/sandbox/?address=%2B5516999887766").status_code == 404
+    b_sandbox_id = _sandbox_ids(rt, b.world.org_id)[0]
+    poke = owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": b_sandbox_id, "text": "CANCELAR",
+                                                     "csrf_token": csrf(html)})
+    assert poke.status_code == 404
+    assert owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": "x", "text": "CANCELAR",
+                                                     "csrf_token": csrf(html)}).status_code == 404
+    with rt.db.connect() as conn:
+        from engine.models import inbound_messages
+
+        assert conn.execute(select(inbound_messages.c.id)).first() is None
+        assert conn.execute(select(appointments.c.status).where(appointments.c.id == b.appointment_id)
+                            ).scalar_one() == "scheduled"
+
+
+def test_the_agent_reads_and_replies(agent, tenants, rt, clock):
+    a, _ = tenants
+    clock.advance(timedelta(hours=3, minutes=1))
+    _send_due(rt)
+    html = agent.get("/admin/sandbox/").get_data(as_text=True)
+    assert "Paciente Da A" in html and 'id="lembra-reply"' in html
+    response = agent.post("/admin/sandbox/reply/", data={"sandbox_message_id": _sandbox_ids(rt, a.world.org_id)[0],
+                                                         "text": "ok", "csrf_token": csrf(html)})
+    assert response.status_code == 302
+    assert a.world.message(a.message_id).status == "sent"
+    with rt.db.connect() as conn:
+        assert conn.execute(select(appointments.c.status).where(appointments.c.id == a.appointment_id)
+                            ).scalar_one() == "confirmed"
+
+
+def test_an_empty_reply_is_refused_with_a_message(owner, tenants, rt, clock):
+    a, _ = tenants
+    clock.advance(timedelta(hours=3, minutes=1))
+    _send_due(rt)
+    html = owner.get("/admin/sandbox/").get_data(as_text=True)
+    response = owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": _sandbox_ids(rt, a.world.org_id)[0],
+                                                         "text": "   ", "csrf_token": csrf(html)},
+                          follow_redirects=True)
+    assert "Escreva a resposta do paciente." in response.text
+
+
+def test_a_channel_test_send_to_a_stranger_is_its_own_conversation(owner, tenants, rt):
+    a, _ = tenants
+    token = csrf(owner.get(f"/admin/channels/details/?id={a.channel_id}").text)
+    owner.post(f"/admin/channels/test/{a.channel_id}/", data={"csrf_token": token, "to": "+5516999001122"})
+    html = owner.get("/admin/sandbox/").get_data(as_text=True)
+    assert "+5516999001122" in html and "sem contato cadastrado" in html
+    [test] = _bubbles(html, "out")
+    assert "Teste do canal" in test and "Teste do Lembra" in test
+    owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": _sandbox_ids(rt, a.world.org_id)[0],
+                                              "text": "quem é?", "csrf_token": csrf(html)})
+    html = owner.get("/admin/sandbox/?address=%2B5516999001122").get_data(as_text=True)
+    [inbound] = _bubbles(html, "in")
+    assert "quem é?" in inbound and "Número sem contato cadastrado" in inbound
+
+
+def test_sandbox_empty_state_login_and_old_address(app, owner, agent, tenants):
+    html = owner.get("/admin/sandbox/").get_data(as_text=True)
+    assert "Nenhuma mensagem ainda." in html
+    assert "Canal sandbox cadastrado." in html  # the tenant has a sandbox channel
+    assert 'href="/admin/rules/new/"' in html and 'href="/admin/appointments/new/"' in html
+    agent_html = agent.get("/admin/sandbox/").get_data(as_text=True)
+    assert "Nenhuma mensagem ainda." in agent_html and 'href="/admin/rules/new/"' not in agent_html
+    anonymous = app.test_client().get("/admin/sandbox/")
+    assert anonymous.status_code == 302 and "/login" in anonymous.headers["Location"]
+    assert owner.get("/sandbox").headers["Location"].endswith("/admin/sandbox/")
+    assert owner.get("/").headers["Location"].endswith("/admin/")
+    menu = owner.get("/admin/").get_data(as_text=True)
+    assert 'href="/admin/sandbox/"' in menu and 'href="/sandbox"' not in menu

@@ -129,3 +129,19 @@ def test_file_refusals_are_clear_and_values_are_never_echoed_unescaped(owner, te
     listing = owner.get("/admin/appointments/?search=AG-F").text
     assert "<script>alert(1)</script>" not in listing and "&lt;script&gt;alert(1)&lt;/script&gt;" in listing
     assert appointment_count(rt, a.world.org_id) == 2
+
+
+def test_the_import_report_speaks_the_readers_language(owner, tenants, rt, clock):
+    from engine.models import users
+
+    with rt.db.begin() as conn:
+        conn.execute(users.update().where(users.c.email == "owner@a.com.br").values(locale="en"))
+    bad = (HEADER + "\nAG-1;PAC-1;Ana;(16) 12345;;03/12/2026 14:30;;;;;\n"
+           "AG-2;;Bia;;;03/12/2026 15:00;;;;;\n")
+    table = upload(owner, bad).text.split('id="import-errors"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]+)</td></tr>", table)
+    assert [line for line, _ in rows] == ["2", "3"]
+    assert "invalid phone number" in rows[0][1] and "telefone" not in rows[0][1]
+    assert "contact_external_id is blank" in rows[1][1] and "patient ID" in rows[1][1]
+    refused = upload(owner, "external_id;starts_at\nAG-1;03/12/2026 14:30\n")
+    assert "Missing header columns: contact_external_id, contact_name" in refused.text

@@ -61,6 +61,8 @@ class EvolutionFake:
     script: list[Reply] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)
     webhook: dict[str, Any] | None = None
+    #: The number the current session was started with (`/instance/connect?number=` from `close`).
+    pairing_number: str | None = None
 
     def __call__(self, req: Recorded) -> Reply:
         if self.script:
@@ -117,13 +119,19 @@ class EvolutionFake:
             "source": "unknown",
         })
 
-    # GET /instance/connect/{instance}: open → the connectionState object, else `instance.qrCode`
-    # ([R] instance.controller.ts `connectToWhatsapp`, whatsapp.baileys.service.ts getter `qrCode`).
+    # GET /instance/connect/{instance}: open → the connectionState object; close → starts the
+    # Baileys session (`instance.connectToWhatsapp(number)`, state becomes connecting) and returns
+    # `instance.qrCode`; connecting → `instance.qrCode` as it is, the number ignored. The pairing code
+    # exists only when the session was started with a number ([R] instance.controller.ts
+    # `connectToWhatsapp`; whatsapp.baileys.service.ts `connectionUpdate` → `requestPairingCode`,
+    # getter `qrCode`).
     def _connect(self, req: Recorded) -> Reply:
         if self.state == "open":
             return Reply(200, {"instance": {"instanceName": self.instance, "state": "open"}})
-        number = (req.query.get("number") or [None])[0]
-        return Reply(200, {"pairingCode": "WZYEH1YY" if number else None, "code": QR_CODE,
+        if self.state == "close":
+            self.pairing_number = (req.query.get("number") or [None])[0]
+            self.state = "connecting"
+        return Reply(200, {"pairingCode": "WZYEH1YY" if self.pairing_number else None, "code": QR_CODE,
                            "base64": QR_BASE64, "count": 1})
 
     # GET /instance/connectionState/{instance} ([R] instance.controller.ts `connectionState`).

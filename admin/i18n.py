@@ -1,0 +1,102 @@
+"""The console's languages: Portuguese (Brazil) is the source language, English a catalog.
+
+Strings are written in Portuguese and wrapped in `_()` (at request time) or `_l()` (lazy, for
+class attributes such as labels and choices); templates use `{{ _('…') }}`. The English catalog
+is `admin/translations/en/LC_MESSAGES/messages.po`, compiled in memory on first use, so there
+is no build step and no binary file to keep in step. A string missing from the catalog shows
+in Portuguese, never as a broken page; `tests/admin/test_i18n.py` fails when one is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from pathlib import Path
+
+from babel.messages.mofile import write_mo
+from babel.messages.pofile import read_po
+from babel.support import NullTranslations, Translations
+from flask import Flask, has_request_context, request
+from flask_babel import Babel, Domain, get_locale
+from flask_login import current_user
+
+from engine.texts import Text
+
+#: The console's languages, the first the default.
+LOCALES: dict[str, str] = {"pt_BR": "Português (Brasil)", "en": "English"}
+DEFAULT_LOCALE = "pt_BR"
+CATALOGS = Path(__file__).parent / "translations"
+
+
+@functools.cache
+def catalog(locale: str) -> NullTranslations:
+    """The compiled catalog of one locale (the source language has none)."""
+    path = CATALOGS / locale / "LC_MESSAGES" / "messages.po"
+    if locale == DEFAULT_LOCALE or not path.exists():
+        return NullTranslations()
+    with path.open("rb") as fh:
+        po = read_po(fh, locale=locale)
+    buf = io.BytesIO()
+    write_mo(buf, po, use_fuzzy=False)
+    buf.seek(0)
+    return Translations(buf)
+
+
+class PoDomain(Domain):  # type: ignore[misc]
+    """Flask-Babel domain that reads our .po catalogs directly."""
+
+    def get_translations(self) -> NullTranslations:
+        return catalog(str(get_locale() or DEFAULT_LOCALE))
+
+
+domain = PoDomain()
+_ = domain.gettext
+_l = domain.lazy_gettext
+ngettext = domain.ngettext
+
+
+def translate(value: object) -> str:
+    """A sentence from the engine (`engine.texts.Text`) in the reader's language; anything else as is."""
+    if isinstance(value, Text):
+        params = {k: translate(v) if isinstance(v, Text) else v for k, v in value.params.items()}
+        return _(value.msgid, **params)
+    return str(value)
+
+
+def normalize(value: str | None) -> str | None:
+    """A supported locale for a stored or requested value ('pt', 'pt-BR', 'en_US' …)."""
+    if not value:
+        return None
+    value = value.replace("-", "_")
+    if value in LOCALES:
+        return value
+    base = value.split("_")[0].lower()
+    return {"pt": "pt_BR", "en": "en"}.get(base)
+
+
+def select_locale() -> str:
+    """The signed-in user's language (their own choice, else their org's); before sign-in the
+    browser's preference between the two, Portuguese when it has none."""
+    if current_user and current_user.is_authenticated:
+        return normalize(getattr(current_user, "locale", None)) or DEFAULT_LOCALE
+    if has_request_context():
+        best = request.accept_languages.best_match(["pt-BR", "pt", "en"])
+        return normalize(best) or DEFAULT_LOCALE
+    return DEFAULT_LOCALE
+
+
+def init_i18n(app: Flask) -> None:
+    """Flask-Babel on the app (Flask-Admin's and WTForms' own strings follow the same locale) and
+    our catalog's `_` in every template."""
+    Babel(app, default_locale=DEFAULT_LOCALE, locale_selector=select_locale)
+    app.jinja_env.install_gettext_callables(  # type: ignore[attr-defined]
+        gettext=lambda s, **kw: _(s, **kw), ngettext=lambda s, p, n, **kw: ngettext(s, p, n, **kw), newstyle=True)
+    app.jinja_env.globals["lembra_locales"] = LOCALES
+    app.jinja_env.globals["lembra_locale"] = current_locale
+    app.jinja_env.filters["translate"] = translate
+
+
+def current_locale() -> str:
+    return str(get_locale() or DEFAULT_LOCALE)
+
+
