@@ -37,16 +37,21 @@ def parse_hhmm(value: str) -> time:
         raise DomainError(f"not a time of day: {value!r} (use HH:MM)") from None
 
 
+def window_policy(*, timezone: str, quiet_start: str, quiet_end: str, skip_sundays: bool, skip_holidays: bool,
+                  state: str | None) -> WindowPolicy:
+    """The sending window these org settings describe; DomainError when they do not make one."""
+    try:
+        return WindowPolicy(timezone=timezone, allowed_start=parse_hhmm(quiet_start),
+                            allowed_end=parse_hhmm(quiet_end), skip_sundays=bool(skip_sundays),
+                            skip_holidays=bool(skip_holidays), state=state or None)
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+
+
 def policy_for(org: Any) -> WindowPolicy:
     """The sending window an org's settings describe (timezone, hours, Sundays, holidays)."""
-    return WindowPolicy(
-        timezone=org.timezone,
-        allowed_start=parse_hhmm(org.quiet_start),
-        allowed_end=parse_hhmm(org.quiet_end),
-        skip_sundays=bool(org.skip_sundays),
-        skip_holidays=bool(org.skip_holidays),
-        state=org.state or None,
-    )
+    return window_policy(timezone=org.timezone, quiet_start=org.quiet_start, quiet_end=org.quiet_end,
+                         skip_sundays=org.skip_sundays, skip_holidays=org.skip_holidays, state=org.state)
 
 
 def create_org(
@@ -68,17 +73,8 @@ def create_org(
     if not (name or "").strip():
         raise DomainError("name must not be empty")
     state = state.upper() if state else None
-    try:
-        WindowPolicy(
-            timezone=timezone,
-            allowed_start=parse_hhmm(quiet_start),
-            allowed_end=parse_hhmm(quiet_end),
-            skip_sundays=skip_sundays,
-            skip_holidays=skip_holidays,
-            state=state,
-        )
-    except ValueError as exc:
-        raise DomainError(str(exc)) from None
+    window_policy(timezone=timezone, quiet_start=quiet_start, quiet_end=quiet_end, skip_sundays=skip_sundays,
+                  skip_holidays=skip_holidays, state=state)
     if conn.execute(select(orgs.c.id).where(orgs.c.slug == slug)).first():
         raise DomainError(f"an org with slug {slug!r} already exists")
     now = clock.now()

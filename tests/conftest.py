@@ -13,9 +13,10 @@ import base64
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -109,3 +110,28 @@ def rt(settings: Settings, clock: engine_clock.FrozenClock) -> Iterator[Runtime]
     yield runtime
     install(previous)
     runtime.close()
+
+
+@pytest.fixture(scope="module")
+def _shared_fake_server() -> Iterator[tuple[Any, dict[str, Any]]]:
+    # One loopback server per test module (a FakeServer's shutdown costs ~0.5 s); `serve` swaps the fake.
+    from tests.fakes.server import FakeServer
+
+    holder: dict[str, Any] = {}
+    with FakeServer(lambda req: holder["fake"](req)) as server:
+        yield server, holder
+
+
+@pytest.fixture
+def serve(_shared_fake_server: tuple[Any, dict[str, Any]]) -> Any:
+    """`with serve(fake) as server:` — the module's loopback server answering with `fake`, its
+    request log emptied."""
+    server, holder = _shared_fake_server
+
+    @contextmanager
+    def _serve(fake: Any) -> Iterator[Any]:
+        holder["fake"] = fake
+        server.requests.clear()
+        yield server
+
+    return _serve

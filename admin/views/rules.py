@@ -41,10 +41,9 @@ from engine.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.orgs import DomainError, parse_hhmm
+from engine.orgs import DomainError, parse_hhmm, window_policy
 from engine.populate import PopulateResult
 from engine.rules import reflect_rule_changes, write_rule_kinds
-from engine.windows import WindowPolicy
 
 TRIGGERS = [("before_start", _l("Antes do início")), ("after_start", _l("Depois do início")),
             ("on_create", _l("Ao agendar")), ("on_cancel", _l("Ao cancelar"))]
@@ -198,10 +197,9 @@ def _posted_window(form: Mapping[str, Any], org: Any) -> Window:
     if not win.errors:
         # The engine's own check (what populate and dispatch will build from these columns).
         try:
-            WindowPolicy(timezone=org.timezone, allowed_start=parse_hhmm(win.quiet_start),
-                         allowed_end=parse_hhmm(win.quiet_end), skip_sundays=win.skip_sundays,
-                         skip_holidays=win.skip_holidays, state=win.state or None)
-        except (ValueError, DomainError) as exc:
+            window_policy(timezone=org.timezone, quiet_start=win.quiet_start, quiet_end=win.quiet_end,
+                          skip_sundays=win.skip_sundays, skip_holidays=win.skip_holidays, state=win.state)
+        except DomainError as exc:
             win.errors["quiet_start"] = _("Horário permitido inválido: %(error)s", error=str(exc))
     return win
 

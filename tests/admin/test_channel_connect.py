@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -23,30 +21,9 @@ from engine.models import audit_log, channels, inbox_items
 from gateway.errors import PermanentError, TransientError
 from tests.admin.conftest import SECRET, csrf
 from tests.fakes import evolution as evo
-from tests.fakes.server import FakeServer, Reply
+from tests.fakes.server import Reply
 
 API_KEY = "global-api-key"  # the fake's global key: must never reach a page
-
-
-@pytest.fixture(scope="module")
-def _shared_server() -> Iterator[tuple[FakeServer, dict[str, Any]]]:
-    # One loopback server for the module (a FakeServer's shutdown costs ~0.5 s); each test swaps in its fake.
-    holder: dict[str, Any] = {}
-    with FakeServer(lambda req: holder["fake"](req)) as server:
-        yield server, holder
-
-
-@pytest.fixture
-def serve(_shared_server: tuple[FakeServer, dict[str, Any]]) -> Any:
-    server, holder = _shared_server
-
-    @contextmanager
-    def _serve(fake: evo.EvolutionFake) -> Iterator[FakeServer]:
-        holder["fake"] = fake
-        server.requests.clear()
-        yield server
-
-    return _serve
 
 
 def closed_port_url() -> str:

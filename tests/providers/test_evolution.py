@@ -11,14 +11,14 @@ import json
 import socket
 import time
 from datetime import datetime, timezone
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import jwt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway import registry
 from gateway.contract import (
     Button,
     ConnectionEvent,
@@ -36,36 +36,13 @@ from gateway.errors import (
     ProviderError,
     TransientError,
 )
-from gateway import registry
 from providers.evolution.provider import WEBHOOK_EVENTS, EvolutionProvider
 from tests.fakes import evolution as evo
-from tests.fakes.server import FakeServer, Reply
+from tests.fakes.server import Reply
 
 SECRET = "whsec-evolution-channel-7-0123456789abcdef"
 CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example")
 TO = "+5516999887766"
-
-
-@pytest.fixture(scope="module")
-def _shared_server() -> Iterator[tuple[FakeServer, dict[str, Any]]]:
-    # One loopback server for the module (FakeServer's shutdown costs ~0.5 s); each test swaps in
-    # its own fake and starts from an empty request log.
-    holder: dict[str, Any] = {}
-    with FakeServer(lambda req: holder["fake"](req)) as server:
-        yield server, holder
-
-
-@pytest.fixture
-def serve(_shared_server: tuple[FakeServer, dict[str, Any]]) -> Any:
-    server, holder = _shared_server
-
-    @contextmanager
-    def _serve(fake: evo.EvolutionFake) -> Iterator[FakeServer]:
-        holder["fake"] = fake
-        server.requests.clear()
-        yield server
-
-    return _serve
 
 
 def make(base_url: str = "http://127.0.0.1:9", *, context: ProviderContext = CONTEXT, **overrides: Any) -> EvolutionProvider:
