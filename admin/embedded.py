@@ -29,12 +29,15 @@ class Embedded:
 
         self.actors = actors
         self.worker = dramatiq.Worker(self.broker, worker_threads=worker_threads)
-        self.scheduler = Scheduler(rt, self.enqueue_send)
+        self.scheduler = Scheduler(rt, self.enqueue_send, self.enqueue_flows)
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def enqueue_send(self, ids: Sequence[int]) -> None:
         self.actors.send_messages.send(list(ids))
+
+    def enqueue_flows(self, pairs: Sequence[Sequence[int]]) -> None:
+        self.actors.advance_enrollments.send([list(p) for p in pairs])
 
     def enqueue_inbound(self, ids: Sequence[int]) -> None:
         self.actors.process_inbound.send(list(ids))

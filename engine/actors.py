@@ -11,12 +11,14 @@ import logging
 import dramatiq
 
 from engine import dispatch, inbound, runtime
+from engine.flows.runtime import advance_claimed
 
 log = logging.getLogger(__name__)
 
-ACTOR_NAMES = ("send_messages", "process_inbound")
+ACTOR_NAMES = ("send_messages", "process_inbound", "advance_enrollments")
 SEND_QUEUE = "lembra_send"
 INBOUND_QUEUE = "lembra_inbound"
+FLOWS_QUEUE = "lembra_flows"
 
 
 @dramatiq.actor(queue_name=SEND_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)
@@ -36,3 +38,9 @@ def process_inbound(inbound_ids: list[int]) -> None:
     rt = runtime.current()
     for inbound_id in inbound_ids:
         inbound.process_inbound(rt, int(inbound_id))
+
+
+@dramatiq.actor(queue_name=FLOWS_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)
+def advance_enrollments(pairs: list[list[int]]) -> None:
+    """Advance each claimed enrollment ([id, revision] pairs) by its due step."""
+    advance_claimed(runtime.current(), pairs)

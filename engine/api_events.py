@@ -33,6 +33,14 @@ def record_contact_event(
         insert(contact_events).values(org_id=org_id, contact_id=contact_id, type=type, payload=payload,
                                       created_at=now).returning(contact_events.c.id)
     ).scalar_one())
+    from engine.flows import replies, triggers
+
+    # The follow-up engine acts in the same transaction: pause or resume runs, start flows.
+    if type == "handoff_started":
+        replies.on_handoff_started(conn, org_id, contact_id)
+    elif type == "handoff_ended":
+        replies.on_handoff_ended(conn, org_id, contact_id)
+    triggers.on_contact_event(conn, org_id, contact_id, type, payload, event_id)
     return event_id, at, now
 
 

@@ -48,13 +48,22 @@ def create_appointment(
         timezone = conn.execute(select(orgs.c.timezone).where(orgs.c.id == org_id)).scalar_one()
     _check_timezone(timezone)
     now = clock.now()
-    return int(conn.execute(
+    appointment_id = int(conn.execute(
         insert(appointments).values(
             org_id=org_id, contact_id=contact_id, starts_at=starts_at, professional=professional,
             timezone=timezone, mode=mode, location=location, external_id=external_id, status=status,
             created_at=now, updated_at=now,
         ).returning(appointments.c.id)
     ).scalar_one())
+    _event(conn, org_id, appointment_id, "created")
+    return appointment_id
+
+
+def _event(conn: Connection, org_id: int, appointment_id: int, event: str) -> None:
+    """Start the follow-up flows that wait for this appointment event (same transaction)."""
+    from engine.flows.triggers import on_appointment_event
+
+    on_appointment_event(conn, org_id, appointment_id, event)
 
 
 def get(conn: Connection, org_id: int, appointment_id: int) -> Any:
@@ -90,6 +99,8 @@ def confirm(conn: Connection, org_id: int, appointment_id: int) -> bool:
                appointments.c.status == "scheduled")
         .values(status="confirmed", confirmed_at=now, updated_at=now)
     )
+    if result.rowcount == 1:
+        _event(conn, org_id, appointment_id, "confirmed")
     return result.rowcount == 1
 
 
@@ -102,4 +113,27 @@ def cancel(conn: Connection, org_id: int, appointment_id: int, *, source: str) -
                appointments.c.status.in_(LIVE))
         .values(status="cancelled", cancelled_at=now, cancel_source=source, updated_at=now)
     )
+    if result.rowcount == 1:
+        _event(conn, org_id, appointment_id, "cancelled")
     return result.rowcount == 1
+
+
+def set_status(conn: Connection, org_id: int, appointment_id: int, current: str, target: str) -> None:
+    """The clinic sets an appointment's status (API, CSV import): confirm and cancel go through
+    `confirm`/`cancel`; a cancelled one may be reopened; completed and no-show are recorded."""
+    now = clock.now()
+    where = (appointments.c.org_id == org_id) & (appointments.c.id == appointment_id)
+    if target == "cancelled" and current in LIVE:
+        cancel(conn, org_id, appointment_id, source="clinic")
+    elif target == "confirmed" and current == "scheduled":
+        confirm(conn, org_id, appointment_id)
+    elif target == "cancelled":
+        conn.execute(update(appointments).where(where).values(
+            status="cancelled", cancelled_at=now, cancel_source="clinic", updated_at=now))
+    elif target in LIVE:  # reopened by the clinic
+        conn.execute(update(appointments).where(where).values(
+            status=target, confirmed_at=now if target == "confirmed" else None, cancelled_at=None,
+            cancel_source=None, updated_at=now))
+    else:  # completed, no_show
+        conn.execute(update(appointments).where(where).values(status=target, updated_at=now))
+        _event(conn, org_id, appointment_id, target)

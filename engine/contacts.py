@@ -10,12 +10,11 @@ from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.dialect import insert_ignore
-from engine.models import CHANNEL_KINDS, contacts, enrollments, messages, preferences
+from engine.models import CHANNEL_KINDS, contacts, messages, preferences
 from engine.orgs import DomainError
 from engine.outbox import cancel_open
 from gateway.phones import InvalidPhone, normalize_phone
 
-LIVE_ENROLLMENT = ("active", "waiting_reply", "paused_handoff")
 
 
 def create_contact(
@@ -99,13 +98,9 @@ def opt_out(
         "opted_out",
     )
     if set(kinds) >= set(CHANNEL_KINDS):
-        conn.execute(
-            update(enrollments)
-            .where(enrollments.c.org_id == org_id, enrollments.c.contact_id == contact_id,
-                   enrollments.c.status.in_(LIVE_ENROLLMENT))
-            .values(status="cancelled", outcome="opted_out", cancel_reason="opted_out",
-                    next_eval_at=None, lease_until=None, updated_at=now)
-        )
+        from engine.flows.replies import on_opt_out
+
+        on_opt_out(conn, org_id, [contact_id])
     return cancelled
 
 

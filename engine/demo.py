@@ -14,7 +14,7 @@ from engine import clock
 from engine.appointments import create_appointment
 from engine.channels import create_channel
 from engine.contacts import create_contact
-from engine.models import flow_pointers, orgs, reminder_rule_kinds, reminder_rules
+from engine.models import agents, orgs, reminder_rule_kinds, reminder_rules
 from engine.orgs import create_org, create_user
 from engine.populate import refresh_appointment
 from gateway.crypto import Keyring
@@ -40,19 +40,50 @@ PATIENTS = (
     ("Eduarda Alves", "(11) 99876-1005", "eduarda@example.com", ("sms",), timedelta(days=3, hours=2)),
 )
 
+FLOW_NAME = "Retomar contato"
+#: Asks a patient who went quiet whether to book, reads the reply and routes it. The demo enrolls
+#: one patient at once, so the follow-up shows in the sandbox within a minute of start.
 FLOW_GRAPH = {
     "nodes": [
-        {"id": "inicio", "type": "trigger", "config": {"kind": "silence", "minutes": 2880}},
-        {"id": "espera", "type": "wait", "config": {"mode": "fixed", "duration_minutes": 2880}},
-        {"id": "mensagem", "type": "action", "config": {"template_key": "session_confirmation"}},
-        {"id": "fim", "type": "end", "config": {"outcome": "exhausted"}},
+        {"id": "inicio", "type": "trigger", "label": "Início", "position": {"x": 0, "y": 0}, "config": {}},
+        {"id": "pergunta", "type": "action", "label": "Perguntar se quer agendar", "position": {"x": 0, "y": 120},
+         "config": {"mode": "template", "template": "followup_checkin"}},
+        {"id": "resposta", "type": "ai_classify", "label": "Ler a resposta", "position": {"x": 0, "y": 240},
+         "config": {"classes": ["confirm", "reschedule", "not_interested"], "grace_minutes": 1440}},
+        {"id": "obrigado", "type": "action", "label": "Agradecer", "position": {"x": -260, "y": 380},
+         "config": {"mode": "template", "template": "followup_reply_ack"}},
+        {"id": "agendar", "type": "end", "label": "Quer agendar", "position": {"x": -260, "y": 500},
+         "config": {"outcome": "converted"}},
+        {"id": "recepcao", "type": "action", "label": "Avisar que a recepção vai falar", "position": {"x": 0, "y": 380},
+         "config": {"mode": "template", "template": "followup_reply_ack"}},
+        {"id": "remarcar", "type": "end", "label": "Remarcar com a recepção", "position": {"x": 0, "y": 500},
+         "config": {"outcome": "custom", "note": "A recepção combina o novo horário."}},
+        {"id": "sem_interesse", "type": "end", "label": "Sem interesse", "position": {"x": 260, "y": 380},
+         "config": {"outcome": "exhausted"}},
+        {"id": "espera", "type": "wait", "label": "Esperar 3 dias", "position": {"x": 520, "y": 380},
+         "config": {"mode": "fixed", "minutes": 4320}},
+        {"id": "lembrar", "type": "action", "label": "Convidar para remarcar", "position": {"x": 520, "y": 500},
+         "config": {"mode": "template", "template": "followup_rebook"}},
+        {"id": "fim", "type": "end", "label": "Encerrar", "position": {"x": 520, "y": 620},
+         "config": {"outcome": "exhausted"}},
     ],
     "edges": [
-        {"from": "inicio", "to": "espera"},
-        {"from": "espera", "to": "mensagem"},
-        {"from": "mensagem", "to": "fim"},
+        {"source": "inicio", "target": "pergunta", "condition": {"type": "always"}},
+        {"source": "pergunta", "target": "resposta", "condition": {"type": "always"}},
+        {"source": "resposta", "target": "obrigado", "condition": {"type": "class_match", "value": "confirm"}},
+        {"source": "resposta", "target": "recepcao", "condition": {"type": "class_match", "value": "reschedule"}},
+        {"source": "resposta", "target": "sem_interesse",
+         "condition": {"type": "class_match", "value": "not_interested"}},
+        {"source": "resposta", "target": "espera", "condition": {"type": "no_reply"}},
+        {"source": "resposta", "target": "recepcao", "condition": {"type": "always"}},
+        {"source": "obrigado", "target": "agendar", "condition": {"type": "always"}},
+        {"source": "recepcao", "target": "remarcar", "condition": {"type": "always"}},
+        {"source": "espera", "target": "lembrar", "condition": {"type": "always"}},
+        {"source": "lembrar", "target": "fim", "condition": {"type": "always"}},
     ],
 }
+#: The demo patient the flow starts with (index in PATIENTS).
+FOLLOWED_UP = 2
 
 
 @dataclass
@@ -86,6 +117,7 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
         for position, kind in enumerate(kinds):
             conn.execute(insert(reminder_rule_kinds).values(org_id=org_id, rule_id=rule_id, kind=kind,
                                                             position=position))
+    contact_ids = []
     for index, (name, phone, email, kinds, starts_in) in enumerate(PATIENTS, start=1):
         contact_id = create_contact(conn, org_id=org_id, name=name, phone=phone, email=email,
                                     external_id=f"demo-{index}", consent=kinds, consent_source="demo",
@@ -97,9 +129,22 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
             external_id=f"demo-appt-{index}",
         )
         refresh_appointment(conn, org_id, appointment_id)
-    conn.execute(insert(flow_pointers).values(
-        org_id=org_id, name="Retomar contato após 2 dias sem resposta", status="draft",
-        draft_graph=FLOW_GRAPH, handoff_policy="pause", cancel_on_reply=True, trigger_config={},
-        max_steps=30, created_at=now, updated_at=now,
-    ))
+        contact_ids.append(contact_id)
+    _seed_flow(conn, org_id, contact_ids[FOLLOWED_UP])
     return DemoSeed(org_id=org_id, created=True)
+
+
+def _seed_flow(conn: Connection, org_id: int, contact_id: int) -> None:
+    """Publish the demo follow-up flow, let the demo assistant start it, and enroll one patient."""
+    from engine.flows import triggers, versions
+
+    pointer_id = versions.create_flow(conn, org_id, name=FLOW_NAME, draft_graph=FLOW_GRAPH,
+                                      trigger_config={"kind": "manual"}, handoff_policy="pause")
+    versions.publish(conn, org_id, pointer_id)
+    now = clock.now()
+    conn.execute(insert(agents).values(
+        org_id=org_id, name="Assistente da Clínica Demo", persona="Recepcionista cordial e objetiva.",
+        handoff_policy="pause", followup_enabled=True, flow_pointer_ids=[pointer_id], created_at=now, updated_at=now,
+    ))
+    triggers.enroll(conn, org_id, pointer_id, contact_id, trigger_kind="manual", trigger_key="demo",
+                    caller_key="demo", automatic=False)

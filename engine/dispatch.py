@@ -31,6 +31,7 @@ from engine.models import (
     appointments,
     channels,
     contacts,
+    enrollments,
     inbound_messages,
     messages,
     orgs,
@@ -240,6 +241,12 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
                 # Give the key (which names the old time) up, as populate does for moved appointments.
                 return settle("cancelled", "cancelled", "appointment_moved",
                               idempotency_key=f"{msg.idempotency_key}:moved:{msg.id}")
+        if msg.enrollment_id is not None:
+            # A follow-up whose run was stopped (opt-out, a person took over, cancelled) stays unsent.
+            run_status = conn.execute(select(enrollments.c.status).where(
+                enrollments.c.org_id == org_id, enrollments.c.id == msg.enrollment_id)).scalar()
+            if run_status in ("cancelled", "paused_handoff"):
+                return settle("cancelled", "cancelled", "enrollment_stopped")
         if msg.expires_at is not None and now >= msg.expires_at:
             return settle("expired", "expired", "expired_before_send")
         if msg.respect_window:
@@ -269,7 +276,7 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
                                   OptOutTarget(org_id=org_id, contact_id=contact.id, kind="email"))
         try:
             rendered = render_message(conn, org=org, contact=contact, appointment=appointment, message=msg,
-                                      conversation_open=_conversation_open(conn, org_id, channel.id, contact.id, now),
+                                      conversation_open=conversation_open(conn, org_id, channel.id, contact.id, now),
                                       optout_url=optout_url)
         except TemplateError as exc:
             return _fail_in_tx(conn, msg, "template_error", str(exc))
@@ -314,7 +321,7 @@ def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy
     return DbPacingStore(conn, org.id).reserve(channel.id, policy, now, today.isoformat(), next_day)
 
 
-def _conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
+def conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
     """Whether the patient wrote on this channel within the last 24 hours."""
     last = conn.execute(
         select(func.max(inbound_messages.c.received_at)).where(

@@ -503,18 +503,6 @@ def _update_appointment(conn: Connection, org_id: int, existing: Any, row: _Row)
         changed = True
     target = row.status
     if target and target != status and not (target == "scheduled" and status == "confirmed"):
-        if target == "cancelled" and status in appts.LIVE:
-            appts.cancel(conn, org_id, existing.id, source="clinic")
-        elif target == "confirmed" and status == "scheduled":
-            appts.confirm(conn, org_id, existing.id)
-        elif target == "cancelled":
-            conn.execute(update(appointments).where(where).values(
-                status="cancelled", cancelled_at=now, cancel_source="clinic", updated_at=now))
-        elif target in appts.LIVE:  # reopened by the clinic
-            conn.execute(update(appointments).where(where).values(
-                status=target, confirmed_at=now if target == "confirmed" else None, cancelled_at=None,
-                cancel_source=None, updated_at=now))
-        else:  # completed, no_show
-            conn.execute(update(appointments).where(where).values(status=target, updated_at=now))
+        appts.set_status(conn, org_id, existing.id, status, target)
         changed = True
     return changed

@@ -21,6 +21,7 @@ from engine import appointments as appts
 from engine import clock
 from engine.contacts import find_all_by_address, opt_out
 from engine.dialect import insert_ignore
+from engine.flows.replies import on_reply
 from engine.inbox import open_inbox_item
 from engine.keywords import classify, parse_keywords
 from engine.models import (
@@ -219,6 +220,9 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
         return "unknown_contact", None, None
     contact_id = contact_ids[0]
     intent, button_appointment = _intent(org, inbound)
+    if intent != "optout":
+        # Every reply reaches the follow-up engine (a waiting classify, cancel-on-reply).
+        on_reply(conn, org_id, contact_ids, inbound.id)
     if intent is None:
         return "free_text", None, contact_id
     if intent == "optout":

@@ -217,6 +217,7 @@ class FlowPointer(Base):
     max_steps: Mapped[int] = mapped_column(Integer, default=30)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    resume_grace_minutes: Mapped[int] = mapped_column(Integer, default=30)
 
 
 class FlowVersion(Base):
@@ -252,6 +253,20 @@ class Enrollment(Base):
     cancel_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    revision: Mapped[int] = mapped_column(Integer, default=0)
+    node_entered_at: Mapped[datetime | None]
+    pending_inbound_id: Mapped[int | None] = _fk("inbound_messages.id", nullable=True)
+    paused_status: Mapped[str | None] = mapped_column(Text)
+    agent_id: Mapped[int | None] = _fk("agents.id", nullable=True)
+    trigger_kind: Mapped[str | None] = mapped_column(Text)
+    trigger_key: Mapped[str | None] = mapped_column(Text)
+    trigger_payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    messages_sent: Mapped[int] = mapped_column(Integer, default=0)
+    replies: Mapped[int] = mapped_column(Integer, default=0)
+    last_reply_at: Mapped[datetime | None]
+    last_outbound_at: Mapped[datetime | None]
+    last_class: Mapped[str | None] = mapped_column(Text)
+    ended_at: Mapped[datetime | None]
 
 
 class EnrollmentEvent(Base):
@@ -264,6 +279,17 @@ class EnrollmentEvent(Base):
     payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     idempotency_key: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
+
+
+class FlowClaim(Base):
+    __tablename__ = "flow_claims"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    pointer_id: Mapped[int] = _fk("flow_pointers.id")
+    contact_id: Mapped[int] = _fk("contacts.id")
+    dedupe_key: Mapped[str] = mapped_column(Text)
+    enrollment_id: Mapped[int | None] = _fk("enrollments.id", nullable=True)
+    claimed_at: Mapped[datetime]
 
 
 class Agent(Base):
@@ -408,6 +434,7 @@ flow_versions = FlowVersion.__table__
 enrollments = Enrollment.__table__
 enrollment_events = EnrollmentEvent.__table__
 agents = Agent.__table__
+flow_claims = FlowClaim.__table__
 messages = Message.__table__
 message_events = MessageEvent.__table__
 inbound_messages = InboundMessage.__table__

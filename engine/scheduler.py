@@ -17,6 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine import dispatch
+from engine.flows import runtime as flows
+from engine.flows.triggers import scan as scan_triggers
 from engine.populate import PopulateResult, populate
 from engine.runtime import Runtime
 
@@ -34,14 +36,20 @@ class Tick:
     claimed: int
     reclaimed: int
     unknown: int
+    advanced: int = 0
+    lost_claims: int = 0
+    enrolled: int = 0
 
 
 class Scheduler:
-    """One scheduler loop. `enqueue` hands a list of message ids to the workers."""
+    """One scheduler loop. `enqueue` hands a list of message ids to the workers, `enqueue_flows`
+    a list of [enrollment id, revision] claims."""
 
-    def __init__(self, rt: Runtime, enqueue: Callable[[Sequence[int]], None]) -> None:
+    def __init__(self, rt: Runtime, enqueue: Callable[[Sequence[int]], None],
+                 enqueue_flows: Callable[[Sequence[Sequence[int]]], None] | None = None) -> None:
         self.rt = rt
         self.enqueue = enqueue
+        self.enqueue_flows = enqueue_flows
         self._last_populate = 0.0
 
     def tick(self, *, force_populate: bool = False) -> Tick:
@@ -49,8 +57,11 @@ class Scheduler:
         settings = self.rt.settings
         reclaimed, unknown = dispatch.sweep_leases(self.rt)
         populated = None
+        enrolled = 0
         if force_populate or time.monotonic() - self._last_populate >= settings.populate_interval:
             populated = populate(self.rt.db, horizon=settings.populate_horizon)
+            with self.rt.db.begin() as conn:
+                enrolled = scan_triggers(conn)
             self._last_populate = time.monotonic()
         claimed = 0
         while True:
@@ -61,7 +72,25 @@ class Scheduler:
             claimed += len(ids)
             if len(ids) < settings.claim_batch:
                 break
-        return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown)
+        lost, advanced = self._tick_flows()
+        return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
+                    advanced=advanced, lost_claims=lost, enrolled=enrolled)
+
+    def _tick_flows(self) -> tuple[int, int]:
+        """Sweep lost enrollment claims, then claim and hand out every due enrollment."""
+        if self.enqueue_flows is None:
+            return 0, 0
+        settings = self.rt.settings
+        lost = flows.sweep_lost(self.rt)
+        claimed = 0
+        while True:
+            pairs = flows.claim_due(self.rt, limit=settings.claim_batch)
+            for start in range(0, len(pairs), settings.send_batch):
+                self.enqueue_flows([list(p) for p in pairs[start:start + settings.send_batch]])
+            claimed += len(pairs)
+            if len(pairs) < settings.claim_batch:
+                break
+        return lost, claimed
 
     def run(self, stop: threading.Event) -> None:
         """Loop until `stop` is set, active only while holding the leader lock (PostgreSQL)."""

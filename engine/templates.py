@@ -112,6 +112,11 @@ def render_message(
         text = render_text(template.body, variables)
         subject = render_text(template.subject, variables) if template.subject else None
         html = render_html(template.body_html, variables) if template.body_html else None
+        written = payload.get("text")
+        if isinstance(written, str) and written.strip():
+            # AI-written text goes out as plain text (never rendered as a template); the template
+            # stays the approved one Meta sends when its 24 h window has closed.
+            text, html = written, None
         if template.meta_template_name:
             names = template.meta_parameters if isinstance(template.meta_parameters, list) else []
             template_ref = TemplateRef(

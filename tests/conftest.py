@@ -35,7 +35,7 @@ T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 ORG_TABLES = (
     "contact_events", "webhook_events", "channel_pacing", "audit_log", "inbox_items", "sandbox_messages", "inbound_messages", "message_events", "messages",
-    "enrollment_events", "enrollments", "agents", "flow_versions", "flow_pointers", "reminder_rule_kinds",
+    "flow_claims", "enrollment_events", "enrollments", "agents", "flow_versions", "flow_pointers", "reminder_rule_kinds",
     "reminder_rules", "channels", "appointments", "preferences", "contacts", "api_keys", "users",
 )
 

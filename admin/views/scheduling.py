@@ -258,13 +258,7 @@ class AppointmentView(TenantModelView):
                     changes["starts_at"] = new_start
             status = form.status.data
             if status != before["status"]:
-                if status == "cancelled":
-                    appts.cancel(conn, oid, aid, source="clinic")
-                elif status == "confirmed":
-                    appts.confirm(conn, oid, aid)
-                else:
-                    conn.execute(update(appointments).where(appointments.c.org_id == oid, appointments.c.id == aid)
-                                 .values(status=status, updated_at=clock.now()))
+                appts.set_status(conn, oid, aid, before["status"], status)
                 changes["status"] = status
             refresh_appointment(conn, oid, aid)
             write_audit(conn, "update", "appointments", aid, changes)

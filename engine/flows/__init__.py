@@ -1,0 +1,1 @@
+"""Follow-up flows (SPEC §7): one graph, one enrollment, one clock. See docs/flows.md."""

@@ -1,0 +1,1 @@
+"""The AI behind follow-ups: classifier, writer and timing planner, behind one interface."""

@@ -1,0 +1,82 @@
+"""Which AI an agent gets, and how its LLM key is stored.
+
+An agent with an LLM base URL and model gets `OpenAICompatAI`; anything else (no agent, an agent
+without LLM settings) gets `BuiltinAI`. The key is sealed in `agents.llm_api_key`, bound to the
+agent's row, so a key copied to another agent or org does not decrypt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.flows.ai.base import AI, AIContext, AIError, Classification, Plan, SmartWait, Written
+from engine.flows.ai.builtin import BuiltinAI
+from engine.flows.ai.openai_compat import OpenAICompatAI
+from gateway.crypto import CryptoError, Keyring
+
+__all__ = ["UnavailableAI", "ai_for", "seal_api_key"]
+
+_TABLE = "agents"
+
+
+def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0) -> AI:
+    """The AI for an `agents` row (or None).
+
+    Never raises for a misconfigured agent: a key that does not decrypt gives an AI whose every
+    call raises a permanent `AIError("llm_key_unreadable")`, so the enrollment that needs it
+    fails visibly while the worker loop goes on.
+    """
+    base_url = (getattr(agent, "llm_base_url", None) or "").strip()
+    model = (getattr(agent, "llm_model", None) or "").strip()
+    if agent is None or not base_url or not model:
+        return BuiltinAI()
+    try:
+        api_key = _open_api_key(agent, keyring)
+    except CryptoError:
+        return UnavailableAI("llm_key_unreadable", "the agent's LLM key does not decrypt")
+    return OpenAICompatAI(base_url, api_key, model, timeout=timeout)
+
+
+def seal_api_key(keyring: Keyring, *, org_id: int, agent_id: int, api_key: str) -> tuple[bytes, int]:
+    """`(llm_api_key, key_version)` to store on the agent's row."""
+    sealed = keyring.seal({"api_key": api_key}, table=_TABLE, org_id=org_id, row_id=agent_id)
+    return sealed.ciphertext, sealed.key_version
+
+
+def _open_api_key(agent: Any, keyring: Keyring) -> str | None:
+    if agent.llm_api_key is None:
+        return None  # a server without auth (a local Ollama)
+    if agent.key_version is None:
+        raise CryptoError("a sealed key without its key version")
+    data = keyring.open(agent.llm_api_key, key_version=agent.key_version, table=_TABLE,
+                        org_id=agent.org_id, row_id=agent.id)
+    key = data.get("api_key") if isinstance(data, dict) else None
+    if key is not None and not isinstance(key, str):
+        raise CryptoError("the sealed credentials hold no api_key string")
+    return key or None
+
+
+class UnavailableAI:
+    """An AI that cannot run: every call raises a permanent `AIError` with `code`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+
+    def _fail(self) -> AIError:
+        # A fresh exception per call: re-raising one instance would chain its old tracebacks.
+        return AIError(self.message, permanent=True, code=self.code)
+
+    def classify(self, *, text: str, classes: Sequence[str], keywords: Mapping[str, Sequence[str]],
+                 hint: str | None, context: AIContext) -> Classification:
+        """Raises the permanent error."""
+        raise self._fail()
+
+    def write(self, *, prompt_hint: str, max_chars: int, context: AIContext) -> Written:
+        """Raises the permanent error."""
+        raise self._fail()
+
+    def plan(self, *, waits: Sequence[SmartWait], context: AIContext) -> Plan:
+        """Raises the permanent error."""
+        raise self._fail()

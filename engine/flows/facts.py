@@ -1,0 +1,81 @@
+"""What conditions and the AI read about a contact, its appointment and its enrollment.
+
+Facts are plain values keyed by the field names of `engine.flows.conditions`; conversation
+turns are the recent messages both ways, for the AI writer's context (never logged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from engine.models import contact_events, inbound_messages, messages
+
+
+def contact_stage(conn: Connection, org_id: int, contact_id: int) -> str | None:
+    """The stage of the contact's latest `stage_changed` event, if any."""
+    payload = conn.execute(
+        select(contact_events.c.payload).where(contact_events.c.org_id == org_id,
+                                               contact_events.c.contact_id == contact_id,
+                                               contact_events.c.type == "stage_changed")
+        .order_by(contact_events.c.id.desc()).limit(1)
+    ).scalar()
+    return payload.get("stage") if isinstance(payload, dict) else None
+
+
+def human_holds(conn: Connection, org_id: int, contact_id: int) -> bool:
+    """Whether a person has taken the conversation over (a hand-off started and not ended)."""
+    last = conn.execute(
+        select(contact_events.c.type).where(contact_events.c.org_id == org_id,
+                                            contact_events.c.contact_id == contact_id,
+                                            contact_events.c.type.in_(("handoff_started", "handoff_ended")))
+        .order_by(contact_events.c.id.desc()).limit(1)
+    ).scalar()
+    return last == "handoff_started"
+
+
+def gather(conn: Connection, org_id: int, *, contact: Any, appointment: Any = None, enrollment: Any = None) -> dict[str, Any]:
+    """The facts of the condition fields for this contact (and appointment, and enrollment)."""
+    facts: dict[str, Any] = {
+        "contact.name": contact.name,
+        "contact.phone": contact.phone,
+        "contact.email": contact.email,
+        "contact.locale": contact.locale,
+        "contact.stage": contact_stage(conn, org_id, contact.id),
+        "appointment.status": appointment.status if appointment is not None else None,
+        "appointment.starts_at": appointment.starts_at if appointment is not None else None,
+    }
+    if enrollment is not None:
+        facts.update({
+            "enrollment.steps": enrollment.steps,
+            "enrollment.llm_calls": enrollment.llm_calls,
+            "enrollment.messages_sent": enrollment.messages_sent,
+            "enrollment.replies": enrollment.replies,
+            "enrollment.created_at": enrollment.created_at,
+            "enrollment.last_reply_at": enrollment.last_reply_at,
+            "enrollment.last_outbound_at": enrollment.last_outbound_at,
+            "enrollment.last_class": enrollment.last_class,
+        })
+    return facts
+
+
+def conversation(conn: Connection, org_id: int, contact_id: int, *, limit: int = 10) -> list[tuple[str, str, Any]]:
+    """The last `limit` messages with the contact, oldest first, as (role, text, at)."""
+    inbound = conn.execute(
+        select(inbound_messages.c.text, inbound_messages.c.received_at)
+        .where(inbound_messages.c.org_id == org_id, inbound_messages.c.contact_id == contact_id,
+               inbound_messages.c.text.is_not(None))
+        .order_by(inbound_messages.c.received_at.desc()).limit(limit)
+    ).all()
+    outbound = conn.execute(
+        select(messages.c.body, messages.c.sent_at)
+        .where(messages.c.org_id == org_id, messages.c.contact_id == contact_id, messages.c.sent_at.is_not(None),
+               messages.c.body.is_not(None))
+        .order_by(messages.c.sent_at.desc()).limit(limit)
+    ).all()
+    turns = [("patient", row.text, row.received_at) for row in inbound]
+    turns += [("clinic", row.body, row.sent_at) for row in outbound]
+    turns.sort(key=lambda turn: turn[2])
+    return turns[-limit:]

@@ -1,0 +1,92 @@
+"""The low-level writes every part of the flows engine shares: the event log of an enrollment
+and ending live enrollments in bulk (opt-out, hand-off cancel, a disabled flow, erasure).
+
+Every change to an enrollment bumps its `revision`, so a claim taken before the change is
+recognised as stale when its actor runs (see runtime.advance).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import and_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from engine import clock
+from engine.dialect import insert_ignore
+from engine.models import enrollment_events, enrollments, messages
+from engine.outbox import cancel_open
+
+#: Statuses of an enrollment that is still in its flow (the partial unique index's set).
+LIVE = ("active", "waiting_reply", "paused_handoff")
+#: Statuses the clock drives (next_eval_at is set).
+CLOCKED = ("active", "waiting_reply")
+TERMINAL = ("completed", "cancelled", "dead")
+#: The outcome kinds of a step, as the run timeline shows them.
+STEP_STATUSES = ("ok", "skipped", "failed", "waiting", "deferred", "stale")
+
+
+def record_event(
+    conn: Connection, org_id: int, enrollment_id: int, event_type: str, key: str, *,
+    node_id: str | None = None, payload: Mapping[str, Any] | None = None, at: datetime | None = None,
+) -> bool:
+    """Append one event, once per (enrollment, key); False when the key was already there."""
+    row = conn.execute(
+        insert_ignore(conn, enrollment_events, ("enrollment_id", "idempotency_key")).values(
+            org_id=org_id, enrollment_id=enrollment_id, node_id=node_id, event_type=event_type,
+            payload=dict(payload) if payload else None, idempotency_key=key, created_at=at or clock.now(),
+        ).returning(enrollment_events.c.id)
+    ).first()
+    return row is not None
+
+
+def step_payload(
+    *, kind: str, status: str, reason: str, next_node: str | None = None, until: datetime | None = None,
+    llm_calls: int = 0, params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The payload of a `step` event: one line of a run's timeline (no patient data in it)."""
+    payload: dict[str, Any] = {"kind": kind, "status": status, "reason": reason, "llm_calls": llm_calls}
+    if next_node is not None:
+        payload["next"] = next_node
+    if until is not None:
+        payload["until"] = until.isoformat()
+    if params:
+        payload["params"] = dict(params)
+    return payload
+
+
+def end_live(
+    conn: Connection, org_id: int, where: ColumnElement[bool], *, status: str, outcome: str | None,
+    reason: str, statuses: Sequence[str] = LIVE,
+) -> list[int]:
+    """End every live enrollment of the org matching `where`: status, outcome and reason set,
+    clock stopped, its follow-ups not yet sent cancelled, one event each. Returns their ids."""
+    now = clock.now()
+    rows = conn.execute(
+        update(enrollments)
+        .where(and_(enrollments.c.org_id == org_id, enrollments.c.status.in_(tuple(statuses)), where))
+        .values(status=status, outcome=outcome, cancel_reason=reason, next_eval_at=None, lease_until=None,
+                pending_inbound_id=None, ended_at=now, updated_at=now, revision=enrollments.c.revision + 1)
+        .returning(enrollments.c.id, enrollments.c.current_node_id, enrollments.c.revision)
+    ).all()
+    if not rows:
+        return []
+    ids = [row.id for row in rows]
+    cancel_open(conn, org_id, messages.c.enrollment_id.in_(ids), reason)
+    for row in rows:
+        record_event(conn, org_id, row.id, "ended", f"ended:{row.revision}", node_id=row.current_node_id,
+                     payload={"status": status, "outcome": outcome, "reason": reason}, at=now)
+    return ids
+
+
+def live_ids(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[Any]:
+    """The live enrollments of these contacts (id, pointer, version, node, status)."""
+    return conn.execute(
+        select(enrollments.c.id, enrollments.c.pointer_id, enrollments.c.version_id, enrollments.c.current_node_id,
+               enrollments.c.status, enrollments.c.revision, enrollments.c.pending_inbound_id)
+        .where(enrollments.c.org_id == org_id, enrollments.c.contact_id.in_(list(contact_ids)),
+               enrollments.c.status.in_(LIVE))
+        .order_by(enrollments.c.id)
+    ).all()

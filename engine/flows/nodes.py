@@ -1,0 +1,271 @@
+"""What each node type does. `decide` runs the enrollment's current node and says what happens
+next (a `Decision`); `entry` says how the next node starts (its status and clock). Neither
+writes anything: `runtime.advance` applies both in one transaction, or nothing at all.
+
+Nodes that need the AI call it here, outside any write transaction; a human holding the
+conversation means zero LLM calls (the deterministic built-in answers instead).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+from sqlalchemy.engine import Connection
+
+from engine import dispatch
+from engine.channels import default_channel
+from engine.flows import conditions, facts, triggers
+from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
+from engine.flows.ai.builtin import BuiltinAI
+from engine.flows.graph import GraphIndex
+from engine.keywords import parse_keywords
+from engine.models import preferences
+from sqlalchemy import select
+
+#: The kinds tried, in order, when a node does not say.
+DEFAULT_KINDS = ("whatsapp", "sms", "email")
+#: An AI-written message is plain text: control characters out, at most this long.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass
+class Snapshot:
+    """Everything a node reads, loaded once per step."""
+
+    enrollment: Any
+    graph: GraphIndex
+    pointer: Any
+    org: Any
+    contact: Any
+    appointment: Any
+    reply: Any
+    agent: Any
+    now: datetime
+    human: bool
+
+    @property
+    def node_id(self) -> str:
+        return str(self.enrollment.current_node_id)
+
+
+@dataclass(frozen=True)
+class Send:
+    """A follow-up to put in the outbox: a template, or AI text with an optional template
+    (the approved one Meta sends when its 24 h window has closed by send time)."""
+
+    channel_kind: str
+    template_key: str | None
+    text: str | None = None
+
+
+@dataclass
+class Decision:
+    """The outcome of one step, as the run timeline shows it, and what to write."""
+
+    status: str
+    reason: str
+    next_node: str | None = None
+    end: tuple[str, str | None] | None = None
+    send: Send | None = None
+    failed: bool = False
+    consumed_reply: bool = False
+    llm_calls: int = 0
+    values: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _context(conn: Connection, snap: Snapshot) -> AIContext:
+    org = snap.org
+    first = (snap.contact.name or "").split()
+    history = tuple(Turn(role, text, at) for role, text, at in
+                    facts.conversation(conn, org.id, snap.contact.id) if text)
+    return AIContext(
+        org_name=org.name, persona=getattr(snap.agent, "persona", None), contact_first_name=first[0] if first else None,
+        locale=snap.contact.locale or org.locale, timezone=org.timezone, now=snap.now, history=history,
+        org_keywords={"confirm": parse_keywords(org.confirm_keywords), "cancel": parse_keywords(org.cancel_keywords)},
+    )
+
+
+def _ai_error(exc: AIError) -> Decision:
+    # A key that does not decrypt fails before any request; everything else was one call.
+    calls = 0 if exc.code == "llm_key_unreadable" else 1
+    return Decision("failed", "ai_unavailable", failed=True, llm_calls=calls, params={"code": exc.code})
+
+
+def decide(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    """Run the enrollment's current node."""
+    handler = _HANDLERS[snap.graph.type(snap.node_id)]
+    return handler(conn, snap, ai)
+
+
+def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    if not triggers.premise_holds(conn, snap.enrollment):
+        return Decision("skipped", "silence_broken", end=("cancelled", None))
+    decision = Decision("ok", "trigger_fired", next_node=snap.graph.target(snap.node_id, "always"))
+    waits = [SmartWait(node_id, snap.graph.config(node_id)["min_minutes"], snap.graph.config(node_id)["max_minutes"],
+                       snap.graph.config(node_id).get("guidance"))
+             for node_id in snap.graph.smart_waits()]
+    if waits and snap.enrollment.timing_plan is None:
+        planner = BuiltinAI() if snap.human else ai
+        try:
+            plan = planner.plan(waits=waits, context=_context(conn, snap))
+        except AIError as exc:
+            return _ai_error(exc)
+        stored = {}
+        for wait in waits:
+            proposed = plan.waits.get(wait.node_id)
+            minutes = proposed.proposed_minutes if proposed else wait.max_minutes
+            stored[wait.node_id] = {
+                "proposed_minutes": minutes, "minutes": clamp(minutes, wait),
+                "reason": proposed.reason if proposed else "Sem plano da IA: usa o tempo máximo.",
+            }
+        decision.values["timing_plan"] = stored
+        decision.llm_calls = plan.llm_calls
+    return decision
+
+
+def _wait(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    replied = snap.graph.target(snap.node_id, "replied")
+    if snap.reply is not None and replied is not None:
+        return Decision("ok", "wait_replied", next_node=replied, consumed_reply=True)
+    return Decision("ok", "wait_elapsed", next_node=snap.graph.target(snap.node_id, "always"))
+
+
+def _condition(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    config = snap.graph.config(snap.node_id)
+    known = facts.gather(conn, snap.org.id, contact=snap.contact, appointment=snap.appointment,
+                         enrollment=snap.enrollment)
+    result = conditions.evaluate(config["checks"], config.get("combinator", "all"), known, snap.now)
+    return Decision("ok", "condition_true" if result else "condition_false",
+                    next_node=snap.graph.target(snap.node_id, "cond_result", result))
+
+
+def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    node = snap.node_id
+    if snap.reply is None:
+        return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"),
+                        values={"last_class": "no_reply"})
+    config = snap.graph.config(node)
+    text = snap.reply.text or snap.reply.button_payload or ""
+    classifier = BuiltinAI() if snap.human else ai
+    try:
+        result = classifier.classify(text=text, classes=config["classes"], keywords=config.get("keywords") or {},
+                                     hint=config.get("hint"), context=_context(conn, snap))
+    except AIError as exc:
+        return _ai_error(exc)
+    if result.label is not None and result.label in config["classes"]:
+        return Decision("ok", "classified", next_node=snap.graph.target(node, "class_match", result.label),
+                        consumed_reply=True, llm_calls=result.llm_calls,
+                        values={"last_class": result.label}, params={"class": result.label, "why": result.reason})
+    return Decision("ok", "not_classified", next_node=snap.graph.target(node, "always"), consumed_reply=True,
+                    llm_calls=result.llm_calls, values={"last_class": None}, params={"why": result.reason})
+
+
+def _usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
+    """The first kind the contact consented to, has an address for and the org can send on."""
+    org_id = snap.org.id
+    consented = {row.kind for row in conn.execute(select(preferences.c.kind).where(
+        preferences.c.org_id == org_id, preferences.c.contact_id == snap.contact.id,
+        preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None)))}
+    for kind in kinds:
+        address = snap.contact.email if kind == "email" else snap.contact.phone
+        if kind not in consented or not address:
+            continue
+        channel = default_channel(conn, org_id, kind)
+        if channel is not None:
+            return kind, channel
+    return None
+
+
+def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    node = snap.node_id
+    config = snap.graph.config(node)
+    after = snap.graph.target(node, "always")
+    usable = _usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
+    if usable is None:
+        return Decision("skipped", "no_usable_channel", next_node=after)
+    kind, channel = usable
+    if config["mode"] == "template":
+        return Decision("ok", "message_queued", next_node=after, send=Send(kind, config["template"]))
+    fallback = config.get("fallback_template")
+    closed = channel.provider == "meta" and not dispatch.conversation_open(
+        conn, snap.org.id, channel.id, snap.contact.id, snap.now)
+    if closed:
+        # Outside Meta's 24 h window only an approved template may go out.
+        if fallback:
+            return Decision("ok", "window_closed_template", next_node=after, send=Send(kind, fallback))
+        return Decision("failed", "window_closed", failed=True)
+    if snap.human:
+        if fallback:
+            return Decision("ok", "human_holds_template", next_node=after, send=Send(kind, fallback))
+        return Decision("skipped", "human_holds", next_node=after)
+    try:
+        written = ai.write(prompt_hint=config.get("prompt_hint") or "", max_chars=config.get("max_chars", 600),
+                           context=_context(conn, snap))
+    except AIError as exc:
+        return _ai_error(exc)
+    text = clean_text(written.text, config.get("max_chars", 600)) if written.text else None
+    if text:
+        return Decision("ok", "ai_message_queued", next_node=after, send=Send(kind, fallback, text),
+                        llm_calls=written.llm_calls)
+    if fallback:
+        return Decision("ok", "ai_fallback_template", next_node=after, send=Send(kind, fallback),
+                        llm_calls=written.llm_calls, params={"why": written.reason})
+    return Decision("failed", "ai_no_text", failed=True, llm_calls=written.llm_calls, params={"why": written.reason})
+
+
+def clean_text(text: str, max_chars: int) -> str | None:
+    """AI text as it may be sent: plain, without control characters, within the node's length."""
+    cleaned = _CONTROL.sub("", text).strip()
+    cleaned = re.sub(r"\n{3,}", "\n\n", cleaned)
+    if not cleaned or len(cleaned) > max_chars:
+        return None
+    return cleaned
+
+
+def _end(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+    return Decision("ok", "ended", end=("completed", snap.graph.config(snap.node_id).get("outcome", "custom")))
+
+
+_HANDLERS = {"trigger": _trigger, "wait": _wait, "condition": _condition, "ai_classify": _classify,
+             "action": _action, "end": _end}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How a node starts: the enrollment's status and clock when it arrives there."""
+
+    status: str
+    next_eval_at: datetime | None
+    outcome: str | None = None
+    reason: str = "entered"
+
+
+def entry(graph: GraphIndex, node_id: str, now: datetime, timing_plan: Mapping[str, Any] | None) -> Entry:
+    """Enter `node_id` at `now`. Every wait is anchored on the instant it is entered, so after
+    downtime the enrollment goes on from now instead of firing every missed step at once."""
+    node_type = graph.type(node_id)
+    config = graph.config(node_id)
+    if node_type == "wait":
+        return Entry("active", now + timedelta(minutes=wait_minutes(node_id, config, timing_plan)))
+    if node_type == "ai_classify":
+        return Entry("waiting_reply", now + timedelta(minutes=config["grace_minutes"]))
+    if node_type == "end":
+        return Entry("completed", None, outcome=config.get("outcome", "custom"), reason="ended")
+    return Entry("active", now)
+
+
+def wait_minutes(node_id: str, config: Mapping[str, Any], timing_plan: Mapping[str, Any] | None) -> int:
+    """A wait's duration: fixed, or the plan's (clamped again here: the node's bounds rule where
+    the number is used), or the maximum when there is no readable plan for it."""
+    if config.get("mode") != "smart":
+        return int(config["minutes"])
+    bounds = SmartWait(node_id, config["min_minutes"], config["max_minutes"])
+    planned = (timing_plan or {}).get(node_id) if isinstance(timing_plan, Mapping) else None
+    minutes = planned.get("minutes") if isinstance(planned, Mapping) else None
+    if not isinstance(minutes, int) or isinstance(minutes, bool):
+        return bounds.max_minutes
+    return clamp(minutes, bounds)

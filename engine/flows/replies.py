@@ -1,0 +1,123 @@
+"""What a patient's reply, an opt-out and a hand-off do to live enrollments.
+
+These run inside the transaction that stored the inbound or the contact event. They never move
+an enrollment from node to node (only `runtime.advance` does); they hand a reply to the node
+that waits for one (making the enrollment due now), end enrollments, or pause and resume them.
+Every change bumps the revision, so a claim taken before it becomes a stale wake.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+
+from engine import clock
+from engine.flows import lifecycle
+from engine.flows.versions import graph_of
+from engine.models import enrollments, flow_pointers, messages
+from engine.outbox import cancel_open
+
+
+def _pointer(conn: Connection, org_id: int, pointer_id: int) -> Any:
+    return conn.execute(select(flow_pointers).where(flow_pointers.c.org_id == org_id,
+                                                    flow_pointers.c.id == pointer_id)).one()
+
+
+def _wants_reply(conn: Connection, org_id: int, row: Any) -> bool:
+    """Whether the enrollment's current node reads a reply: a waiting classify, or a wait with a
+    `replied` edge."""
+    graph = graph_of(conn, org_id, row.version_id)
+    node_type = graph.type(row.current_node_id)
+    if node_type == "ai_classify":
+        return row.status == "waiting_reply"
+    return node_type == "wait" and graph.target(row.current_node_id, "replied") is not None
+
+
+def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_id: int) -> dict[str, int]:
+    """A contact wrote (not an opt-out). Returns how many enrollments took the reply, ended
+    `replied`, or only counted it."""
+    now = clock.now()
+    result = {"routed": 0, "ended": 0, "counted": 0}
+    for row in lifecycle.live_ids(conn, org_id, contact_ids):
+        counters = {"replies": enrollments.c.replies + 1, "last_reply_at": now, "updated_at": now}
+        base = (enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision)
+        if row.status != "paused_handoff" and _wants_reply(conn, org_id, row) and row.pending_inbound_id is None:
+            # The node reads it when it runs: due now, and any claim taken before is now stale.
+            moved = conn.execute(update(enrollments).where(*base).values(
+                **counters, pending_inbound_id=inbound_id, next_eval_at=now, lease_until=None,
+                revision=enrollments.c.revision + 1)).rowcount
+            if moved:
+                lifecycle.record_event(conn, org_id, row.id, "reply", f"reply:{inbound_id}",
+                                       node_id=row.current_node_id, payload={"inbound_id": inbound_id, "taken": True})
+                result["routed"] += 1
+            continue
+        if row.status != "paused_handoff" and _pointer(conn, org_id, row.pointer_id).cancel_on_reply:
+            conn.execute(update(enrollments).where(*base).values(**counters))
+            result["ended"] += len(lifecycle.end_live(conn, org_id, enrollments.c.id == row.id, status="cancelled",
+                                                      outcome="replied", reason="replied"))
+            continue
+        conn.execute(update(enrollments).where(*base).values(**counters))
+        lifecycle.record_event(conn, org_id, row.id, "reply", f"reply:{inbound_id}", node_id=row.current_node_id,
+                               payload={"inbound_id": inbound_id, "taken": False})
+        result["counted"] += 1
+    return result
+
+
+def on_opt_out(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[int]:
+    """The contact refused every message: every live enrollment ends `opted_out`."""
+    return lifecycle.end_live(conn, org_id, enrollments.c.contact_id.in_(list(contact_ids)), status="cancelled",
+                              outcome="opted_out", reason="opted_out")
+
+
+def on_handoff_started(conn: Connection, org_id: int, contact_id: int) -> dict[str, int]:
+    """A person took the conversation over: each live enrollment follows its flow's policy —
+    `pause` (no clock, follow-ups not yet sent cancelled), `cancel` (ends `handoff`), `allow`."""
+    now = clock.now()
+    result = {"paused": 0, "cancelled": 0, "allowed": 0}
+    for row in lifecycle.live_ids(conn, org_id, [contact_id]):
+        if row.status == "paused_handoff":
+            continue
+        policy = _pointer(conn, org_id, row.pointer_id).handoff_policy
+        if policy == "cancel":
+            result["cancelled"] += len(lifecycle.end_live(conn, org_id, enrollments.c.id == row.id,
+                                                          status="cancelled", outcome="handoff", reason="handoff"))
+        elif policy == "pause":
+            moved = conn.execute(update(enrollments).where(
+                enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
+            ).values(status="paused_handoff", paused_status=row.status, next_eval_at=None, lease_until=None,
+                     revision=enrollments.c.revision + 1, updated_at=now)).rowcount
+            if moved:
+                cancel_open(conn, org_id, messages.c.enrollment_id == row.id, "handoff")
+                lifecycle.record_event(conn, org_id, row.id, "paused", f"paused:{row.revision + 1}",
+                                       node_id=row.current_node_id, payload={"reason": "handoff"}, at=now)
+                result["paused"] += 1
+        else:
+            lifecycle.record_event(conn, org_id, row.id, "handoff_allowed", f"handoff_allowed:{row.revision}",
+                                   node_id=row.current_node_id, at=now)
+            result["allowed"] += 1
+    return result
+
+
+def on_handoff_ended(conn: Connection, org_id: int, contact_id: int) -> int:
+    """The person handed the conversation back: paused enrollments resume after their flow's
+    grace, at the node where they paused. Returns how many resumed."""
+    now = clock.now()
+    resumed = 0
+    for row in lifecycle.live_ids(conn, org_id, [contact_id]):
+        if row.status != "paused_handoff":
+            continue
+        pointer = _pointer(conn, org_id, row.pointer_id)
+        current = conn.execute(select(enrollments.c.paused_status).where(enrollments.c.id == row.id)).scalar()
+        at = now + timedelta(minutes=pointer.resume_grace_minutes)
+        moved = conn.execute(update(enrollments).where(
+            enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
+        ).values(status=current or "active", paused_status=None, next_eval_at=at, lease_until=None,
+                 revision=enrollments.c.revision + 1, updated_at=now)).rowcount
+        if moved:
+            lifecycle.record_event(conn, org_id, row.id, "resumed", f"resumed:{row.revision + 1}",
+                                   node_id=row.current_node_id, payload={"at": at.isoformat()}, at=now)
+            resumed += 1
+    return resumed

@@ -1,0 +1,299 @@
+"""The follow-up runtime: claim due enrollments, sweep lost claims, and `advance()`, the one
+function that moves an enrollment.
+
+The life of a step: the scheduler claims an enrollment whose `next_eval_at` has come (a lease,
+the revision bumped) and hands `[id, revision]` to the `advance_enrollments` actor. `advance`
+reads the enrollment, runs its current node (`nodes.decide`, which may call the AI) and then, in
+one transaction guarded by a compare-and-set on (id, revision, status, node), writes the next
+node, its clock, the counters, the step's event and the follow-up's outbox row. An actor that
+runs twice, or a claim overtaken by a reply, finds the revision moved on: a stale wake,
+recorded and otherwise ignored. A worker killed mid-step leaves its lease to expire, which the
+sweep counts as a failed attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable, Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+
+from engine import clock
+from engine.flows import lifecycle, nodes
+from engine.flows.ai.base import AI
+from engine.flows.ai.factory import ai_for
+from engine.flows.facts import human_holds
+from engine.flows.versions import graph_of
+from engine.inbox import open_inbox_item
+from engine.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
+from engine.outbox import enqueue
+from engine.populate import plan_new
+from engine.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: Node failures back off this much, attempt by attempt; one more failure and the run is dead.
+BACKOFF = (timedelta(seconds=30), timedelta(minutes=1), timedelta(minutes=5), timedelta(minutes=15),
+           timedelta(hours=1))
+#: Steps one actor run may chain while the next node is due at once (trigger → condition →
+#: action), so a run does not wait a scheduler pass per instantaneous node.
+MAX_HOPS = 10
+#: A follow-up that the sending window holds back for longer than this is no longer useful.
+FOLLOWUP_TTL = timedelta(days=2)
+FOLLOWUP_PURPOSE = "followup"
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one `advance` did: the step's status (ok, skipped, failed, waiting, stale, …), its
+    reason code, and the revision to continue with when the next node is due at once."""
+
+    status: str
+    reason: str
+    continue_with: int | None = None
+
+
+def claim_due(rt: Runtime, *, limit: int) -> list[tuple[int, int]]:
+    """Claim up to `limit` due enrollments (all orgs) with a lease; returns (id, revision) pairs."""
+    now = clock.now()
+    with rt.db.begin() as conn:
+        due = (
+            select(enrollments.c.id)
+            .where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= now,
+                   enrollments.c.lease_until.is_(None))
+            .order_by(enrollments.c.next_eval_at, enrollments.c.id)
+            .limit(limit)
+        )
+        if conn.dialect.name == "postgresql":
+            due = due.with_for_update(skip_locked=True)
+        # A locking CTE runs once (an IN subquery with SKIP LOCKED may run per row; see dispatch).
+        due_cte = due.cte("due")
+        rows = conn.execute(
+            update(enrollments)
+            .where(enrollments.c.id.in_(select(due_cte.c.id)), enrollments.c.lease_until.is_(None))
+            .values(lease_until=now + rt.settings.lease, revision=enrollments.c.revision + 1)
+            .returning(enrollments.c.id, enrollments.c.revision, enrollments.c.next_eval_at)
+        ).all()
+    return [(row.id, row.revision) for row in sorted(rows, key=lambda r: (r.next_eval_at, r.id))]
+
+
+def sweep_lost(rt: Runtime) -> int:
+    """Claims whose lease ran out (the worker died mid-step) count as a failed attempt."""
+    now = clock.now()
+    lost = 0
+    with rt.db.begin() as conn:
+        rows = conn.execute(
+            select(enrollments).where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.lease_until < now)
+        ).all()
+        for row in rows:
+            if _fail(conn, row, now, reason="claim_expired", kind=_node_type(conn, row), llm_calls=0, params={}):
+                lost += 1
+    if lost:
+        log.warning("lost enrollment claims swept", extra={"count": lost})
+    return lost
+
+
+def _node_type(conn: Connection, row: Any) -> str:
+    return graph_of(conn, row.org_id, row.version_id).type(row.current_node_id)
+
+
+def _snapshot(conn: Connection, row: Any, now: datetime) -> nodes.Snapshot:
+    org_id = row.org_id
+    org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
+    contact = conn.execute(select(contacts).where(contacts.c.org_id == org_id, contacts.c.id == row.contact_id)).one()
+    appointment = None
+    if row.appointment_id is not None:
+        appointment = conn.execute(select(appointments).where(appointments.c.org_id == org_id,
+                                                              appointments.c.id == row.appointment_id)).first()
+    reply = None
+    if row.pending_inbound_id is not None:
+        reply = conn.execute(select(inbound_messages).where(inbound_messages.c.org_id == org_id,
+                                                            inbound_messages.c.id == row.pending_inbound_id)).first()
+    agent = None
+    if row.agent_id is not None:
+        agent = conn.execute(select(agents).where(agents.c.org_id == org_id, agents.c.id == row.agent_id)).first()
+    pointer = conn.execute(select(flow_pointers).where(flow_pointers.c.org_id == org_id,
+                                                       flow_pointers.c.id == row.pointer_id)).one()
+    return nodes.Snapshot(enrollment=row, graph=graph_of(conn, org_id, row.version_id), pointer=pointer, org=org,
+                          contact=contact, appointment=appointment, reply=reply, agent=agent, now=now,
+                          human=human_holds(conn, org_id, row.contact_id))
+
+
+def advance(rt: Runtime, enrollment_id: int, revision: int, *, ai: Callable[[Any], AI] | None = None) -> Step:
+    """Move one claimed enrollment one node, at most once for this claim."""
+    now = clock.now()
+    make_ai = ai or (lambda agent: ai_for(agent, rt.keyring))
+    with rt.db.connect() as conn:
+        row = conn.execute(select(enrollments).where(enrollments.c.id == enrollment_id)).first()
+        if row is None:
+            return Step("stale", "stale_wake")
+        if row.revision != revision or row.lease_until is None or row.status not in lifecycle.CLOCKED:
+            stale = True
+        else:
+            stale = False
+            snap = _snapshot(conn, row, now)
+            try:
+                decision = nodes.decide(conn, snap, make_ai(snap.agent))
+            except Exception as exc:  # a bug in a node must back off like any failure, not wedge the run
+                log.error("flow node crashed", extra={"enrollment_id": enrollment_id, "error": type(exc).__name__})
+                decision = nodes.Decision("failed", "node_error", failed=True, params={"error": type(exc).__name__})
+        conn.rollback()
+    if stale:
+        with rt.db.begin() as conn:
+            _record_stale(conn, row, revision, llm_calls=0)
+        return Step("stale", "stale_wake")
+    with rt.db.begin() as conn:
+        return _apply(conn, rt, snap, revision, decision, now)
+
+
+def _record_stale(conn: Connection, row: Any, revision: int, *, llm_calls: int) -> None:
+    if llm_calls:
+        conn.execute(update(enrollments).where(enrollments.c.org_id == row.org_id, enrollments.c.id == row.id)
+                     .values(llm_calls=enrollments.c.llm_calls + llm_calls))
+    lifecycle.record_event(conn, row.org_id, row.id, "step", f"stale:{revision}", node_id=row.current_node_id,
+                           payload=lifecycle.step_payload(kind="wake", status="stale", reason="stale_wake",
+                                                          llm_calls=llm_calls))
+
+
+def _cas(row: Any, revision: int) -> tuple[Any, ...]:
+    return (enrollments.c.org_id == row.org_id, enrollments.c.id == row.id, enrollments.c.revision == revision,
+            enrollments.c.status == row.status, enrollments.c.current_node_id == row.current_node_id,
+            enrollments.c.lease_until.is_not(None))
+
+
+def _apply(conn: Connection, rt: Runtime, snap: nodes.Snapshot, revision: int, decision: nodes.Decision,
+           now: datetime) -> Step:
+    row = snap.enrollment
+    kind = snap.graph.type(row.current_node_id)
+    if decision.failed:
+        if not _fail(conn, row, now, reason=decision.reason, kind=kind, llm_calls=decision.llm_calls,
+                     params=decision.params, revision=revision):
+            _record_stale(conn, row, revision, llm_calls=decision.llm_calls)
+            return Step("stale", "stale_wake")
+        return Step("failed", decision.reason)
+    values: dict[str, Any] = {
+        "llm_calls": enrollments.c.llm_calls + decision.llm_calls, "attempts": 0, "last_error": None,
+        "updated_at": now, "revision": enrollments.c.revision + 1, **decision.values,
+    }
+    if decision.consumed_reply:
+        values["pending_inbound_id"] = None
+    target = decision.next_node
+    until = None
+    continue_with = None
+    ended = decision.end
+    if ended is None and target is None:
+        ended = ("dead", None)  # a published graph always has the edge; an old one may not
+        decision = nodes.Decision("failed", "missing_edge", llm_calls=decision.llm_calls)
+    if ended is None and row.steps + 1 > snap.pointer.max_steps:
+        ended, decision = ("completed", "exhausted"), nodes.Decision("skipped", "max_steps",
+                                                                     llm_calls=decision.llm_calls)
+    if ended is None:
+        assert target is not None
+        plan = decision.values.get("timing_plan", row.timing_plan)
+        start = nodes.entry(snap.graph, target, now, plan)
+        values.update(current_node_id=target, node_entered_at=now, steps=enrollments.c.steps + 1,
+                      status=start.status, next_eval_at=start.next_eval_at, pending_inbound_id=None)
+        if start.status == "completed":
+            values.update(outcome=start.outcome, ended_at=now, lease_until=None)
+        elif start.next_eval_at is not None and start.next_eval_at <= now:
+            # Due at once: keep the claim and go on in this actor run.
+            values.update(lease_until=now + rt.settings.lease)
+            continue_with = revision + 1
+        else:
+            values.update(lease_until=None)
+            until = start.next_eval_at
+    else:
+        status, outcome = ended
+        values.update(status=status, outcome=outcome, next_eval_at=None, lease_until=None, ended_at=now,
+                      cancel_reason=decision.reason if status != "completed" else None, pending_inbound_id=None)
+    if decision.send is not None:
+        values.update(messages_sent=enrollments.c.messages_sent + 1, last_outbound_at=now)
+    moved = conn.execute(update(enrollments).where(*_cas(row, revision)).values(**values)).rowcount
+    if not moved:
+        _record_stale(conn, row, revision, llm_calls=decision.llm_calls)
+        return Step("stale", "stale_wake")
+    if decision.send is not None:
+        _enqueue(conn, snap, decision.send, now)
+    lifecycle.record_event(
+        conn, row.org_id, row.id, "step", f"step:{revision}", node_id=row.current_node_id, at=now,
+        payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
+                                       next_node=target if ended is None else None, until=until,
+                                       llm_calls=decision.llm_calls, params=decision.params))
+    if ended is not None and ended[0] == "dead":
+        _open_dead_item(conn, row, decision.reason)
+    return Step(decision.status, decision.reason, continue_with)
+
+
+def _enqueue(conn: Connection, snap: nodes.Snapshot, send: nodes.Send, now: datetime) -> None:
+    row = snap.enrollment
+    payload = {"text": send.text} if send.text else None
+    enqueue(
+        conn, org_id=row.org_id, contact_id=row.contact_id, channel_kind=send.channel_kind, purpose=FOLLOWUP_PURPOSE,
+        idempotency_key=f"enrollment:{row.id}:node:{row.current_node_id}:attempt:{row.steps}",
+        template_key=send.template_key, payload=payload, appointment_id=row.appointment_id, enrollment_id=row.id,
+        respect_window=True, expires_at=now + FOLLOWUP_TTL,
+    )
+    plan_new(conn, row.org_id)
+
+
+def _fail(conn: Connection, row: Any, now: datetime, *, reason: str, kind: str, llm_calls: int,
+          params: dict[str, Any], revision: int | None = None) -> bool:
+    """A failed attempt: back off, or `dead` with a Pendências item after the last one."""
+    attempts = row.attempts + 1
+    where = _cas(row, revision) if revision is not None else (
+        enrollments.c.org_id == row.org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
+        enrollments.c.lease_until == row.lease_until)
+    common = {"attempts": attempts, "last_error": reason, "lease_until": None, "updated_at": now,
+              "llm_calls": enrollments.c.llm_calls + llm_calls, "revision": enrollments.c.revision + 1}
+    if attempts > len(BACKOFF) or attempts > row.max_attempts:
+        values = {**common, "status": "dead", "next_eval_at": None, "ended_at": now, "cancel_reason": reason}
+        until = None
+    else:
+        until = now + BACKOFF[attempts - 1]
+        values = {**common, "next_eval_at": until}
+    if not conn.execute(update(enrollments).where(*where).values(**values)).rowcount:
+        return False
+    key_revision = revision if revision is not None else f"lost:{row.revision}"
+    lifecycle.record_event(
+        conn, row.org_id, row.id, "step", f"step:{key_revision}", node_id=row.current_node_id, at=now,
+        payload=lifecycle.step_payload(kind=kind, status="failed" if until is None else "deferred", reason=reason,
+                                       until=until, llm_calls=llm_calls, params={**params, "attempt": attempts}))
+    if until is None:
+        _open_dead_item(conn, row, reason)
+    return True
+
+
+def _open_dead_item(conn: Connection, row: Any, reason: str) -> None:
+    open_inbox_item(conn, row.org_id, "enrollment_dead", f"enrollment:{row.id}:dead", enrollment_id=row.id,
+                    detail=reason)
+
+
+def advance_claimed(rt: Runtime, pairs: Sequence[Sequence[int]], *, ai: Callable[[Any], AI] | None = None) -> int:
+    """The actor's body: advance each claimed enrollment, chaining steps that are due at once.
+    One enrollment's failure never stops the others. Returns the steps taken."""
+    steps = 0
+    for pair in pairs:
+        enrollment_id, revision = int(pair[0]), int(pair[1])
+        try:
+            for _hop in range(MAX_HOPS):
+                step = advance(rt, enrollment_id, revision, ai=ai)
+                steps += 1
+                if step.continue_with is None:
+                    break
+                revision = step.continue_with
+            else:
+                _release(rt, enrollment_id, revision)
+        except Exception:  # the lease expires and the sweep counts a failed attempt
+            log.exception("advance crashed", extra={"enrollment_id": enrollment_id})
+    return steps
+
+
+def _release(rt: Runtime, enrollment_id: int, revision: int) -> None:
+    """Hand a run that used its hops back to the scheduler (still due, no longer claimed)."""
+    with rt.db.begin() as conn:
+        conn.execute(update(enrollments).where(enrollments.c.id == enrollment_id, enrollments.c.revision == revision)
+                     .values(lease_until=None, revision=enrollments.c.revision + 1))
+

@@ -1,0 +1,525 @@
+"""The follow-up runtime with a controlled clock: every node type's semantics, the one clock,
+stale wakes, backoff to dead, lost claims, backlogs after downtime, replies, opt-out, hand-off."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from engine.api_events import record_contact_event
+from engine.flows import runtime, triggers, versions
+from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
+from engine.flows.ai.builtin import BuiltinAI
+from engine.models import contact_events, enrollments
+from tests.factories import World
+from tests.flows.helpers import Flows, edge, linear, node, statuses
+
+
+@pytest.fixture
+def world(rt, clock):
+    world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
+    for kind in ("whatsapp", "sms", "email"):
+        world.channel(kind)
+    return world
+
+
+@pytest.fixture
+def flows(world):
+    return Flows(world)
+
+
+def classify_graph(grace: int = 60) -> dict:
+    return {
+        "nodes": [
+            node("inicio", "trigger"),
+            node("pergunta", "action", mode="template", template="followup_checkin"),
+            node("resposta", "ai_classify", classes=["confirm", "reschedule"], grace_minutes=grace),
+            node("confirmou", "end", outcome="converted"),
+            node("remarcar", "end", outcome="custom"),
+            node("calado", "end", outcome="exhausted"),
+            node("outro", "end", outcome="custom"),
+        ],
+        "edges": [
+            edge("inicio", "pergunta"), edge("pergunta", "resposta"),
+            edge("resposta", "confirmou", "class_match", "confirm"),
+            edge("resposta", "remarcar", "class_match", "reschedule"),
+            edge("resposta", "calado", "no_reply"), edge("resposta", "outro"),
+        ],
+    }
+
+
+def test_a_template_follow_up_goes_out_once_and_the_run_ends_with_its_outcome(world, flows, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"),
+                             node("msg", "action", mode="template", template="followup_checkin"),
+                             node("fim", "end", outcome="converted")))
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.outcome, run.messages_sent, run.steps) == ("completed", "converted", 1, 2)
+    [message] = flows.followups(enrollment_id)
+    assert message.idempotency_key == f"enrollment:{enrollment_id}:node:msg:attempt:1"
+    assert message.status == "sent"
+    [sent] = world.sandbox()
+    assert "Passando para saber" in sent.body
+    assert statuses(flows.steps(enrollment_id)) == [
+        ("inicio", "ok", "trigger_fired"), ("msg", "ok", "message_queued")]
+    flows.run()  # nothing more to do
+    assert len(world.sandbox()) == 1
+
+
+def test_a_fixed_wait_holds_the_clock_until_it_has_passed(world, flows, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=180),
+                             node("msg", "action", mode="template", template="followup_checkin"),
+                             node("fim", "end", outcome="exhausted")))
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert run.current_node_id == "espera" and run.next_eval_at == clock.now() + timedelta(minutes=180)
+    clock.advance(timedelta(minutes=179))
+    flows.run()
+    assert world.sandbox() == []
+    clock.advance(timedelta(minutes=1))
+    flows.run()
+    assert len(world.sandbox()) == 1
+    assert flows.enrollment(enrollment_id).status == "completed"
+
+
+def test_a_condition_routes_by_the_contacts_stage(world, flows, rt, clock):
+    graph = {
+        "nodes": [node("inicio", "trigger"),
+                  node("lead", "condition", checks=[{"field": "contact.stage", "op": "eq", "value": "lead"}],
+                       combinator="all"),
+                  node("sim", "end", outcome="converted"), node("nao", "end", outcome="exhausted")],
+        "edges": [edge("inicio", "lead"), edge("lead", "sim", "cond_result", True),
+                  edge("lead", "nao", "cond_result", False)],
+    }
+    flow = flows.flow(graph)
+    lead, other = world.contact(), world.contact(name="Bruno", phone="+5516999887700", email="b@example.com")
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=lead, type="stage_changed", stage="Lead")
+    first, second = flows.enroll(flow, lead), flows.enroll(flow, other)
+    flows.run()
+    assert flows.enrollment(first).outcome == "converted"
+    assert flows.enrollment(second).outcome == "exhausted"
+
+
+@pytest.mark.parametrize(("text", "route"), [
+    ("Posso REMARCAR para sexta?", "remarcar"),
+    ("ok, confirmo!", "confirmou"),
+    ("quem é?", "outro"),
+])
+def test_a_reply_is_classified_and_routed(world, flows, clock, text, route):
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph()), contact)
+    flows.run()
+    assert flows.enrollment(enrollment_id).status == "waiting_reply"
+    flows.reply(text)
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.current_node_id, run.replies) == ("completed", route, 1)
+    assert run.llm_calls == 0  # the built-in classifier
+
+
+def test_the_grace_timeout_takes_no_reply(world, flows, clock):
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph(grace=60)), contact)
+    flows.run()
+    clock.advance(timedelta(minutes=59))
+    flows.run()
+    assert flows.enrollment(enrollment_id).status == "waiting_reply"
+    clock.advance(timedelta(minutes=1))
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert (run.current_node_id, run.outcome, run.last_class) == ("calado", "exhausted", "no_reply")
+
+
+def test_a_wake_overtaken_by_a_reply_is_stale_and_recorded(world, flows, rt, clock):
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph(grace=60)), contact)
+    flows.run()
+    clock.advance(timedelta(minutes=60))
+    [(claimed_id, revision)] = runtime.claim_due(rt, limit=10)  # the grace timer fires…
+    flows.reply("confirmo")  # …and the reply lands before the actor runs
+    step = runtime.advance(rt, claimed_id, revision)
+    assert step.status == "stale"
+    assert flows.enrollment(enrollment_id).current_node_id == "resposta"
+    flows.run()
+    assert flows.enrollment(enrollment_id).current_node_id == "confirmou"
+    assert ("resposta", "stale", "stale_wake") in statuses(flows.steps(enrollment_id))
+    # The same claim delivered again (a redelivered actor message) changes nothing either.
+    assert runtime.advance(rt, claimed_id, revision).status == "stale"
+
+
+def test_an_actor_that_runs_twice_advances_once(world, flows, rt, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=10),
+                             node("fim", "end", outcome="exhausted")))
+    enrollment_id = flows.enroll(flow, contact)
+    pairs = runtime.claim_due(rt, limit=10)
+    assert runtime.advance(rt, *pairs[0]).status == "ok"
+    assert runtime.advance(rt, *pairs[0]).status == "stale"
+    assert flows.enrollment(enrollment_id).steps == 1
+
+
+class FailingAI(BuiltinAI):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def write(self, **kwargs):
+        self.calls += 1
+        raise AIError("server error", permanent=False, code="server_error")
+
+
+def test_node_failures_back_off_then_the_run_is_dead_with_a_pendencia(world, flows, clock):
+    failing = FailingAI()
+    flows.ai = lambda agent: failing
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"),
+                             node("ia", "action", mode="ai_message", prompt_hint="retomar contato",
+                                  fallback_template="followup_checkin"),
+                             node("fim", "end", outcome="exhausted")))
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    delays = []
+    for expected in (30, 60, 300, 900, 3600):
+        run = flows.enrollment(enrollment_id)
+        assert run.status == "active" and run.last_error == "ai_unavailable"
+        delays.append(int((run.next_eval_at - clock.now()).total_seconds()))
+        clock.set(run.next_eval_at)
+        flows.run()
+    assert delays == [30, 60, 300, 900, 3600]
+    run = flows.enrollment(enrollment_id)
+    assert run.status == "dead" and run.next_eval_at is None
+    assert run.llm_calls == 6 and failing.calls == 6
+    [item] = [i for i in world.inbox() if i.kind == "enrollment_dead"]
+    assert item.enrollment_id == enrollment_id
+    assert world.sandbox() == []
+
+
+def test_a_claim_lost_with_its_worker_counts_as_a_failed_attempt(world, flows, rt, clock):
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph()), contact)
+    runtime.claim_due(rt, limit=10)  # the worker that took it dies: nothing advances
+    clock.advance(rt.settings.lease + timedelta(seconds=1))
+    assert runtime.sweep_lost(rt) == 1
+    run = flows.enrollment(enrollment_id)
+    assert (run.attempts, run.last_error, run.lease_until) == (1, "claim_expired", None)
+    assert run.next_eval_at == clock.now() + timedelta(seconds=30)
+    clock.advance(timedelta(seconds=30))
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert (run.attempts, run.status, run.current_node_id) == (0, "waiting_reply", "resposta")
+    assert len(world.sandbox()) == 1
+
+
+def test_after_downtime_each_run_fires_once_and_re_anchors(world, flows, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("d1", "wait", mode="fixed", minutes=1440),
+                             node("m1", "action", mode="template", template="followup_checkin"),
+                             node("d2", "wait", mode="fixed", minutes=1440),
+                             node("m2", "action", mode="template", template="followup_rebook"),
+                             node("fim", "end", outcome="exhausted")))
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    clock.advance(timedelta(days=3))  # the scheduler was down for three days
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert run.current_node_id == "d2"
+    assert run.next_eval_at == clock.now() + timedelta(days=1)  # anchored on now, not on the missed instant
+    assert len(world.sandbox()) == 1
+
+
+def test_smart_waits_are_planned_once_and_clamped_when_stored_and_read(world, flows, clock):
+    class Planner(BuiltinAI):
+        calls = 0
+
+        def plan(self, *, waits, context):
+            Planner.calls += 1
+            return Plan({"a": PlannedWait("a", 5, "cedo demais"), "b": PlannedWait("b", 200, "bom horário")},
+                        llm_calls=1, reason="ai_ok")
+
+    flows.ai = lambda agent: Planner()
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"),
+                             node("a", "wait", mode="smart", min_minutes=60, max_minutes=600),
+                             node("b", "wait", mode="smart", min_minutes=60, max_minutes=600),
+                             node("c", "wait", mode="smart", min_minutes=60, max_minutes=600),
+                             node("fim", "end", outcome="exhausted")))
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert run.timing_plan["a"] == {"proposed_minutes": 5, "minutes": 60, "reason": "cedo demais"}
+    assert run.next_eval_at == clock.now() + timedelta(minutes=60)
+    clock.advance(timedelta(minutes=60))
+    flows.run()
+    assert flows.enrollment(enrollment_id).next_eval_at == clock.now() + timedelta(minutes=200)
+    clock.advance(timedelta(minutes=200))
+    flows.run()
+    assert flows.enrollment(enrollment_id).next_eval_at == clock.now() + timedelta(minutes=600)  # no plan: max
+    assert Planner.calls == 1 and flows.enrollment(enrollment_id).llm_calls == 1
+
+
+def test_sair_during_a_wait_cancels_the_run_and_nothing_more_goes_out(world, flows, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                             node("msg", "action", mode="template", template="followup_checkin"),
+                             node("fim", "end", outcome="exhausted")))
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    flows.reply("SAIR")
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.outcome) == ("cancelled", "opted_out")
+    clock.advance(timedelta(hours=2))
+    flows.run()
+    assert [m.body for m in world.sandbox() if "Passando" in (m.body or "")] == []
+
+
+def test_cancel_on_reply_ends_the_run_replied(world, flows, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                             node("fim", "end", outcome="exhausted")), cancel_on_reply=True)
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    flows.reply("oi, tudo bem?")
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.outcome, run.cancel_reason) == ("cancelled", "replied", "replied")
+
+
+def test_a_hand_off_pauses_the_run_and_its_end_resumes_it_after_the_grace(world, flows, rt, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                             node("msg", "action", mode="template", template="followup_checkin"),
+                             node("fim", "end", outcome="exhausted")), resume_grace_minutes=30)
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_started")
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.next_eval_at, run.paused_status) == ("paused_handoff", None, "active")
+    clock.advance(timedelta(hours=5))
+    flows.run()
+    assert world.sandbox() == []
+    flows.reply("quero falar com alguém")  # the person is talking: the run only counts it
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_ended")
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.next_eval_at) == ("active", clock.now() + timedelta(minutes=30))
+    clock.advance(timedelta(minutes=30))
+    flows.run()
+    assert flows.enrollment(enrollment_id).status == "completed"
+    assert len(world.sandbox()) == 1
+
+
+def test_a_hand_off_with_the_cancel_policy_ends_the_run(world, flows, rt):
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph(), handoff_policy="cancel"), contact)
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_started")
+    assert flows.enrollment(enrollment_id).outcome == "handoff"
+
+
+def test_no_llm_call_while_a_person_holds_the_conversation(world, flows, rt, clock):
+    class Counting(BuiltinAI):
+        calls = 0
+
+        def classify(self, **kwargs):
+            Counting.calls += 1
+            return Classification("confirm", 1, "ai_ok")
+
+    flows.ai = lambda agent: Counting()
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph(), handoff_policy="allow"), contact)
+    flows.run()
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_started")
+    flows.reply("posso remarcar?")
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert (run.current_node_id, run.llm_calls, Counting.calls) == ("remarcar", 0, 0)
+
+
+def test_max_steps_ends_a_looping_run_exhausted(world, flows, clock):
+    graph = {"nodes": [node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=5),
+                       node("de_novo", "wait", mode="fixed", minutes=5)],
+             "edges": [edge("inicio", "espera"), edge("espera", "de_novo"), edge("de_novo", "espera")]}
+    # A graph without an end cannot be published; this one gets its end through a condition.
+    graph["nodes"].append(node("fim", "end", outcome="exhausted"))
+    graph["nodes"].append(node("nunca", "condition", checks=[{"field": "enrollment.steps", "op": "gt", "value": 999}],
+                               combinator="all"))
+    graph["edges"] = [edge("inicio", "espera"), edge("espera", "nunca"),
+                      edge("nunca", "fim", "cond_result", True), edge("nunca", "de_novo", "cond_result", False),
+                      edge("de_novo", "espera")]
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(graph, max_steps=6), contact)
+    for _ in range(10):
+        flows.run()
+        clock.advance(timedelta(minutes=5))
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.outcome, run.cancel_reason) == ("completed", "exhausted", None)
+    assert statuses(flows.steps(enrollment_id))[-1][1:] == ("skipped", "max_steps")
+
+
+def test_a_run_keeps_the_version_it_entered(world, flows, rt, clock):
+    contact = world.contact()
+    first = linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                   node("v1", "action", mode="template", template="followup_checkin"), node("fim", "end", outcome="exhausted"))
+    flow = flows.flow(first)
+    enrollment_id = flows.enroll(flow, contact)
+    flows.run()
+    second = linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                    node("v2", "action", mode="template", template="followup_rebook"), node("fim", "end", outcome="exhausted"))
+    with rt.db.begin() as conn:
+        versions.update_flow(conn, world.org_id, flow, draft_graph=second)
+        assert versions.publish(conn, world.org_id, flow).version == 2
+    clock.advance(timedelta(minutes=60))
+    flows.run()
+    assert "Passando para saber" in world.sandbox()[0].body  # v1's template
+    assert flows.enrollment(enrollment_id).current_node_id == "fim"
+    with rt.db.begin() as conn:
+        versions.rollback(conn, world.org_id, flow, 1)
+        assert versions.get_flow(conn, world.org_id, flow).active_version_id == flows.enrollment(enrollment_id).version_id
+
+
+def test_one_live_enrollment_per_flow_and_contact_and_the_repeat_policy(world, flows, rt, clock):
+    contact = world.contact()
+    graph = linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                   node("fim", "end", outcome="exhausted"))
+    once = flows.flow(graph, trigger={"kind": "event", "event": "stage_changed", "repeat": "once"})
+    cooldown = flows.flow(graph, trigger={"kind": "event", "event": "stage_changed", "repeat": "cooldown",
+                                          "cooldown_minutes": 1440})
+
+    def stage(value):
+        with rt.db.begin() as conn:
+            record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="stage_changed", stage=value)
+
+    def live(flow):
+        with rt.db.connect() as conn:
+            return conn.execute(select(enrollments.c.id).where(enrollments.c.pointer_id == flow)).scalars().all()
+
+    stage("lead")
+    stage("lead")  # the first run is live: no second one
+    assert len(live(once)) == 1 and len(live(cooldown)) == 1
+    flows.run()
+    clock.advance(timedelta(hours=2))
+    flows.run()  # both runs end
+    stage("orcamento")
+    assert len(live(once)) == 1  # once per contact, for good
+    assert len(live(cooldown)) == 1  # within the cooldown
+    clock.advance(timedelta(days=1))
+    stage("orcamento")
+    assert len(live(once)) == 1 and len(live(cooldown)) == 2
+
+
+def test_automatic_triggers_need_an_enabled_agent_manual_ones_do_not(world, flows, rt):
+    contact = world.contact()
+    graph = linear(node("inicio", "trigger"), node("fim", "end", outcome="exhausted"))
+    flow = flows.flow(graph, trigger={"kind": "event", "event": "stage_changed"}, agent=False)
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="stage_changed", stage="x")
+        result = triggers.enroll(conn, world.org_id, flow, contact, trigger_kind="event", trigger_key="e:1")
+    assert result.reason == "no_agent_enables_flow"
+    assert flows.enroll(flow, contact, key="abc") == flows.enroll(flow, contact, key="abc")
+
+
+def test_appointment_events_start_their_flows(world, flows, rt, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("msg", "action", mode="template", template="followup_rebook"),
+                             node("fim", "end", outcome="exhausted")),
+                      trigger={"kind": "appointment", "appointment_event": "no_show"})
+    appointment = world.appointment(contact, clock.now() + timedelta(hours=1))
+    from engine.appointments import set_status
+
+    with rt.db.begin() as conn:
+        set_status(conn, world.org_id, appointment, "scheduled", "no_show")
+    flows.run()
+    [message] = flows.followups()
+    assert message.appointment_id == appointment and message.status == "sent"
+    assert flows.enrollment(message.enrollment_id).pointer_id == flow
+
+
+def test_silence_starts_a_run_and_a_broken_premise_skips_it(world, flows, rt, clock):
+    from engine.outbox import enqueue
+
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("msg", "action", mode="template", template="followup_checkin"),
+                             node("fim", "end", outcome="exhausted")),
+                      trigger={"kind": "silence", "minutes": 120})
+    clock.advance(timedelta(minutes=1))  # messages from before the flow was published do not count
+    with rt.db.begin() as conn:
+        enqueue(conn, org_id=world.org_id, contact_id=contact, channel_kind="whatsapp", purpose="adhoc",
+                idempotency_key="adhoc:1", payload={"text": "Olá!"}, respect_window=False)
+    flows.send()
+    clock.advance(timedelta(minutes=119))
+    with rt.db.begin() as conn:
+        assert triggers.scan(conn) == 0
+    clock.advance(timedelta(minutes=1))
+    with rt.db.begin() as conn:
+        assert triggers.scan(conn) == 1
+        assert triggers.scan(conn) == 0  # the same silence starts one run
+    flows.reply("oi")  # the patient writes before the run fires: the premise is broken
+    flows.run()
+    [run_id] = [e.id for e in _runs(rt, flow)]
+    run = flows.enrollment(run_id)
+    assert (run.status, run.cancel_reason) == ("cancelled", "silence_broken")
+    assert statuses(flows.steps(run_id)) == [("inicio", "skipped", "silence_broken")]
+    assert flows.followups() == []
+
+
+def _runs(rt, flow):
+    with rt.db.connect() as conn:
+        return conn.execute(select(enrollments).where(enrollments.c.pointer_id == flow)).all()
+
+
+def test_disable_finishes_or_cancels_live_runs(world, flows, rt, clock):
+    graph = linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                   node("fim", "end", outcome="exhausted"))
+    finishing, cancelling = flows.flow(graph), flows.flow(graph)
+    contact = world.contact()
+    a, b = flows.enroll(finishing, contact), flows.enroll(cancelling, contact)
+    flows.run()
+    with rt.db.begin() as conn:
+        assert versions.disable(conn, world.org_id, finishing, live="finish") == 0
+        assert versions.disable(conn, world.org_id, cancelling, live="cancel") == 1
+        assert triggers.enroll(conn, world.org_id, finishing, contact, trigger_kind="manual", trigger_key="k",
+                               automatic=False).reason == "flow_not_active"
+    clock.advance(timedelta(minutes=60))
+    flows.run()
+    assert flows.enrollment(a).status == "completed"
+    assert (flows.enrollment(b).status, flows.enrollment(b).cancel_reason) == ("cancelled", "flow_disabled")
+
+
+def test_every_live_status_has_a_way_out(world, flows, rt, clock):
+    """active → advance; waiting_reply → a reply or the grace; paused_handoff → the hand-off's
+    end (or opt-out); and from each, opt-out ends the run."""
+    contact = world.contact()
+    enrollment_id = flows.enroll(flows.flow(classify_graph(), handoff_policy="pause"), contact)
+    seen = {flows.enrollment(enrollment_id).status}
+    flows.run()
+    seen.add(flows.enrollment(enrollment_id).status)
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_started")
+    seen.add(flows.enrollment(enrollment_id).status)
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_ended")
+    assert flows.enrollment(enrollment_id).status == "waiting_reply"
+    clock.advance(timedelta(minutes=30))
+    flows.run()  # resumed at the classify, whose grace has now passed
+    seen.add(flows.enrollment(enrollment_id).status)
+    assert seen == {"active", "waiting_reply", "paused_handoff", "completed"}
+    for status in ("active", "waiting_reply", "paused_handoff"):
+        other = flows.enroll(flows.flow(classify_graph()), contact)
+        with rt.db.begin() as conn:
+            conn.execute(update(enrollments).where(enrollments.c.id == other).values(status=status))
+        flows.reply("SAIR")
+        assert flows.enrollment(other).outcome == "opted_out"
+        with rt.db.begin() as conn:
+            conn.execute(contact_events.delete())
+        from engine.contacts import set_consent
+
+        with rt.db.begin() as conn:
+            for kind in ("whatsapp", "sms", "email"):
+                set_consent(conn, world.org_id, contact, kind, source="test")

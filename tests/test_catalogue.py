@@ -1,0 +1,44 @@
+"""Every code the follow-up engine can hand to a person has a sentence in the one catalogue."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.catalogue import CATALOGUE, UnknownCode, describe
+from engine.flows.ai.base import ERROR_CODES, REASON_CODES
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The shapes in which engine/flows writes a reason code.
+PATTERNS = (
+    re.compile(r'Decision\(\s*"\w+",\s*"(\w+)"'),
+    re.compile(r'Enrolled\([^()]*"(\w+)"\)'),
+    re.compile(r'\breason="(\w+)"'),
+    re.compile(r'Step\("\w+", "(\w+)"'),
+    re.compile(r'FlowIssue\([^,()]+, "(\w+)"'),
+)
+
+
+def _codes_in_flows() -> set[str]:
+    codes: set[str] = set()
+    for path in (ROOT / "engine" / "flows").rglob("*.py"):
+        text = path.read_text()
+        for pattern in PATTERNS:
+            codes.update(pattern.findall(text))
+    return codes
+
+
+def test_every_code_the_flows_engine_writes_has_a_sentence() -> None:
+    codes = _codes_in_flows() | set(REASON_CODES) | set(ERROR_CODES)
+    assert len(codes) > 40  # the patterns still find the codes
+    missing = sorted(code for code in codes if code not in CATALOGUE)
+    assert missing == []
+
+
+def test_a_sentence_binds_its_parameters_and_an_unknown_code_is_a_bug() -> None:
+    assert str(describe("classified", **{"class": "reschedule"})) == \
+        "A resposta do paciente foi entendida como reschedule."
+    with pytest.raises(UnknownCode):
+        describe("no_such_code")
