@@ -3,11 +3,14 @@ upgrade, and the embedded default delivering the demo's reminders within a minut
 
 from __future__ import annotations
 
+import json
 import socket
 import sqlite3
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,5 +148,36 @@ def test_embedded_default_sends_demo_reminders_within_a_minute(tmp_path):
         assert in_sandbox >= 2
         assert (tmp_path / "lembra.key").exists(), "embedded mode keeps its own credential key"
         print(f"demo reminders sent {elapsed:.0f}s after start")
+        _demo_follow_up_is_sent_and_a_reply_is_routed(db_file, port, tmp_path)
     finally:
         procs.stop_all()
+
+
+def _demo_follow_up_is_sent_and_a_reply_is_routed(db_file, port: int, tmp_path) -> None:
+    """The demo's follow-up flow: the enrolled patient gets the follow-up, and a reply typed as the
+    patient (the sandbox webhook the console's chat also feeds) is classified and routed."""
+
+    def one(sql: str) -> Any:
+        try:
+            with sqlite3.connect(db_file, timeout=1) as conn:
+                row = conn.execute(sql).fetchone()
+                return row[0] if row else None
+        except sqlite3.OperationalError:
+            return None
+
+    log = lambda: (tmp_path / "up.log").read_text(errors="replace")[-3000:]  # noqa: E731
+    wait_until(lambda: one("SELECT count(*) FROM messages WHERE purpose = 'followup' AND status = 'sent'") == 1,
+               timeout=120, what="the demo follow-up in the sandbox", on_fail=log)
+    wait_until(lambda: one("SELECT status FROM enrollments") == "waiting_reply", timeout=60,
+               what="the demo run waiting for a reply", on_fail=log)
+    channel = one("SELECT id FROM channels WHERE kind = 'whatsapp'")
+    phone = one("SELECT c.phone FROM contacts c JOIN enrollments e ON e.contact_id = c.id")
+    body = json.dumps({"type": "message", "id": "demo-reply-1", "from": phone, "text": "Posso remarcar para sexta?",
+                       "timestamp": time.time()}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/webhooks/sandbox/{channel}", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    wait_until(lambda: one("SELECT current_node_id FROM enrollments") == "remarcar", timeout=60,
+               what="the reply classified and routed", on_fail=log)
+    assert one("SELECT last_class FROM enrollments") == "reschedule"

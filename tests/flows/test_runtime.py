@@ -523,3 +523,26 @@ def test_every_live_status_has_a_way_out(world, flows, rt, clock):
         with rt.db.begin() as conn:
             for kind in ("whatsapp", "sms", "email"):
                 set_consent(conn, world.org_id, contact, kind, source="test")
+
+
+def test_a_reminder_without_a_reply_starts_its_flow_once(world, flows, rt, clock):
+    contact = world.contact()
+    flow = flows.flow(linear(node("inicio", "trigger"), node("msg", "action", mode="template", template="followup_checkin"),
+                             node("fim", "end", outcome="exhausted")),
+                      trigger={"kind": "reminder_no_reply", "minutes": 180})
+    world.rule(1440)
+    appointment = world.appointment(contact, clock.now() + timedelta(hours=26))
+    clock.advance(timedelta(hours=2))
+    flows.send()  # the 24 h reminder goes out
+    clock.advance(timedelta(minutes=179))
+    with rt.db.begin() as conn:
+        assert triggers.scan(conn) == 0
+    clock.advance(timedelta(minutes=1))
+    with rt.db.begin() as conn:
+        assert triggers.scan(conn) == 1
+    flows.run()
+    [message] = flows.followups()
+    assert (message.appointment_id, message.status) == (appointment, "sent")
+    clock.advance(timedelta(hours=1))
+    with rt.db.begin() as conn:
+        assert triggers.scan(conn) == 0  # once per contact (repeat: once)
