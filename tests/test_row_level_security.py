@@ -59,3 +59,33 @@ def test_a_declared_org_sees_only_its_rows(rt, clock, app_role):
             conn.execute(text(
                 "INSERT INTO contacts (org_id, name, created_at, updated_at) VALUES (:b, 'x', now(), now())"
             ), {"b": clinic_b.org_id})
+
+
+def test_every_table_with_an_org_is_under_row_level_security(rt):
+    with rt.db.engine.connect() as conn:
+        tables = conn.execute(text(
+            "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace JOIN information_schema.columns col "
+            "ON col.table_schema = n.nspname AND col.table_name = c.relname AND col.column_name = 'org_id' "
+            "WHERE n.nspname = 'public' AND c.relkind = 'r'")).all()
+    assert {t.relname for t in tables} >= {"flow_pointers", "flow_versions", "enrollments", "enrollment_events",
+                                           "agents", "flow_claims"}
+    assert [t.relname for t in tables if not (t.relrowsecurity and t.relforcerowsecurity)] == []
+
+
+def test_a_declared_org_sees_only_its_flows_and_enrollments(rt, clock, app_role):
+    from tests.flows.helpers import Flows, linear, node
+
+    worlds = [World(rt, slug="clinica-a"), World(rt, slug="clinica-b")]
+    for world in worlds:
+        world.channel("whatsapp")
+        flows = Flows(world)
+        flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                                 node("fim", "end", outcome="exhausted")))
+        flows.enroll(flow, world.contact(), key="k")
+        flows.run()
+    with app_role.begin() as conn:
+        conn.execute(text("SELECT set_config('lembra.org_id', :org, true)"), {"org": str(worlds[0].org_id)})
+        for table in ("flow_pointers", "flow_versions", "enrollments", "enrollment_events", "agents", "flow_claims"):
+            seen = conn.execute(text(f"SELECT DISTINCT org_id FROM {table}")).scalars().all()
+            assert seen == [worlds[0].org_id], table
