@@ -46,6 +46,7 @@ CATALOGUE: dict[str, Text] = {
     "detail_number": N_("use um número"),
     "detail_boolean": N_("use verdadeiro ou falso"),
     "detail_text": N_("use um texto de até %(max)s caracteres"),
+    "detail_text_range": N_("use um texto de %(min)s a %(max)s caracteres"),
     "detail_text_any": N_("use um texto"),
     "detail_choice": N_("use um destes valores: %(choices)s"),
     "detail_list": N_("use uma lista de %(min)s a %(max)s itens"),

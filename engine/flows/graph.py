@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+
 def edge_key(condition_type: str, value: Any = None) -> tuple[str, Any]:
     """How the edges leaving one node are told apart: the condition type, plus the value for
     `class_match` (the class) and `cond_result` (true/false). Any other value is ignored."""

@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from apispec.ext.marshmallow.field_converter import DEFAULT_FIELD_MAPPING
 from apispec.ext.marshmallow.openapi import OpenAPIConverter
@@ -111,7 +111,7 @@ class WholeNumber(fields.Integer):
 class Coordinate(fields.Raw):
     """A finite JSON number, kept exactly as given (the builder's canvas position)."""
 
-    default_error_messages = {"invalid": "Not a valid number."}
+    default_error_messages: ClassVar[dict[str, str]] = {"invalid": "Not a valid number."}
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -263,8 +263,10 @@ NODE_CONFIGS: Mapping[str, Mapping[str | None, type[Schema]]] = {
 
 class _TriggerConfig(_Strict):
     repeat = fields.String(load_default="once", validate=validate.OneOf(REPEAT_POLICIES))
-    cooldown_minutes = WholeNumber(load_default=None, allow_none=True, validate=validate.Range(min=MIN_WAIT_MINUTES))
-    conditions = fields.List(fields.Nested(CheckConfig), load_default=list, validate=validate.Length(max=MAX_CONDITIONS))
+    cooldown_minutes = WholeNumber(load_default=None, allow_none=True,
+                                   validate=validate.Range(min=MIN_WAIT_MINUTES))
+    conditions = fields.List(fields.Nested(CheckConfig), load_default=list,
+                             validate=validate.Length(max=MAX_CONDITIONS))
 
     @validates_schema
     def _cooldown_iff_repeat_cooldown(self, data: Mapping[str, Any], **kwargs: Any) -> None:
@@ -417,8 +419,8 @@ _CUSTOM_DETAILS: Mapping[str, Callable[[Mapping[str, Any]], Text]] = {
 DETAIL_CODES = (
     "detail_required", "detail_unknown_field", "detail_invalid", "detail_object", "detail_integer",
     "detail_integer_range", "detail_integer_min", "detail_number", "detail_boolean", "detail_text",
-    "detail_text_any", "detail_choice", "detail_list", "detail_too_many", "detail_repeated", "detail_slug",
-    "detail_node_id", "detail_reserved_class", "detail_min_over_max", "detail_keyword_class",
+    "detail_text_range", "detail_text_any", "detail_choice", "detail_list", "detail_too_many", "detail_repeated",
+    "detail_slug", "detail_node_id", "detail_reserved_class", "detail_min_over_max", "detail_keyword_class",
     "detail_cooldown_required", "detail_cooldown_forbidden", "detail_no_value", "detail_class_value",
 )
 
@@ -454,6 +456,8 @@ def _rule(field: fields.Field) -> Text:
     if isinstance(field, fields.String):
         if length is None or length.max is None:
             return describe("detail_text_any")
+        if length.min:
+            return describe("detail_text_range", min=length.min, max=length.max)
         return describe("detail_text", max=length.max)
     if isinstance(field, fields.List) and length is not None:
         if length.min:
@@ -614,13 +618,9 @@ def node_ids(graph: Any) -> list[Any]:
 
 
 def _oversized(graph: Mapping[str, Any]) -> list[FlowIssue]:
-    issues = []
-    for key, limit in (("nodes", MAX_NODES), ("edges", MAX_EDGES)):
-        items = graph.get(key)
-        if isinstance(items, list) and len(items) > limit:
-            issues.append(FlowIssue(None, "invalid_graph", {"field": key, "detail": describe("detail_too_many",
-                                                                                                max=limit)}))
-    return issues
+    limits = {"nodes": MAX_NODES, "edges": MAX_EDGES}
+    return [FlowIssue(None, "invalid_graph", {"field": key, "detail": describe("detail_too_many", max=limit)})
+            for key, limit in limits.items() if isinstance(graph.get(key), list) and len(graph[key]) > limit]
 
 
 _NODE_ID = re.compile(NODE_ID)
@@ -633,7 +633,7 @@ def _valid_id(value: Any) -> bool:
 def _draft_issue(graph: Mapping[str, Any], problem: Problem) -> FlowIssue:
     """The problem as an issue on the node it is about (an edge's: its source node)."""
     params = {"field": problem.field("graph"), "detail": problem.detail}
-    where, index = (problem.path + (None, None))[:2]
+    where, index = (*problem.path, None, None)[:2]
     if where not in ("nodes", "edges") or not isinstance(index, int):
         return FlowIssue(None, "invalid_graph", params)
     item = _item(graph[where], index)

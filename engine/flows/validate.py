@@ -21,6 +21,7 @@ from engine.flows.schema import (
     MIN_GRACE_MINUTES,
     MIN_WAIT_MINUTES,
     ConfigError,
+    Problem,
     check_draft,
     load_trigger_config,
     node_ids,
@@ -116,19 +117,18 @@ def _node_config(flow: _Flow, node: Mapping[str, Any]) -> dict[str, Any] | None:
     try:
         return normalize_node_config(node["type"], node["config"])
     except ConfigError as error:
-        for problem in error.problems:
-            flow.issues.append(_config_issue(node, problem.path, problem.field("config"), problem.detail))
+        flow.issues += [_config_issue(node, problem) for problem in error.problems]
         return None
 
 
-def _config_issue(node: Mapping[str, Any], path: tuple[Any, ...], where: str, detail: Any) -> FlowIssue:
+def _config_issue(node: Mapping[str, Any], problem: Problem) -> FlowIssue:
     grace = node["config"].get("grace_minutes")
-    if (node["type"] == "ai_classify" and path == ("grace_minutes",) and isinstance(grace, int)
+    if (node["type"] == "ai_classify" and problem.path == ("grace_minutes",) and isinstance(grace, int)
             and not isinstance(grace, bool) and grace < MIN_GRACE_MINUTES):
         # The schema's lower bound, reported with its own code: it is a decision the clinic
         # makes (how long to wait for an answer), not a malformed field.
         return FlowIssue(node["id"], "grace_too_short", {"minutes": grace, "min": MIN_GRACE_MINUTES})
-    return FlowIssue(node["id"], "invalid_config", {"field": where, "detail": detail})
+    return FlowIssue(node["id"], "invalid_config", {"field": problem.field("config"), "detail": problem.detail})
 
 
 def _trigger_config(flow: _Flow, trigger_config: Any) -> dict[str, Any] | None:
@@ -183,7 +183,7 @@ def _max_steps_issues(max_steps: Any) -> list[FlowIssue]:
     if isinstance(max_steps, int) and not isinstance(max_steps, bool) and low <= max_steps <= high:
         return []
     shown = max_steps if isinstance(max_steps, int) else str(max_steps)
-    return [FlowIssue(None, "invalid_max_steps", {"max_steps": shown, "min": low, "max": high})]
+    return [FlowIssue(None, "invalid_max_steps", {"max_steps": shown})]
 
 
 def _too_many_steps(flow: _Flow, max_steps: int) -> list[FlowIssue]:
@@ -348,7 +348,7 @@ def _longest_waits(flow: _Flow) -> dict[str, float]:
                 target = component_of[successor]
                 if target != index:
                     before[target] = max(before.get(target, 0), before[index] + spent)
-    return {node_id: math.inf if _is_cycle(flow, components[index]) else before[index]
+    return {node_id: math.inf if _is_cycle(flow, members) else before[index]
             for index, members in enumerate(components) if index in before for node_id in members}
 
 

@@ -20,7 +20,8 @@ from engine import clock
 from engine.flows import lifecycle
 from engine.flows.graph import GraphIndex
 from engine.flows.issues import FlowIssue
-from engine.flows.schema import check_draft, load_trigger_config, normalize_graph
+from engine.catalogue import describe
+from engine.flows.schema import ConfigError, check_draft, load_trigger_config, normalize_graph
 from engine.flows.validate import validate_for_publish
 from engine.models import enrollments, flow_pointers, flow_versions, templates
 from engine.orgs import DomainError
@@ -69,8 +70,12 @@ def _check_settings(values: Mapping[str, Any]) -> list[FlowIssue]:
     if values.get("trigger_config"):
         try:
             load_trigger_config(values["trigger_config"])
+        except ConfigError as exc:
+            issues.extend(FlowIssue(None, "invalid_trigger", {"field": p.field("trigger_config"), "detail": p.detail})
+                          for p in exc.problems)
         except ValidationError:
-            issues.append(FlowIssue(None, "invalid_trigger"))
+            issues.append(FlowIssue(None, "invalid_trigger", {"field": "trigger_config",
+                                                              "detail": describe("detail_invalid")}))
     if "draft_graph" in values:
         issues.extend(check_draft(values["draft_graph"]))
     return issues
