@@ -63,6 +63,21 @@ def translate(value: object) -> str:
     return str(value)
 
 
+def translate_to(text: Text, locale: str) -> str:
+    """`text` in `locale`, outside any request (the REST API answers both languages at once).
+
+    Nested Texts (a `detail` inside an issue's sentence) are translated first; a msgid the
+    catalog does not hold yet stays in Portuguese, as the console shows it."""
+    params = {k: translate_to(v, locale) if isinstance(v, Text) else v for k, v in text.params.items()}
+    translated = catalog(normalize(locale) or DEFAULT_LOCALE).gettext(text.msgid)
+    if not params:
+        return translated
+    try:
+        return translated % params
+    except (KeyError, ValueError, TypeError):  # a translation whose placeholders drifted from the msgid
+        return str(text)
+
+
 def normalize(value: str | None) -> str | None:
     """A supported locale for a stored or requested value ('pt', 'pt-BR', 'en_US' …)."""
     if not value:

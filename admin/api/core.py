@@ -134,6 +134,8 @@ def json_body() -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the body is not valid JSON") from None
+    except RecursionError:  # e.g. a megabyte of "[": valid JSON, too deep for the parser
+        raise ApiError(400, "the body nests too deeply") from None
 
 
 def load(schema: Schema, data: Any, extra_errors: Mapping[str, Any] | None = None) -> dict[str, Any]:

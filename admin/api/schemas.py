@@ -6,12 +6,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from marshmallow import (
     EXCLUDE,
+    INCLUDE,
     RAISE,
     Schema,
     ValidationError,
@@ -20,11 +22,16 @@ from marshmallow import (
     validates_schema,
 )
 
+from engine.flows.queries import ENROLLMENT_STATUSES
+from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
 from gateway.phones import InvalidPhone, normalize_phone
 
 MAX_ID = 2**63 - 1
 EVENT_TYPES = ("handoff_started", "handoff_ended", "stage_changed")
+FLOW_STATUSES = ("draft", "active", "disabled")
+#: How deep a JSON document in a body may nest (a flow graph needs about six levels).
+MAX_JSON_DEPTH = 32
 
 
 def _storable(value: str) -> None:
@@ -70,6 +77,57 @@ class Instant(fields.AwareDateTime):
         if not 1900 <= utc.year <= 2200:
             raise ValidationError("Must be between the years 1900 and 2200.")
         return result
+
+
+class Flag(fields.Boolean):
+    """A JSON `true` or `false`; marshmallow's Boolean would also take 1, "yes" and "on"."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid")
+        return value
+
+
+class WholeNumber(fields.Integer):
+    """A JSON integer: not 5.0, not "5", not `true` (bool is an int to Python)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, bool):
+            raise self.make_error("invalid")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class JsonObject(fields.Dict):
+    """A JSON object stored as given (a flow's graph or trigger). Its meaning is the engine's to
+    judge (`engine.flows.schema`); here it only has to be storable: no NUL characters or lone
+    surrogates in any key or string, finite numbers, and no deeper than MAX_JSON_DEPTH."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        result = super()._deserialize(value, attr, data, **kwargs)
+        _storable_json(result)
+        return result
+
+
+def _storable_json(document: Any) -> None:
+    # Iterative, so a hostile document cannot exhaust the interpreter's stack.
+    pending: list[tuple[Any, int]] = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValidationError(f"Must not nest deeper than {MAX_JSON_DEPTH} levels.")
+        if isinstance(value, str):
+            _storable(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValidationError("Numbers must be finite.")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _storable(str(key))
+                pending.append((item, depth + 1))
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1) for item in value)
 
 
 def _phone(value: str) -> None:
@@ -198,6 +256,79 @@ class EventIn(Schema):
             raise ValidationError("Required for stage_changed.", "stage")
 
 
+class FlowFields(Schema):
+    """A flow's settings as a clinic's software writes them. The graph and the trigger are
+    checked by the engine (`engine.flows.schema`, also served as `GET /flows/schema`): a bad
+    shape answers 422 with one issue per node."""
+
+    class Meta:
+        unknown = RAISE
+
+    name = Text(validate=validate.Length(min=1, max=120), metadata={"description": "Unique in the org."})
+    draft_graph = JsonObject(metadata={"description": "The graph being edited: `{nodes, edges}` (see "
+                                                      "`GET /flows/schema`). Only its shape is checked here; "
+                                                      "publishing checks the rules."})
+    trigger_config = JsonObject(metadata={"description": "What starts the flow, e.g. `{\"kind\": \"manual\"}` "
+                                                         "or `{\"kind\": \"silence\", \"minutes\": 2880}`."})
+    handoff_policy = fields.String(validate=validate.OneOf(HANDOFF_POLICIES),
+                                   metadata={"description": "What a hand-off to a person does to live runs."})
+    cancel_on_reply = Flag(metadata={"description": "End a live run when the patient writes (unless a node is "
+                                                    "waiting for the reply)."})
+    # The same limits as engine.flows.versions checks; declared here so the document states them.
+    max_steps = WholeNumber(validate=validate.Range(min=1, max=200),
+                            metadata={"description": "Steps one run may take before it ends `exhausted`."})
+    resume_grace_minutes = WholeNumber(validate=validate.Range(min=0, max=10080),
+                                       metadata={"description": "Minutes after a hand-off ends before a paused "
+                                                                "run resumes."})
+
+    @validates_schema(skip_on_field_errors=False)
+    def _name_not_blank(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if isinstance(data.get("name"), str) and not data["name"].strip():
+            raise ValidationError("Must not be blank.", "name")
+
+
+class FlowIn(FlowFields):
+    """A new flow, in `draft` until it is published."""
+
+    name = Text(required=True, validate=validate.Length(min=1, max=120), metadata={"description": "Unique in the org."})
+    # Without a trigger a flow could never be published; manual is what it means to have none.
+    trigger_config = JsonObject(load_default=lambda: {"kind": "manual"},
+                                metadata={"description": "What starts the flow (`{\"kind\": \"manual\"}` when "
+                                                         "omitted), e.g. `{\"kind\": \"silence\", \"minutes\": "
+                                                         "2880}`."})
+
+
+class FlowPatch(FlowFields):
+    """Only the fields given change; live runs keep the version they started on."""
+
+
+class FlowDisableIn(Schema):
+    class Meta:
+        unknown = RAISE
+
+    live = fields.String(load_default="finish", validate=validate.OneOf(DISABLE_LIVE),
+                         metadata={"description": "`finish`: live runs go on with their version; `cancel`: "
+                                                  "they end now."})
+
+
+class FlowRollbackIn(Schema):
+    class Meta:
+        unknown = RAISE
+
+    version = WholeNumber(required=True, validate=validate.Range(min=1, max=2**31 - 1),
+                          metadata={"description": "An earlier version number of this flow."})
+
+
+class EnrollmentIn(Schema):
+    class Meta:
+        unknown = RAISE
+
+    flow_id = Id(required=True)
+    contact_id = Id(required=True)
+    appointment_id = Id(allow_none=True, metadata={"description": "One of the contact's appointments, for "
+                                                                  "flows whose conditions read it."})
+
+
 class PageQuery(Schema):
     class Meta:
         unknown = RAISE  # a misspelt filter is an error, not a silently unfiltered list
@@ -221,6 +352,16 @@ class AppointmentQuery(PageQuery):
 class MessageQuery(PageQuery):
     status = fields.String(validate=validate.OneOf(MESSAGE_STATUSES))
     purpose = Text(validate=validate.Length(min=1, max=100))
+    contact_id = Id(strict=False)
+
+
+class FlowQuery(PageQuery):
+    status = fields.String(validate=validate.OneOf(FLOW_STATUSES))
+
+
+class EnrollmentQuery(PageQuery):
+    flow_id = Id(strict=False)
+    status = fields.String(validate=validate.OneOf(ENROLLMENT_STATUSES))
     contact_id = Id(strict=False)
 
 
@@ -294,6 +435,116 @@ class EventOut(Schema):
     created_at = _out_dt(required=True)
 
 
+class FlowOut(Schema):
+    id = fields.Integer(required=True)
+    name = fields.String(required=True)
+    status = fields.String(required=True, validate=validate.OneOf(FLOW_STATUSES))
+    active_version = fields.Integer(required=True, allow_none=True,
+                                    metadata={"description": "The number of the version new runs start on."})
+    live_enrollments = fields.Integer(required=True, metadata={"description": "Runs active, waiting for a "
+                                                                              "reply or paused by a hand-off."})
+    handoff_policy = fields.String(required=True, validate=validate.OneOf(HANDOFF_POLICIES))
+    cancel_on_reply = fields.Boolean(required=True)
+    max_steps = fields.Integer(required=True)
+    resume_grace_minutes = fields.Integer(required=True)
+    trigger_config = fields.Dict(required=True)
+    created_at = _out_dt(required=True)
+    updated_at = _out_dt(required=True)
+
+
+class FlowDetailOut(FlowOut):
+    draft_graph = fields.Dict(required=True)
+
+
+class VersionOut(Schema):
+    id = fields.Integer(required=True)
+    version = fields.Integer(required=True)
+    created_at = _out_dt(required=True)
+    graph = fields.Dict(required=True, metadata={"description": "The frozen graph, every node's config with "
+                                                                "its defaults filled in."})
+
+
+class VersionSummaryOut(Schema):
+    id = fields.Integer(required=True)
+    version = fields.Integer(required=True)
+    created_at = _out_dt(required=True)
+    created_by = fields.Integer(required=True, allow_none=True,
+                                metadata={"description": "The console user who published it; null through the API."})
+
+
+class VersionListOut(Schema):
+    data = fields.List(fields.Nested(VersionSummaryOut), required=True, metadata={"description": "Newest first."})
+
+
+class FlowDisabledOut(Schema):
+    flow = fields.Nested(FlowOut, required=True)
+    cancelled = fields.Integer(required=True, metadata={"description": "Live runs ended (`live: cancel`)."})
+
+
+class FlowIssueOut(Schema):
+    """One broken rule of a flow, as a 422's `details` lists them."""
+
+    node_id = fields.String(required=True, allow_none=True,
+                            metadata={"description": "The node to highlight; null for the whole flow."})
+    code = fields.String(required=True, metadata={"example": "missing_no_reply"})
+    message = fields.String(required=True, metadata={"description": "The sentence in Portuguese (Brazil)."})
+    message_en = fields.String(required=True, metadata={"description": "The sentence in English."})
+
+
+class FlowGraphSchemaOut(Schema):
+    """A JSON Schema document (draft 2020-12); only its frame is described here."""
+
+    class Meta:
+        unknown = INCLUDE
+
+    schema = fields.String(required=True, data_key="$schema")
+    title = fields.String(required=True)
+    defs = fields.Dict(required=True, data_key="$defs")
+
+
+class EnrollmentOut(Schema):
+    id = fields.Integer(required=True)
+    flow_id = fields.Integer(required=True)
+    version = fields.Integer(required=True, metadata={"description": "The version number the run started on "
+                                                                     "(and keeps)."})
+    contact_id = fields.Integer(required=True)
+    appointment_id = fields.Integer(required=True, allow_none=True)
+    status = fields.String(required=True, validate=validate.OneOf(ENROLLMENT_STATUSES))
+    current_node = fields.String(required=True)
+    next_eval_at = _out_dt(required=True, allow_none=True, metadata={"description": "When the run is next due."})
+    attempts = fields.Integer(required=True, metadata={"description": "Failed attempts of the current step."})
+    steps = fields.Integer(required=True, metadata={"description": "Steps taken."})
+    llm_calls = fields.Integer(required=True)
+    messages_sent = fields.Integer(required=True)
+    replies = fields.Integer(required=True)
+    outcome = fields.String(required=True, allow_none=True)
+    reason = fields.String(required=True, allow_none=True,
+                           metadata={"description": "Why it ended, or why its last step failed (a code)."})
+    reason_text = fields.String(required=True, allow_none=True,
+                                metadata={"description": "`reason` as a sentence in Portuguese (Brazil)."})
+    created_at = _out_dt(required=True)
+    updated_at = _out_dt(required=True)
+    ended_at = _out_dt(required=True, allow_none=True)
+
+
+class StepOut(Schema):
+    """One event of a run: codes, node ids and instants, never the patient's words."""
+
+    at = _out_dt(required=True)
+    node_id = fields.String(required=True, allow_none=True)
+    event = fields.String(required=True, metadata={"example": "step"})
+    status = fields.String(required=True, allow_none=True)
+    reason = fields.String(required=True, allow_none=True)
+    reason_text = fields.String(required=True, allow_none=True)
+    next = fields.String(required=True, allow_none=True, metadata={"description": "The node it moved to."})
+    until = _out_dt(required=True, allow_none=True, metadata={"description": "When it is due again."})
+    llm_calls = fields.Integer(required=True)
+
+
+class EnrollmentDetailOut(EnrollmentOut):
+    timeline = fields.List(fields.Nested(StepOut), required=True, metadata={"description": "Oldest first."})
+
+
 def page_schema(item: type[Schema], name: str) -> type[Schema]:
     """`{data: [item…], next_cursor}` for a list endpoint."""
     return Schema.from_dict({
@@ -307,6 +558,8 @@ def page_schema(item: type[Schema], name: str) -> type[Schema]:
 ContactPage = page_schema(ContactOut, "ContactPage")
 AppointmentPage = page_schema(AppointmentOut, "AppointmentPage")
 MessagePage = page_schema(MessageOut, "MessagePage")
+FlowPage = page_schema(FlowOut, "FlowPage")
+EnrollmentPage = page_schema(EnrollmentOut, "EnrollmentPage")
 
 
 class ErrorOut(Schema):

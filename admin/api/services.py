@@ -14,10 +14,13 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from admin.api.core import ApiError
+from admin.i18n import translate_to
 from engine import appointments as appointment_ops
 from engine import clock
 from engine.contacts import create_contact, set_consent
-from engine.models import appointments, contacts, messages, preferences
+from engine.flows import lifecycle, queries, triggers
+from engine.flows.issues import FlowIssue
+from engine.models import appointments, contacts, enrollments, messages, preferences
 from engine.outbox import enqueue, find_id
 from engine.populate import plan_new, refresh_appointment
 from gateway.phones import normalize_phone
@@ -193,29 +196,11 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
         changes["starts_at"] = data["starts_at"]
     target = data.get("status")
     if target and target != status and not (target == "scheduled" and status == "confirmed"):
-        _set_status(conn, org_id, existing.id, status, target)
+        appointment_ops.set_status(conn, org_id, existing.id, status, target)
         changes["status"] = target
     if changes:
         refresh_appointment(conn, org_id, existing.id)
     return find_appointment(conn, org_id, existing.id), False, changes
-
-
-def _set_status(conn: Connection, org_id: int, appointment_id: int, current: str, target: str) -> None:
-    now = clock.now()
-    where = (appointments.c.org_id == org_id) & (appointments.c.id == appointment_id)
-    if target == "cancelled" and current in LIVE:
-        appointment_ops.cancel(conn, org_id, appointment_id, source="clinic")
-    elif target == "confirmed" and current == "scheduled":
-        appointment_ops.confirm(conn, org_id, appointment_id)
-    elif target == "cancelled":
-        conn.execute(update(appointments).where(where).values(
-            status="cancelled", cancelled_at=now, cancel_source="clinic", updated_at=now))
-    elif target in LIVE:  # reopened by the clinic
-        conn.execute(update(appointments).where(where).values(
-            status=target, confirmed_at=now if target == "confirmed" else None, cancelled_at=None,
-            cancel_source=None, updated_at=now))
-    else:  # completed, no_show
-        conn.execute(update(appointments).where(where).values(status=target, updated_at=now))
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -272,3 +257,163 @@ def send_adhoc(conn: Connection, org_id: int, key: str, data: dict[str, Any]) ->
         raise ApiError(409, "this Idempotency-Key was already used for a different request")
     return row, False
 
+
+# --- flows ------------------------------------------------------------------------------------
+
+FLOW_FIELDS = ("id", "name", "status", "active_version", "handoff_policy", "cancel_on_reply", "max_steps",
+               "resume_grace_minutes", "trigger_config", "created_at", "updated_at")
+
+
+def find_flow(conn: Connection, org_id: int, flow_id: int) -> Any:
+    """The org's flow with its active version number; 404 otherwise."""
+    row = queries.find_flow(conn, org_id, flow_id)
+    if row is None:
+        raise ApiError(404)
+    return row
+
+
+def flow_out(row: Any, live: int, *, detail: bool = False) -> dict[str, Any]:
+    """A flow as the API shows it; `detail` adds the draft graph (lists leave it out)."""
+    out = {f: getattr(row, f) for f in FLOW_FIELDS}
+    out["trigger_config"] = out["trigger_config"] or {}
+    out["live_enrollments"] = live
+    if detail:
+        out["draft_graph"] = row.draft_graph
+    return out
+
+
+def flows_out(conn: Connection, org_id: int, rows: list[Any]) -> list[dict[str, Any]]:
+    """A page of flows with their live counts, counted in one query."""
+    counts = queries.live_counts(conn, org_id, [row.id for row in rows])
+    return [flow_out(row, counts.get(row.id, 0)) for row in rows]
+
+
+def flow_detail(conn: Connection, org_id: int, flow_id: int) -> dict[str, Any]:
+    row = find_flow(conn, org_id, flow_id)
+    return flow_out(row, queries.live_counts(conn, org_id, [flow_id]).get(flow_id, 0), detail=True)
+
+
+def flow_audit(data: dict[str, Any]) -> dict[str, Any]:
+    """A flow write as the audit trail keeps it: the settings, and the graph as a fingerprint
+    (a graph can be large, and the diff is the version history's job)."""
+    changes = {k: v for k, v in data.items() if k != "draft_graph"}
+    if "draft_graph" in data:
+        changes["draft_graph_sha256"] = fingerprint(data["draft_graph"])
+    return changes
+
+
+def issue_out(issue: FlowIssue) -> dict[str, Any]:
+    """A broken rule for a 422's details, in both of the console's languages."""
+    text = queries.sentence(issue.code, issue.params)
+    if text is None:  # a code missing from the catalogue is a bug, but not the caller's
+        return {"node_id": issue.node_id, "code": issue.code, "message": issue.code, "message_en": issue.code}
+    return {"node_id": issue.node_id, "code": issue.code, "message": str(text), "message_en": translate_to(text, "en")}
+
+
+def version_out(row: Any) -> dict[str, Any]:
+    return {"id": row.id, "version": row.version, "created_at": row.created_at, "graph": row.graph}
+
+
+def version_summary_out(row: Any) -> dict[str, Any]:
+    return {"id": row.id, "version": row.version, "created_at": row.created_at, "created_by": row.created_by}
+
+
+# --- enrollments ------------------------------------------------------------------------------
+
+def find_enrollment(conn: Connection, org_id: int, enrollment_id: int) -> Any:
+    row = queries.find_enrollment(conn, org_id, enrollment_id)
+    if row is None:
+        raise ApiError(404)
+    return row
+
+
+def _sentence(code: str | None) -> str | None:
+    text = queries.sentence(code)
+    return str(text) if text is not None else None
+
+
+def enrollment_out(row: Any) -> dict[str, Any]:
+    """An enrollment as the API shows it: counters, clock and codes, nothing the patient wrote."""
+    reason = queries.reason_code(row)
+    return {
+        "id": row.id, "flow_id": row.pointer_id, "version": row.version_number, "contact_id": row.contact_id,
+        "appointment_id": row.appointment_id, "status": row.status, "current_node": row.current_node_id,
+        "next_eval_at": row.next_eval_at, "attempts": row.attempts, "steps": row.steps, "llm_calls": row.llm_calls,
+        "messages_sent": row.messages_sent, "replies": row.replies, "outcome": row.outcome, "reason": reason,
+        "reason_text": _sentence(reason), "created_at": row.created_at, "updated_at": row.updated_at,
+        "ended_at": row.ended_at,
+    }
+
+
+def enrollment_detail(conn: Connection, org_id: int, row: Any) -> dict[str, Any]:
+    """The enrollment with its timeline."""
+    out = enrollment_out(row)
+    out["timeline"] = [
+        {"at": step.at, "node_id": step.node_id, "event": step.event, "status": step.status, "reason": step.reason,
+         "reason_text": str(step.reason_text) if step.reason_text is not None else None, "next": step.next,
+         "until": step.until, "llm_calls": step.llm_calls}
+        for step in queries.run_steps(conn, org_id, row.id)
+    ]
+    return out
+
+
+def _appointment_ref(conn: Connection, org_id: int, appointment_id: int, contact_id: int) -> str | None:
+    row = conn.execute(select(appointments.c.contact_id).where(appointments.c.org_id == org_id,
+                                                               appointments.c.id == appointment_id)).first()
+    if row is None:
+        return "No such appointment."
+    if row.contact_id != contact_id:
+        return "Not an appointment of this contact."
+    return None
+
+
+def enroll_manual(conn: Connection, org_id: int, key: str, data: dict[str, Any]) -> tuple[Any, bool]:
+    """Start `data["flow_id"]` for the contact by hand, under the caller's idempotency key;
+    returns (enrollment row, created).
+
+    Names of rows that are not the org's are a 422 on their field (all listed at once); the
+    engine's refusals (flow not active, contact opted out, already in the flow, …) a 409 with the
+    reason's code and sentence. The same key for the same flow answers the same enrollment; for
+    another contact or appointment it is a 409."""
+    errors: dict[str, list[str]] = {}
+    if queries.find_flow(conn, org_id, data["flow_id"]) is None:
+        errors["flow_id"] = ["No such flow."]
+    try:
+        contact_ref(conn, org_id, data["contact_id"])
+    except ValidationError as exc:
+        errors.update(exc.messages)  # type: ignore[arg-type]
+    else:
+        if data.get("appointment_id") is not None:
+            problem = _appointment_ref(conn, org_id, data["appointment_id"], data["contact_id"])
+            if problem:
+                errors["appointment_id"] = [problem]
+    if errors:
+        raise ValidationError(errors)
+
+    def attempt() -> triggers.Enrolled:
+        return triggers.enroll(conn, org_id, data["flow_id"], data["contact_id"], trigger_kind="manual",
+                               trigger_key=f"api:{key}", caller_key=f"api:{key}",
+                               appointment_id=data.get("appointment_id"), automatic=False)
+
+    result = attempt()
+    if result.reason == "repeat_policy":
+        # A concurrent request with the same key took the claim between enroll's look-up and its
+        # insert; now that it has committed, asking again answers its enrollment.
+        result = attempt()
+    if result.enrollment_id is None:
+        raise ApiError(409, "the contact was not enrolled",
+                       {"reason": result.reason, "message": _sentence(result.reason) or result.reason})
+    row = find_enrollment(conn, org_id, result.enrollment_id)
+    if not result.created and (row.contact_id, row.appointment_id) != (data["contact_id"], data.get("appointment_id")):
+        raise ApiError(409, "this Idempotency-Key was already used for a different request")
+    return row, result.created
+
+
+def cancel_enrollment(conn: Connection, org_id: int, enrollment_id: int) -> Any:
+    """End a live run as the clinic; 404 when it is not the org's, 409 when it already ended."""
+    row = find_enrollment(conn, org_id, enrollment_id)
+    ended = lifecycle.end_live(conn, org_id, enrollments.c.id == enrollment_id, status="cancelled", outcome=None,
+                               reason="cancelled_by_clinic")
+    if not ended:
+        raise ApiError(409, "the enrollment is not live", {"status": row.status})
+    return find_enrollment(conn, org_id, enrollment_id)

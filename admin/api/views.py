@@ -14,6 +14,7 @@ from admin.api.core import (
     ApiError,
     bp,
     caller,
+    error_response,
     json_body,
     load,
     load_query,
@@ -31,17 +32,35 @@ from admin.api.schemas import (
     ContactOut,
     ContactPage,
     ContactQuery,
+    EnrollmentDetailOut,
+    EnrollmentIn,
+    EnrollmentOut,
+    EnrollmentPage,
+    EnrollmentQuery,
     EventIn,
     EventOut,
+    FlowDetailOut,
+    FlowDisabledOut,
+    FlowDisableIn,
+    FlowGraphSchemaOut,
+    FlowIn,
+    FlowPage,
+    FlowPatch,
+    FlowQuery,
+    FlowRollbackIn,
     IdempotencyHeader,
     MessageIn,
     MessageOut,
     MessagePage,
     MessageQuery,
+    VersionListOut,
+    VersionOut,
     encode_cursor,
 )
 from engine.api_events import audit, record_contact_event
-from engine.models import appointments, contacts, messages
+from engine.flows import queries, versions
+from engine.flows.schema import json_schema
+from engine.models import appointments, contacts, enrollments, flow_pointers, messages
 from gateway.phones import normalize_phone
 
 
@@ -72,6 +91,19 @@ def _audit(conn: Any, action: str, entity: str, entity_id: int, changes: dict[st
     who = caller()
     audit(conn, org_id=who.org_id, api_key_id=who.id, action=action, entity=entity, entity_id=entity_id,
           changes=changes)
+
+
+def _idempotency_key(body: Any, schema: Schema) -> tuple[str, dict[str, Any]]:
+    """The `Idempotency-Key` header and the body, validated together so a 422 lists both."""
+    header_errors: dict[str, Any] = {}
+    key = None
+    try:
+        key = load(IdempotencyHeader(), {"Idempotency-Key": request.headers.get("Idempotency-Key")})
+    except ValidationError as exc:
+        header_errors = exc.messages if isinstance(exc.messages, dict) else {"Idempotency-Key": exc.messages}
+    data = load(schema, body, header_errors)
+    assert key is not None
+    return key["idempotency_key"], data
 
 
 # --- contacts ---------------------------------------------------------------------------------
@@ -209,21 +241,14 @@ def get_message(message_id: int) -> Any:
             errors=(400, 409, 413, 422))
 @require_key
 def send_message() -> Any:
-    header_errors: dict[str, Any] = {}
-    key = None
-    try:
-        key = load(IdempotencyHeader(), {"Idempotency-Key": request.headers.get("Idempotency-Key")})
-    except ValidationError as exc:  # listed together with the body's errors
-        header_errors = exc.messages if isinstance(exc.messages, dict) else {"Idempotency-Key": exc.messages}
-    data = load(MessageIn(), json_body(), header_errors)
-    assert key is not None
+    key, data = _idempotency_key(json_body(), MessageIn())
     org_id = caller().org_id
     with org_tx() as conn:
-        row, created = services.send_adhoc(conn, org_id, key["idempotency_key"], data)
+        row, created = services.send_adhoc(conn, org_id, key, data)
         if created:
             _audit(conn, "send", "message", row.id, {
                 "contact_id": data["contact_id"], "channel_kind": data["channel_kind"],
-                "idempotency_key": key["idempotency_key"], "send_now": data["send_now"],
+                "idempotency_key": key, "send_now": data["send_now"],
                 "text": data["text"], "subject": data.get("subject"),
             })
     return _dump(MessageOut, services.message_out(row), 201 if created else 200)
@@ -233,6 +258,11 @@ def send_message() -> Any:
 
 @bp.post("/events")
 @documented("post", "/events", "Record a hand-off or stage event for the follow-up engine", tag="events",
+            description="In the same transaction the follow-up engine acts on it: `handoff_started` pauses "
+                        "(or cancels, or lets go on, per each flow's `handoff_policy`) the contact's live "
+                        "runs; `handoff_ended` resumes paused runs after the flow's `resume_grace_minutes` "
+                        "and starts flows triggered by a hand-off's end; `stage_changed` starts flows "
+                        "triggered by that stage.",
             body=EventIn, responses={201: (EventOut, "Recorded")}, errors=(400, 413, 422))
 @require_key
 def record_event() -> Any:
@@ -247,6 +277,221 @@ def record_event() -> Any:
                {"type": data["type"], "contact_id": data["contact_id"], "stage": data.get("stage")})
     return _dump(EventOut, {"id": event_id, "type": data["type"], "contact_id": data["contact_id"],
                             "stage": data.get("stage"), "at": at, "created_at": created_at}, 201)
+
+
+# --- flows ------------------------------------------------------------------------------------
+
+FLOW_422 = ("A bad field is a 422 by field name; a graph or trigger the engine refuses is a 422 whose "
+            "`details` lists one `FlowIssue` `{node_id, code, message, message_en}` per broken rule.")
+
+
+@bp.errorhandler(versions.FlowRejected)
+def _flow_rejected(exc: versions.FlowRejected) -> Any:
+    return error_response(422, "the flow breaks its rules", [services.issue_out(i) for i in exc.issues])
+
+
+@bp.errorhandler(versions.FlowNotFound)
+def _flow_not_found(exc: versions.FlowNotFound) -> Any:
+    return error_response(404)  # like any other id the key's org does not have
+
+
+@bp.errorhandler(versions.FlowNameTaken)
+def _flow_name_taken(exc: versions.FlowNameTaken) -> Any:
+    return error_response(409, "a flow with this name already exists")
+
+
+@bp.get("/flows")
+@documented("get", "/flows", "List follow-up flows", tag="flows", query=FlowQuery,
+            responses={200: (FlowPage, "A page of flows")}, errors=(422,))
+@require_key
+def list_flows() -> Any:
+    params = load_query(FlowQuery())
+    org_id = caller().org_id
+    query = queries.flows_query(org_id)
+    if params.get("status"):
+        query = query.where(flow_pointers.c.status == params["status"])
+    with org_tx() as conn:
+        rows, next_cursor = _page(conn, query, flow_pointers.c.id, params)
+        data = services.flows_out(conn, org_id, rows)
+    return _dump(FlowPage, {"data": data, "next_cursor": next_cursor})
+
+
+@bp.post("/flows")
+@documented("post", "/flows", "Create a follow-up flow (a draft)", tag="flows",
+            description="The draft's shape is checked now, its rules when it is published. " + FLOW_422,
+            body=FlowIn, responses={201: (FlowDetailOut, "Created")}, errors=(400, 409, 413, 422))
+@require_key
+def create_flow() -> Any:
+    data = load(FlowIn(), json_body())
+    org_id = caller().org_id
+    with org_tx() as conn:
+        flow_id = versions.create_flow(conn, org_id, **data)
+        _audit(conn, "create", "flow", flow_id, services.flow_audit(data))
+        out = services.flow_detail(conn, org_id, flow_id)
+    return _dump(FlowDetailOut, out, 201)
+
+
+@bp.get("/flows/schema")
+@documented("get", "/flows/schema", "The JSON Schema of a flow graph, for builders", tag="flows",
+            description="JSON Schema draft 2020-12 of `draft_graph`: every node type's config, edge "
+                        "conditions, condition checks and the trigger config (`$defs.trigger_config`).",
+            responses={200: (FlowGraphSchemaOut, "The JSON Schema")})
+@require_key
+def flow_graph_schema() -> Any:
+    return jsonify(json_schema())
+
+
+@bp.get("/flows/<int:flow_id>")
+@documented("get", "/flows/{flow_id}", "Get a flow (with its draft)", tag="flows", path_id="flow_id",
+            responses={200: (FlowDetailOut, "The flow")}, errors=(404,))
+@require_key
+def get_flow(flow_id: int) -> Any:
+    with org_tx() as conn:
+        out = services.flow_detail(conn, caller().org_id, _path_id(flow_id))
+    return _dump(FlowDetailOut, out)
+
+
+@bp.patch("/flows/<int:flow_id>")
+@documented("patch", "/flows/{flow_id}", "Change a flow's draft and settings", tag="flows", path_id="flow_id",
+            description="Only the fields given change. Live runs keep the version they started on; the "
+                        "draft goes live when it is published. " + FLOW_422,
+            body=FlowPatch, responses={200: (FlowDetailOut, "Updated")}, errors=(400, 404, 409, 413, 422))
+@require_key
+def update_flow(flow_id: int) -> Any:
+    flow_id = _path_id(flow_id)
+    data = load(FlowPatch(), json_body())
+    org_id = caller().org_id
+    with org_tx() as conn:
+        versions.update_flow(conn, org_id, flow_id, **data)
+        if data:
+            _audit(conn, "update", "flow", flow_id, services.flow_audit(data))
+        out = services.flow_detail(conn, org_id, flow_id)
+    return _dump(FlowDetailOut, out)
+
+
+@bp.post("/flows/<int:flow_id>/publish")
+@documented("post", "/flows/{flow_id}/publish", "Publish the draft as the flow's new version", tag="flows",
+            path_id="flow_id",
+            description="Checks every publish rule (docs/flows.md) and freezes the draft as an immutable "
+                        "version that new runs start on; the flow becomes `active`. A draft identical to "
+                        "the active version re-activates it without a new number. " + FLOW_422,
+            responses={200: (VersionOut, "The active version")}, errors=(404, 422))
+@require_key
+def publish_flow(flow_id: int) -> Any:
+    flow_id = _path_id(flow_id)
+    org_id = caller().org_id
+    with org_tx() as conn:
+        row = versions.publish(conn, org_id, flow_id)
+        _audit(conn, "publish", "flow", flow_id, {"version": row.version, "version_id": row.id})
+    return _dump(VersionOut, services.version_out(row))
+
+
+@bp.post("/flows/<int:flow_id>/disable")
+@documented("post", "/flows/{flow_id}/disable", "Stop a flow starting new runs", tag="flows", path_id="flow_id",
+            body=FlowDisableIn, responses={200: (FlowDisabledOut, "Disabled")}, errors=(400, 404, 413, 422))
+@require_key
+def disable_flow(flow_id: int) -> Any:
+    flow_id = _path_id(flow_id)
+    data = load(FlowDisableIn(), json_body())
+    org_id = caller().org_id
+    with org_tx() as conn:
+        cancelled = versions.disable(conn, org_id, flow_id, live=data["live"])
+        _audit(conn, "disable", "flow", flow_id, {"live": data["live"], "cancelled": cancelled})
+        out = services.flow_detail(conn, org_id, flow_id)
+    return _dump(FlowDisabledOut, {"flow": out, "cancelled": cancelled})
+
+
+@bp.post("/flows/<int:flow_id>/rollback")
+@documented("post", "/flows/{flow_id}/rollback", "Make an earlier version the active one", tag="flows",
+            path_id="flow_id",
+            description="New runs start on that version (the flow becomes `active`); live runs keep theirs. "
+                        "The draft is left as it is. An unknown version number is a 404.",
+            body=FlowRollbackIn, responses={200: (VersionOut, "The active version")},
+            errors=(400, 404, 413, 422))
+@require_key
+def rollback_flow(flow_id: int) -> Any:
+    flow_id = _path_id(flow_id)
+    data = load(FlowRollbackIn(), json_body())
+    org_id = caller().org_id
+    with org_tx() as conn:
+        row = versions.rollback(conn, org_id, flow_id, data["version"])
+        _audit(conn, "rollback", "flow", flow_id, {"version": row.version, "version_id": row.id})
+    return _dump(VersionOut, services.version_out(row))
+
+
+@bp.get("/flows/<int:flow_id>/versions")
+@documented("get", "/flows/{flow_id}/versions", "List a flow's published versions", tag="flows",
+            path_id="flow_id", responses={200: (VersionListOut, "Newest first")}, errors=(404,))
+@require_key
+def list_flow_versions(flow_id: int) -> Any:
+    with org_tx() as conn:
+        rows = versions.list_versions(conn, caller().org_id, _path_id(flow_id))
+    return _dump(VersionListOut, {"data": [services.version_summary_out(r) for r in rows]})
+
+
+# --- enrollments ------------------------------------------------------------------------------
+
+@bp.get("/enrollments")
+@documented("get", "/enrollments", "List follow-up runs", tag="enrollments", query=EnrollmentQuery,
+            responses={200: (EnrollmentPage, "A page of enrollments")}, errors=(422,))
+@require_key
+def list_enrollments() -> Any:
+    params = load_query(EnrollmentQuery())
+    query = queries.enrollments_query(caller().org_id, flow_id=params.get("flow_id"), status=params.get("status"),
+                                      contact_id=params.get("contact_id"))
+    with org_tx() as conn:
+        rows, next_cursor = _page(conn, query, enrollments.c.id, params)
+    return _dump(EnrollmentPage, {"data": [services.enrollment_out(r) for r in rows], "next_cursor": next_cursor})
+
+
+@bp.get("/enrollments/<int:enrollment_id>")
+@documented("get", "/enrollments/{enrollment_id}", "Get a follow-up run with its timeline", tag="enrollments",
+            path_id="enrollment_id", responses={200: (EnrollmentDetailOut, "The enrollment")}, errors=(404,))
+@require_key
+def get_enrollment(enrollment_id: int) -> Any:
+    org_id = caller().org_id
+    with org_tx() as conn:
+        row = services.find_enrollment(conn, org_id, _path_id(enrollment_id))
+        out = services.enrollment_detail(conn, org_id, row)
+    return _dump(EnrollmentDetailOut, out)
+
+
+@bp.post("/enrollments")
+@documented("post", "/enrollments", "Start a flow for a contact by hand", tag="enrollments",
+            description="Starts the flow's active version now, whatever its trigger and repeat policy. "
+                        "The same `Idempotency-Key` for the same flow answers the same enrollment (200), "
+                        "for another contact or appointment it is a 409. A flow or contact the key's org "
+                        "does not have is a 422 on that field; a refusal (flow not active, contact opted "
+                        "out, already in the flow) is a 409 with `details: {reason, message}`.",
+            body=EnrollmentIn, header=IdempotencyHeader,
+            responses={201: (EnrollmentOut, "Enrolled"), 200: (EnrollmentOut, "Already enrolled with this key")},
+            errors=(400, 409, 413, 422))
+@require_key
+def create_enrollment() -> Any:
+    key, data = _idempotency_key(json_body(), EnrollmentIn())
+    org_id = caller().org_id
+    with org_tx() as conn:
+        row, created = services.enroll_manual(conn, org_id, key, data)
+        if created:
+            _audit(conn, "enroll", "enrollment", row.id, {
+                "flow_id": data["flow_id"], "contact_id": data["contact_id"],
+                "appointment_id": data.get("appointment_id"), "idempotency_key": key})
+    return _dump(EnrollmentOut, services.enrollment_out(row), 201 if created else 200)
+
+
+@bp.post("/enrollments/<int:enrollment_id>/cancel")
+@documented("post", "/enrollments/{enrollment_id}/cancel", "End a live run as the clinic", tag="enrollments",
+            path_id="enrollment_id",
+            description="The run ends `cancelled` (reason `cancelled_by_clinic`) and its follow-ups not yet "
+                        "sent are cancelled. A run that already ended is a 409.",
+            responses={200: (EnrollmentOut, "Cancelled")}, errors=(404, 409))
+@require_key
+def cancel_enrollment(enrollment_id: int) -> Any:
+    enrollment_id = _path_id(enrollment_id)
+    with org_tx() as conn:
+        row = services.cancel_enrollment(conn, caller().org_id, enrollment_id)
+        _audit(conn, "cancel", "enrollment", enrollment_id, {"reason": "cancelled_by_clinic"})
+    return _dump(EnrollmentOut, services.enrollment_out(row))
 
 
 # --- the document -----------------------------------------------------------------------------

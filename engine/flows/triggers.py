@@ -155,6 +155,10 @@ def enroll(
         if (automatic or caller_key is not None) and not _take_claim(conn, org_id, pointer, contact_id, key,
                                                                       cooldown, now):
             savepoint.rollback()
+            if not automatic:  # a concurrent request with the same key won: answer its enrollment
+                winner = conn.execute(select(flow_claims.c.enrollment_id).where(
+                    flow_claims.c.pointer_id == pointer_id, flow_claims.c.dedupe_key == key)).scalar()
+                return Enrolled(winner, False, "already_enrolled_with_key")
             return Enrolled(None, False, "repeat_policy")
         row = conn.execute(
             _insert_ignoring(conn, enrollments).values(

@@ -60,14 +60,16 @@ def _check_settings(values: Mapping[str, Any]) -> list[FlowIssue]:
     issues: list[FlowIssue] = []
     if "handoff_policy" in values and values["handoff_policy"] not in HANDOFF_POLICIES:
         issues.append(FlowIssue(None, "invalid_handoff_policy"))
-    if "max_steps" in values and not (isinstance(values["max_steps"], int) and 1 <= values["max_steps"] <= 200):
+    steps = values.get("max_steps")
+    if "max_steps" in values and not (isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= 200):
         issues.append(FlowIssue(None, "invalid_max_steps"))
     grace = values.get("resume_grace_minutes")
-    if "resume_grace_minutes" in values and not (isinstance(grace, int) and 0 <= grace <= 10080):
+    if "resume_grace_minutes" in values and not (isinstance(grace, int) and not isinstance(grace, bool)
+                                                 and 0 <= grace <= 10080):
         issues.append(FlowIssue(None, "invalid_resume_grace"))
     if "name" in values and not (isinstance(values["name"], str) and 1 <= len(values["name"].strip()) <= 120):
         issues.append(FlowIssue(None, "invalid_name"))
-    if values.get("trigger_config"):
+    if "trigger_config" in values:
         try:
             load_trigger_config(values["trigger_config"])
         except ConfigError as exc:
@@ -87,7 +89,7 @@ def create_flow(
     max_steps: int = 30, resume_grace_minutes: int = 30,
 ) -> int:
     """A new flow in `draft`; FlowRejected (nothing written) when a field or the draft's shape is bad."""
-    values = {"name": name, "draft_graph": dict(draft_graph or EMPTY_GRAPH), "trigger_config": dict(trigger_config or {}),
+    values = {"name": name, "draft_graph": dict(draft_graph or EMPTY_GRAPH), "trigger_config": dict(trigger_config or {"kind": "manual"}),
               "handoff_policy": handoff_policy, "cancel_on_reply": bool(cancel_on_reply), "max_steps": max_steps,
               "resume_grace_minutes": resume_grace_minutes}
     issues = _check_settings(values)

@@ -134,5 +134,9 @@ def test_openapi_document_is_generated_from_the_schemas(client):
     assert {"200", "201", "401", "409", "422"} <= set(post_messages["responses"])
     expected = {"/api/v1/contacts", "/api/v1/contacts/{contact_id}", "/api/v1/appointments",
                 "/api/v1/appointments/{appointment_id}", "/api/v1/messages", "/api/v1/messages/{message_id}",
-                "/api/v1/events", "/api/v1/openapi.json"}
+                "/api/v1/events", "/api/v1/openapi.json",
+                "/api/v1/flows", "/api/v1/flows/schema", "/api/v1/flows/{flow_id}", "/api/v1/flows/{flow_id}/publish",
+                "/api/v1/flows/{flow_id}/disable", "/api/v1/flows/{flow_id}/rollback",
+                "/api/v1/flows/{flow_id}/versions", "/api/v1/enrollments", "/api/v1/enrollments/{enrollment_id}",
+                "/api/v1/enrollments/{enrollment_id}/cancel"}
     assert set(doc["paths"]) == expected

@@ -13,6 +13,7 @@ from schemathesis import checks as st_checks
 import admin.api  # noqa: F401  (registers the operations)
 from admin.api.openapi import OPERATIONS
 from tests.api.conftest import api_for
+from tests.flows.helpers import linear, node
 
 CHECKS = [
     st_checks.not_a_server_error,
@@ -35,6 +36,12 @@ def served(rt, app, client, clinic):
                                "starts_at": "2026-12-03T14:30:00-03:00"})
     key.post("/messages", {"contact_id": contact["id"], "channel_kind": "whatsapp", "text": "oi"},
              headers={"Idempotency-Key": "seed"})
+    graph = linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=60),
+                   node("fim", "end", outcome="exhausted"))
+    flow = key.post("/flows", {"name": "Retorno", "draft_graph": graph}).get_json()
+    key.post(f"/flows/{flow['id']}/publish")
+    key.post("/enrollments", {"flow_id": flow["id"], "contact_id": contact["id"]},
+             headers={"Idempotency-Key": "seed"})
     return key
 
 
@@ -44,7 +51,7 @@ def test_every_route_is_documented(app):
         if rule.endpoint.startswith("api.") and rule.rule != "/api/v1/openapi.json":
             path = rule.rule.replace("<int:", "{").replace(">", "}")
             served |= {(method.lower(), path) for method in rule.methods - {"HEAD", "OPTIONS"}}
-    assert served == set(ROUTES) and len(ROUTES) == 10
+    assert served == set(ROUTES) and len(ROUTES) == 23
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)
