@@ -22,6 +22,7 @@ from marshmallow import (
     validates_schema,
 )
 
+from engine.fields import WholeNumber
 from engine.flows.queries import ENROLLMENT_STATUSES
 from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
@@ -86,18 +87,6 @@ class Flag(fields.Boolean):
         if not isinstance(value, bool):
             raise self.make_error("invalid")
         return value
-
-
-class WholeNumber(fields.Integer):
-    """A JSON integer: not 5.0, not "5", not `true` (bool is an int to Python)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(strict=True, **kwargs)
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
-        if isinstance(value, bool):
-            raise self.make_error("invalid")
-        return super()._deserialize(value, attr, data, **kwargs)
 
 
 class JsonObject(fields.Dict):

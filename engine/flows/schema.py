@@ -31,6 +31,7 @@ from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validat
 
 from engine.catalogue import describe
 from engine.flows import conditions
+from engine.fields import WholeNumber
 from engine.flows.issues import FlowIssue, sort_issues
 from engine.texts import Text
 
@@ -94,18 +95,6 @@ class PlainText(fields.String):
         except UnicodeEncodeError:
             raise ValidationError(MSG_UNSTORABLE) from None
         return result
-
-
-class WholeNumber(fields.Integer):
-    """A JSON integer: no strings, no 5.0 and no booleans (marshmallow 3 lets True through)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(strict=True, **kwargs)
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
-        if isinstance(value, bool):
-            raise self.make_error("invalid")
-        return super()._deserialize(value, attr, data, **kwargs)
 
 
 class Coordinate(fields.Raw):

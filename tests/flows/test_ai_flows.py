@@ -8,14 +8,13 @@ from datetime import timedelta
 
 import pytest
 
-from engine.channels import create_channel
 from engine.flows import versions
 from engine.flows.agents import create_agent
 from engine.flows.ai.factory import ai_for
 from tests.factories import World
 from tests.fakes.llm import Error, LLMFake, Slow, contains
 from tests.flows.helpers import Flows, edge, linear, node
-from tests.test_meta_flow import APP_SECRET, PHONE, Graph
+from tests.test_meta_flow import APP_SECRET, PHONE, Graph, meta_world
 
 ANY_HOUR = {"quiet_start": "00:00", "quiet_end": "23:59", "skip_sundays": False, "skip_holidays": False}
 ROUTES = contains({"sexta": "reschedule", "confirmo": "confirm", "nao quero": "not_interested"})
@@ -51,7 +50,7 @@ def llm():
 def setup(rt, clock, llm):
     world = World(rt, **ANY_HOUR)
     world.channel("whatsapp")
-    flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5))
+    flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5, egress=rt.settings.egress))
     flow = flows.flow(ai_graph(), agent=False)
     with rt.db.begin() as conn:
         create_agent(conn, rt.keyring, world.org_id, name="Assistente", llm_base_url=llm.base_url,
@@ -148,14 +147,7 @@ def test_a_prompt_injection_can_only_pick_a_declared_class(rt, setup, llm):
 # --- the 24 h rule on Meta -----------------------------------------------------------------------
 
 def meta_setup(rt, graph: Graph):
-    world = World(rt, **ANY_HOUR)
-    with rt.db.begin() as conn:
-        channel_id = create_channel(conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta",
-                                    name="WhatsApp oficial",
-                                    credentials={"phone_number_id": "1122334455667", "access_token": "EAAG-token",
-                                                 "app_secret": APP_SECRET, "verify_token": "verifique",
-                                                 "base_url": graph.url})
-    world.channels["whatsapp"] = channel_id
+    world, _ = meta_world(rt, graph, **ANY_HOUR)
     return world
 
 
@@ -170,7 +162,7 @@ def late_ai(fallback: str | None) -> dict:
 def test_an_ai_message_after_24_hours_goes_out_as_the_approved_template(rt, clock, llm):
     with Graph() as graph:
         world = meta_setup(rt, graph)
-        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5))
+        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5, egress=rt.settings.egress))
         flow = flows.flow(late_ai("followup_checkin"), agent=False)
         with rt.db.begin() as conn:
             create_agent(conn, rt.keyring, world.org_id, name="IA", llm_base_url=llm.base_url, llm_model="m",
@@ -190,7 +182,7 @@ def test_an_ai_message_after_24_hours_goes_out_as_the_approved_template(rt, cloc
 def test_an_ai_message_inside_the_window_goes_out_as_the_models_text(rt, clock, llm):
     with Graph() as graph:
         world = meta_setup(rt, graph)
-        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5))
+        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5, egress=rt.settings.egress))
         flow = flows.flow(linear(node("inicio", "trigger"),
                                  node("ia", "action", mode="ai_message", prompt_hint="Responda.",
                                       fallback_template="followup_checkin"),
