@@ -1,11 +1,12 @@
 """A loopback Evolution API v2 (Baileys) for provider tests, plus builders of the webhooks it sends.
 
-Evolution publishes no captured payloads we could copy (see shared/conformance/evolution_api.md:
-"the real captured payloads … are not in this folder: build from the shapes described here and
-from the source paths cited"), so every response and webhook body below is built from the shapes
-that note documents, each with the Evolution source path ([R] = `EvolutionAPI/evolution-api`
-at release 2.3.6) or issue ([I#n]) it comes from. Nothing here is derived from our provider's
-own output.
+Evolution publishes no captured payloads to keep as fixtures, so every response and webhook body
+below is built from the shapes in the Evolution API source, each with the source path it comes
+from ([R] = https://github.com/EvolutionAPI/evolution-api at commit
+3454bec79f514995df9a5ea36a3554ab35cf1c82, release 2.3.6) or the issue of that repository
+([I#n] = https://github.com/EvolutionAPI/evolution-api/issues/n). Nothing here is derived from
+our provider's own output, and nothing is read from outside the repository (see
+tests/fixtures/providers/README.md).
 """
 
 from __future__ import annotations

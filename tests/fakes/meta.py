@@ -1,30 +1,31 @@
-"""A loopback fake of Meta's Graph API (WhatsApp Cloud API) answering with the published samples.
+"""A loopback fake of Meta's Graph API (WhatsApp Cloud API) answering in the documented wire format.
 
-Sources (see shared/conformance/meta_whatsapp_cloud.md and samples/INDEX.md):
-- 200 send answer: `send_response_official_sdk.json` (WhatsApp/WhatsApp-Nodejs-SDK messages.test.ts);
-- error answers: the Graph shape `{"error": {...}}` of the notes §2, with the published error objects
-  (`error_object_*.json`, pywa tests/test_errors.py) as the inner object; codes without a
-  published object (130429, 131056, 131026, …) are built from the notes' shape and code table.
+Fixtures: tests/fixtures/providers/meta_whatsapp/ (how each was written and its sources:
+tests/fixtures/providers/README.md):
+- 200 send answer: `send_response.json` (the documented `{messaging_product, contacts, messages[{id}]}`);
+- error answers: Graph's `{"error": {...}}` envelope around an error object (`error_*.json`, in the
+  shape Meta documents); codes without a fixture (130429, 131056, 131026, …) are built here from
+  the same shape and Meta's code table.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from tests.conformance import sample_bytes
 from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.fixtures import fixture_bytes, fixture_json
 
-SAMPLES = "samples/meta_whatsapp/"
+SAMPLES = "meta_whatsapp/"
 
 
 def sample_json(name: str) -> Any:
-    return json.loads(sample_bytes(SAMPLES + name))
+    """A fixture of tests/fixtures/providers/meta_whatsapp/, parsed (a fresh copy each call)."""
+    return fixture_json(SAMPLES + name)
 
 
 def send_ok() -> Reply:
     """Meta's documented 200 answer to POST /{phone_number_id}/messages."""
-    return Reply(200, sample_bytes(SAMPLES + "send_response_official_sdk.json"))
+    return Reply(200, fixture_bytes(SAMPLES + "send_response.json"))
 
 
 def graph_error(inner: dict[str, Any], status: int = 400, headers: dict[str, str] | None = None) -> Reply:
@@ -32,13 +33,14 @@ def graph_error(inner: dict[str, Any], status: int = 400, headers: dict[str, str
     return Reply(status, {"error": inner}, headers=dict(headers or {}))
 
 
-def published_error(name: str, status: int = 400) -> Reply:
-    """A published error object (error_object_*.json) as a synchronous Graph error."""
+def fixture_error(name: str, status: int = 400) -> Reply:
+    """An error object fixture (error_*.json) as a synchronous Graph error."""
     return graph_error(sample_json(name), status)
 
 
 def notes_error(code: int, title: str, status: int = 400, headers: dict[str, str] | None = None) -> Reply:
-    """An error built from the notes' §2 syntax (message "(#code) title", type, code, error_data, fbtrace_id)."""
+    """An error in Graph's documented error syntax (message "(#code) title", type, code, error_data,
+    fbtrace_id: Meta's "Error response syntax", cited in tests/fixtures/providers/README.md)."""
     return graph_error({
         "message": f"(#{code}) {title}",
         "type": "OAuthException",

@@ -1,11 +1,12 @@
 """A loopback stand-in for Resend's API (`POST /emails`) and a Svix signer for its webhooks.
 
-Answers come from the published material, never from our provider's code:
-- success: `samples/resend/send_response_resend_python_test.json` (resend-python tests/emails_test.py);
-- 400 validation_error: `samples/resend/error_400_validation_anymail.json` (django-anymail test_api_failure);
+Answers follow Resend's documented wire format, never our provider's code (fixtures in
+tests/fixtures/providers/resend/; how each was written and its sources: tests/fixtures/providers/README.md):
+- success: `send_response.json` (`{"id": <uuid>}`);
+- 400 validation_error: `error_400_validation.json`;
 - the other errors use Resend's documented error schema `{"statusCode", "message", "name"}` with the
-  names/statuses of https://resend.com/docs/api-reference/errors and resend-python `exceptions.py`
-  (see shared/conformance/email.md §A), and the 429 headers of the rate-limit page
+  names/statuses of https://resend.com/docs/api-reference/errors and resend-python `exceptions.py`,
+  and the 429 headers of https://resend.com/docs/api-reference/rate-limit
   (`ratelimit-limit`, `ratelimit-remaining`, `ratelimit-reset`, `retry-after`).
 """
 
@@ -18,8 +19,8 @@ import json
 from collections import deque
 from typing import Any
 
-from tests.conformance import sample_bytes
 from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.fixtures import fixture_bytes
 
 #: Documented errors: (name, HTTP status, message as documented). `validation_error` appears with
 #: three statuses in the docs (400 field error, 422, 403 unverified domain / testing-only sender).
@@ -50,12 +51,12 @@ DOCUMENTED_ERRORS: list[tuple[str, int, str]] = [
 
 def send_ok() -> Reply:
     """Resend's documented 200 to POST /emails."""
-    return Reply(200, sample_bytes("samples/resend/send_response_resend_python_test.json"))
+    return Reply(200, fixture_bytes("resend/send_response.json"))
 
 
 def validation_error_sample() -> Reply:
-    """A captured 400 (django-anymail)."""
-    return Reply(400, sample_bytes("samples/resend/error_400_validation_anymail.json"))
+    """The 400 validation_error fixture."""
+    return Reply(400, fixture_bytes("resend/error_400_validation.json"))
 
 
 def error(name: str, status: int | None = None, *, retry_after: str | None = "1") -> Reply:
@@ -106,7 +107,7 @@ class ResendFake:
 
 
 def svix_signature(secret: str, msg_id: str, timestamp: int | str, body: bytes) -> str:
-    """`v1,<base64 HMAC-SHA256>` as Svix signs (checked in the tests against the published vector)."""
+    """`v1,<base64 HMAC-SHA256>` as Svix signs (checked in the tests against Svix's published vector)."""
     key = base64.b64decode(secret.removeprefix("whsec_"))
     signed = f"{msg_id}.{timestamp}.".encode() + body
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()

@@ -1,14 +1,13 @@
-"""A loopback fake of Twilio's Messages API, answering with the published responses, plus an
+"""A loopback fake of Twilio's Messages API, answering in the documented wire format, plus an
 independent X-Twilio-Signature signer for webhook tests.
 
-Sources (shared/conformance/twilio_sms.md and samples/INDEX.md):
-- 201 create answer: `samples/twilio/message_create_response_201_twilio_php.json` (twilio-php
-  MessageTest testCreateResponse);
-- error answers: the REST error shape of the notes §2 `{code, message, more_info, status}` (documented
-  shape only: no verbatim error body was published), with the codes and wording of §2;
-- status-callback and incoming-SMS parameters: the parameter lists of §3 and §4 (the notes name
-  `status_callback_sent_params_docs.txt` / `inbound_sms_stop_optout_params_gist.txt`, which are not in
-  samples/, so the parameter sets are rebuilt from the lists the notes quote).
+Fixtures: tests/fixtures/providers/twilio/ (how each was written and its sources:
+tests/fixtures/providers/README.md):
+- 201 create answer: `message_create_response_201.json` (the documented Message resource);
+- error answers: Twilio's REST error shape `{code, message, more_info, status}` with the codes and
+  wording of Twilio's error pages (no verbatim error body is published);
+- status-callback and incoming-SMS parameters: built below from the parameter lists of Twilio's
+  "Track the Message Status of Outbound Messages" and "webhook request" pages.
 """
 
 from __future__ import annotations
@@ -16,33 +15,33 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 from typing import Any, Callable, Iterable
 from urllib.parse import urlencode
 
-from tests.conformance import sample_bytes
 from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.fixtures import fixture_bytes, fixture_json
 
-SAMPLES = "samples/twilio/"
-CREATE_201 = SAMPLES + "message_create_response_201_twilio_php.json"
-FETCH_30007 = SAMPLES + "message_fetch_response_error_30007_twilio_php.json"
-VECTORS = SAMPLES + "signature_vectors_twilio_python.txt"
+SAMPLES = "twilio/"
+CREATE_201 = SAMPLES + "message_create_response_201.json"
+FETCH_30007 = SAMPLES + "message_fetch_response_error_30007.json"
+VECTORS = SAMPLES + "signature_vectors.json"  # published by twilio-python, kept byte for byte
 
-ACCOUNT_SID = "ACaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"  # the account of the published 201 fixture
+ACCOUNT_SID = "ACaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"  # the account of the 201 fixture
 AUTH_TOKEN = "twilio-test-auth-token"
 
 
 def sample_json(relative: str) -> Any:
-    return json.loads(sample_bytes(relative))
+    """A fixture of tests/fixtures/providers/ (e.g. CREATE_201), parsed (a fresh copy each call)."""
+    return fixture_json(relative)
 
 
 def created() -> Reply:
     """Twilio's documented 201 answer to POST /2010-04-01/Accounts/{sid}/Messages.json."""
-    return Reply(201, sample_bytes(CREATE_201))
+    return Reply(201, fixture_bytes(CREATE_201))
 
 
 def rest_error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Reply:
-    """A REST error in the documented shape (§2)."""
+    """A REST error in the documented shape."""
     return Reply(status, {"code": code, "message": message,
                           "more_info": f"https://www.twilio.com/docs/errors/{code}", "status": status},
                  headers=dict(headers or {}))
@@ -63,7 +62,7 @@ class FakeTwilio(FakeServer):
         return self.default
 
 
-# --- signing webhooks the way Twilio does (§5), written independently of the provider ---
+# --- signing webhooks the way Twilio does (its RequestValidator), written independently of the provider ---
 
 
 def sign(auth_token: str, url: str, pairs: Iterable[tuple[str, str]]) -> str:
@@ -80,8 +79,9 @@ def form(pairs: Iterable[tuple[str, str]]) -> bytes:
 
 
 def status_callback(message_sid: str, status: str, error_code: str | None = None) -> list[tuple[str, str]]:
-    """A status callback's parameters (§3: AccountSid, From, MessageSid, MessageStatus, SmsSid,
-    SmsStatus, To, ApiVersion; ErrorCode on failed/undelivered; RawDlrDoneDate on DLR statuses)."""
+    """A status callback's parameters (Twilio's status-callback page: AccountSid, From, MessageSid,
+    MessageStatus, SmsSid, SmsStatus, To, ApiVersion; ErrorCode on failed/undelivered;
+    RawDlrDoneDate on DLR statuses)."""
     pairs = [
         ("AccountSid", ACCOUNT_SID),
         ("ApiVersion", "2010-04-01"),
@@ -100,7 +100,7 @@ def status_callback(message_sid: str, status: str, error_code: str | None = None
 
 
 def inbound_sms(message_sid: str, sender: str, body: str, opt_out_type: str | None = None) -> list[tuple[str, str]]:
-    """An incoming SMS's parameters (§4, the list of Twilio's "webhook request" page)."""
+    """An incoming SMS's parameters (the list of Twilio's "webhook request" page)."""
     pairs = [
         ("ToCountry", "BR"), ("ToState", "SP"), ("SmsMessageSid", message_sid), ("NumMedia", "0"),
         ("ToCity", ""), ("FromZip", ""), ("SmsSid", message_sid), ("FromState", "SP"),

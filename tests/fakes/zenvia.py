@@ -1,40 +1,40 @@
-"""A loopback fake of Zenvia's v2 API answering with the published responses.
+"""A loopback fake of Zenvia's v2 API answering in the documented wire format.
 
-Sources (shared/conformance/zenvia.md and samples/INDEX.md):
-- send answer: `samples/zenvia/send_response_courier_mock.json` (nyaruka/courier mock `{"id": "55555"}`;
-  no real capture was published);
-- error answers: `samples/zenvia/error_validation_courier_mock.json` (courier mock in Zenvia's error
-  shape) and, for the codes of the spec's error table (notes §2) without a published body, the
-  documented shape `{code, message, details}` with the table's code and message.
+Fixtures: tests/fixtures/providers/zenvia/ (how each was written and its sources:
+tests/fixtures/providers/README.md):
+- send answer: `send_response.json`, the Message object the spec documents as the 200 answer (no
+  real capture is published);
+- error answers: `error_validation.json` (the spec's error object with `details`) and, for the
+  codes of the spec's error table, the documented shape `{code, message, details}` built here.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
-from tests.conformance import sample_bytes
 from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.fixtures import fixture_bytes, fixture_json
 
-SAMPLES = "samples/zenvia/"
+SAMPLES = "zenvia/"
 
 
 def sample_json(name: str) -> Any:
-    return json.loads(sample_bytes(SAMPLES + name))
+    """A fixture of tests/fixtures/providers/zenvia/, parsed (a fresh copy each call)."""
+    return fixture_json(SAMPLES + name)
 
 
 def sent() -> Reply:
-    """The (mock) 200 answer to POST /v2/channels/sms/messages."""
-    return Reply(200, sample_bytes(SAMPLES + "send_response_courier_mock.json"))
+    """The documented 200 answer to POST /v2/channels/sms/messages (the created Message)."""
+    return Reply(200, fixture_bytes(SAMPLES + "send_response.json"))
 
 
 def validation_error(status: int = 400) -> Reply:
-    """The published error body (courier mock), at the given status (courier also tests it on a 200)."""
-    return Reply(status, sample_bytes(SAMPLES + "error_validation_courier_mock.json"))
+    """The error fixture at the given status (a 200 carrying an error body must fail too)."""
+    return Reply(status, fixture_bytes(SAMPLES + "error_validation.json"))
 
 
 def table_error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Reply:
-    """An error of the spec's table (§2) in the documented shape."""
+    """An error of the spec's error table in the documented shape."""
     return Reply(status, {"code": code, "message": message, "details": []}, headers=dict(headers or {}))
 
 

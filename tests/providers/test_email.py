@@ -1,6 +1,7 @@
 """Email providers: SMTP against a real SMTP server (aiosmtpd, plain / STARTTLS / implicit TLS) and
-Resend against a loopback fake answering with Resend's published responses; Resend webhooks with
-the published Svix vector and every published Resend event sample (shared/conformance/email.md)."""
+Resend against a loopback fake answering in Resend's documented wire format; Resend webhooks with
+Svix's published signature vector and a fixture of every Resend event type Lembra receives
+(tests/fixtures/providers/resend/; sources per file: tests/fixtures/providers/README.md)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from hypothesis import strategies as st
 
 from gateway import registry
 from gateway.contract import OutboundMessage, ProviderContext, StatusEvent, WebhookRequest, WebhookResult
+from gateway.egress import LOOPBACK
 from gateway.errors import BadSignature, MalformedWebhook, PermanentError, TransientError, WebhookError
 from providers.email.mime import text_to_html
 from providers.email.resend import ResendProvider, idempotency_key
 from providers.email.smtp import SmtpProvider
-from tests.conformance import sample_bytes
 from tests.fakes.resend import (
     DOCUMENTED_ERRORS,
     ResendFake,
@@ -30,9 +31,11 @@ from tests.fakes.resend import (
 )
 from tests.fakes.server import Reply
 from tests.fakes.smtp import FakeSmtpServer, Script, SilentServer, free_port, make_certificate
+from tests.fixtures import fixture_bytes, fixture_json
 
-CTX = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example")
-FAST = ProviderContext(org_id=1, channel_id=7, timeout=0.5, public_url="https://lembra.example")
+# The fakes listen on loopback, which the egress guard refuses unless allowed.
+CTX = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example", egress=LOOPBACK)
+FAST = ProviderContext(org_id=1, channel_id=7, timeout=0.5, public_url="https://lembra.example", egress=LOOPBACK)
 
 TEXT = ("Olá, João! Sua consulta com a Dra. Conceição Araújo é amanhã às 14h30.\n"
         "Responda CONFIRMAR ou CANCELAR.\n"
@@ -307,7 +310,7 @@ def test_smtp_has_no_webhooks():
 # Resend: send
 # --------------------------------------------------------------------------------------------
 
-RESEND_ID = "49a3999c-0ce1-4ea6-ab68-afcd6dc2e794"  # samples/resend/send_response_resend_python_test.json
+RESEND_ID = "4ef9a417-02e9-4d39-ad75-9611e0fcc33c"  # resend/send_response.json; the webhook fixtures are about it
 
 
 @pytest.fixture(scope="module")
@@ -342,11 +345,11 @@ def test_resend_send_is_the_documented_request(resend_fake):
     }
 
 
-def test_resend_anymail_sample_response_and_html_fallback(resend_fake):
-    fake = resend_fake.reset(Reply(200, sample_bytes("samples/resend/send_response_anymail.json")))
+def test_resend_sample_response_and_html_fallback(resend_fake):
+    fake = resend_fake.reset(Reply(200, fixture_bytes("resend/send_response.json")))
     result = resend(fake.url, from_name="Dra. Ana \"Sorriso\"").send(
         outbound(html=None, headers={}, reference=None, idempotency_key=None))
-    assert result.provider_message_id == "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+    assert result.provider_message_id == RESEND_ID
     [request] = fake.requests
     body = request.json()
     assert body["from"] == '"Dra. Ana \\"Sorriso\\"" <agenda@clinica.example>'
@@ -364,7 +367,7 @@ def test_resend_idempotency_key_over_the_documented_limit_is_hashed(resend_fake)
     assert fake.requests[0].header("Idempotency-Key") == idempotency_key(long_key)
 
 
-def test_resend_captured_validation_error_is_permanent(resend_fake):
+def test_resend_validation_error_is_permanent(resend_fake):
     fake = resend_fake.reset(validation_error_sample())
     with pytest.raises(PermanentError) as caught:
         resend(fake.url).send(outbound())
@@ -422,7 +425,7 @@ def test_resend_undocumented_answers(reply, kind, code, resend_fake):
 
 
 def test_resend_slower_than_the_timeout_is_transient(resend_fake):
-    fake = resend_fake.reset(Reply(200, sample_bytes("samples/resend/send_response_resend_python_test.json"), delay=1.5))
+    fake = resend_fake.reset(Reply(200, fixture_bytes("resend/send_response.json"), delay=1.5))
     with pytest.raises(TransientError) as caught:
         resend(fake.url, FAST).send(outbound())
     assert caught.value.code == "timeout"
@@ -444,20 +447,21 @@ def test_resend_missing_api_key_breaks_the_channel():
 # Resend: webhooks (Svix)
 # --------------------------------------------------------------------------------------------
 
-# samples/resend/svix_signature_vector.txt (svix/svix-webhooks python/tests/test_webhooks.py)
-VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-VECTOR_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
-VECTOR_TS = 1614265330
-VECTOR_BODY = b'{"test": 2432232314}'
-VECTOR_SIG = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
-VECTOR_BAD = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OA="
+# resend/svix_signature_vector.json: Svix's published vector (svix-webhooks python/tests/test_webhooks.py)
+VECTOR = fixture_json("resend/svix_signature_vector.json")
+VECTOR_SECRET = VECTOR["secret"]
+VECTOR_ID = VECTOR["svix_id"]
+VECTOR_TS = VECTOR["svix_timestamp"]
+VECTOR_BODY = VECTOR["body"].encode()
+VECTOR_SIG = VECTOR["svix_signature"]
+VECTOR_BAD = VECTOR_SIG[:-2] + "A="  # the vector's signature with one bit of the digest changed
 
 
-def test_vector_file_matches_the_constants():
-    vector = sample_bytes("samples/resend/svix_signature_vector.txt").decode()
-    for value in (VECTOR_SECRET, VECTOR_ID, str(VECTOR_TS), VECTOR_BODY.decode(), VECTOR_SIG, VECTOR_BAD):
-        assert value in vector
-    assert svix_signature(VECTOR_SECRET, VECTOR_ID, VECTOR_TS, VECTOR_BODY) == VECTOR_SIG  # the test signer is right
+def test_the_test_signer_reproduces_the_published_vector():
+    assert (VECTOR_SECRET, VECTOR_ID, VECTOR_TS) == (
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330)
+    assert VECTOR_BODY == b'{"test": 2432232314}' and VECTOR_BAD != VECTOR_SIG
+    assert svix_signature(VECTOR_SECRET, VECTOR_ID, VECTOR_TS, VECTOR_BODY) == VECTOR_SIG
 
 
 def hook(body: bytes, headers: dict[str, str]) -> WebhookRequest:
@@ -492,7 +496,7 @@ def test_any_v1_among_several_signatures_passes():
 
 
 @pytest.mark.parametrize("mutate", [
-    lambda h, b: (vector_headers(VECTOR_BAD), b),                               # published negative
+    lambda h, b: (vector_headers(VECTOR_BAD), b),                               # digest changed
     lambda h, b: (h, b'{"test": 2432232315}'),                                  # tampered body
     lambda h, b: ({**h, "svix-id": "msg_other"}, b),                            # tampered id
     lambda h, b: ({k: v for k, v in h.items() if k != "svix-signature"}, b),    # missing header
@@ -535,59 +539,58 @@ def signed(body: bytes, secret: str = VECTOR_SECRET) -> WebhookRequest:
 
 
 def parse_sample(name: str) -> WebhookResult:
-    return at(NOW).parse_webhook(signed(sample_bytes(f"samples/resend/{name}")))
+    return at(NOW).parse_webhook(signed(fixture_bytes(f"resend/{name}")))
 
 
 def utc(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
 
 
-AAAA = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
-
-
 @pytest.mark.parametrize("sample, expected", [
-    # django-anymail tests/test_resend_webhooks.py (real captures)
-    ("webhook_email_sent_anymail.json",
-     StatusEvent(AAAA, "sent", utc("2023-09-28T17:19:43.736Z"))),
-    ("webhook_email_delivered_anymail.json",
-     StatusEvent(AAAA, "delivered", utc("2023-09-28T17:19:44.823Z"))),
-    ("webhook_email_bounced_hard_anymail.json",
-     StatusEvent(AAAA, "failed", utc("2023-10-02T18:11:26.101Z"), error_code="hard_bounce",
+    # the event's created_at is the event time; the sent event carries our lembra_ref tag
+    ("webhook_email_sent.json",
+     StatusEvent(RESEND_ID, "sent", utc("2025-12-01T12:00:01.204Z"), reference="42")),
+    ("webhook_email_delivered.json",
+     StatusEvent(RESEND_ID, "delivered", utc("2025-12-01T12:00:03.517Z"))),
+    ("webhook_email_bounced_hard.json",  # bounce{message} only, as older captures carry it
+     StatusEvent(RESEND_ID, "failed", utc("2025-12-01T12:00:04.330Z"), error_code="hard_bounce",
                  error_permanent=True, opt_out=False)),
-    ("webhook_email_bounced_suppressed_anymail.json",
-     StatusEvent(AAAA, "failed", utc("2023-10-01T20:01:01.598Z"), error_code="suppressed",
+    ("webhook_email_bounced_suppressed.json",  # Resend's "has suppressed sending" bounce
+     StatusEvent(RESEND_ID, "failed", utc("2025-12-01T12:00:01.598Z"), error_code="suppressed",
                  error_permanent=True, opt_out=False)),
-    ("webhook_email_complained_anymail.json",
-     StatusEvent(AAAA, "failed", utc("2023-10-02T18:10:03.690Z"), error_code="complained",
+    ("webhook_email_complained.json",
+     StatusEvent(RESEND_ID, "failed", utc("2025-12-01T14:21:09.690Z"), error_code="complained",
                  error_permanent=True, opt_out=True)),
-    # resend-python tests/webhooks_test.py (raw body)
-    ("webhook_email_sent_raw_resend_python_test.json",
-     StatusEvent("123", "sent", utc("2026-02-22T23:41:12.126Z"))),
+    # the raw compact body as Resend posts it (no whitespace), with data.message_id
+    ("webhook_email_sent_compact.json",
+     StatusEvent("0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f", "sent", utc("2025-12-01T12:10:01.126Z"))),
 ])
 def test_status_samples(sample, expected):
     assert list(parse_sample(sample).events) == [expected]
 
 
 @pytest.mark.parametrize("sample", [
-    "webhook_email_opened_anymail.json",          # anymail capture: pixel opens are not "read"
-    "webhook_email_clicked_anymail.json",         # anymail capture
-    "webhook_email_delivery_delayed_resend_docs_via_anymail.json",  # Resend docs sample via anymail
+    "webhook_email_opened.json",            # pixel opens are not "read"
+    "webhook_email_clicked.json",
+    "webhook_email_delivery_delayed.json",  # data.created_at with microseconds and +00:00
 ])
 def test_ignored_samples_give_no_event(sample):
     assert list(parse_sample(sample).events) == []
 
 
 def mutated(sample: str, **data_changes: object) -> bytes:
-    body = json.loads(sample_bytes(f"samples/resend/{sample}"))
+    body = fixture_json(f"resend/{sample}")
     body["data"].update(data_changes)
     return json.dumps(body).encode()
 
 
 def test_reference_tag_is_echoed():
-    # anymail's email.sent capture, with our tag added in the webhook's object form ({name: value})
-    body = mutated("webhook_email_sent_anymail.json", tags={"tag1": "x", "lembra_ref": "42"})
+    # the email.sent fixture, with our tag among others in the webhook's object form ({name: value})
+    body = mutated("webhook_email_sent.json", tags={"tag1": "x", "lembra_ref": "43"})
     [event] = at(NOW).parse_webhook(signed(body)).events
-    assert event.reference == "42"
+    assert event.reference == "43"
+    [event] = at(NOW).parse_webhook(signed(mutated("webhook_email_sent.json", tags={"tag1": "x"}))).events
+    assert event.reference is None
 
 
 @pytest.mark.parametrize("bounce, code, permanent", [
@@ -599,14 +602,14 @@ def test_reference_tag_is_echoed():
     ("not an object", "hard_bounce", True),
 ])
 def test_bounce_types(bounce, code, permanent):
-    body = mutated("webhook_email_bounced_hard_anymail.json", bounce=bounce)
+    body = mutated("webhook_email_bounced_hard.json", bounce=bounce)
     [event] = at(NOW).parse_webhook(signed(body)).events
     assert (event.status, event.error_code, event.error_permanent, event.opt_out) == ("failed", code, permanent, False)
 
 
 def test_failed_and_suppressed_events():
     for event_type, code in (("email.failed", "send_failed"), ("email.suppressed", "suppressed")):
-        body = json.loads(sample_bytes("samples/resend/webhook_email_delivered_anymail.json"))
+        body = fixture_json("resend/webhook_email_delivered.json")
         body["type"] = event_type
         [event] = at(NOW).parse_webhook(signed(json.dumps(body).encode())).events
         assert (event.status, event.error_code) == ("failed", code)
@@ -638,18 +641,18 @@ def test_five_megabyte_body_is_refused_signed_or_not():
 
 
 def test_bad_created_at_falls_back_to_the_signed_timestamp():
-    body = json.loads(sample_bytes("samples/resend/webhook_email_delivered_anymail.json"))
+    body = fixture_json("resend/webhook_email_delivered.json")
     body["created_at"] = "yesterday"
     [event] = at(NOW).parse_webhook(signed(json.dumps(body).encode())).events
     assert event.timestamp == datetime.fromtimestamp(NOW, timezone.utc)
 
 
 SAMPLES = [
-    "webhook_email_bounced_hard_anymail.json", "webhook_email_bounced_suppressed_anymail.json",
-    "webhook_email_clicked_anymail.json", "webhook_email_complained_anymail.json",
-    "webhook_email_delivered_anymail.json", "webhook_email_delivery_delayed_resend_docs_via_anymail.json",
-    "webhook_email_opened_anymail.json", "webhook_email_sent_anymail.json",
-    "webhook_email_sent_raw_resend_python_test.json",
+    "webhook_email_bounced_hard.json", "webhook_email_bounced_suppressed.json",
+    "webhook_email_clicked.json", "webhook_email_complained.json",
+    "webhook_email_delivered.json", "webhook_email_delivery_delayed.json",
+    "webhook_email_opened.json", "webhook_email_sent.json",
+    "webhook_email_sent_compact.json",
 ]
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
@@ -691,12 +694,12 @@ def test_property_arbitrary_json(value, event_type, data):
        cut=st.booleans(), headers=st.dictionaries(st.sampled_from(["svix-id", "svix-timestamp", "svix-signature"]),
                                                    st.text(max_size=40), max_size=3))
 def test_property_mutated_samples(sample, position, byte, cut, headers):
-    body = bytearray(sample_bytes(f"samples/resend/{sample}"))
+    body = bytearray(fixture_bytes(f"resend/{sample}"))
     index = position % len(body)
     if cut:
         del body[index:]
     else:
         body[index] = byte
     outcome(signed(bytes(body)))                                          # valid signature, mutated body
-    outcome(hook(sample_bytes(f"samples/resend/{sample}"), {**svix_headers(VECTOR_SECRET, b"", timestamp=NOW),
-                                                             **headers}))  # mutated headers
+    outcome(hook(fixture_bytes(f"resend/{sample}"), {**svix_headers(VECTOR_SECRET, b"", timestamp=NOW),
+                                                     **headers}))  # mutated headers

@@ -1,8 +1,8 @@
 """Evolution API v2 provider against a loopback Evolution and the webhooks it documents.
 
-Sources: shared/conformance/evolution_api.md (no captured Evolution payloads are published
-there, so request/response/webhook shapes are built in tests/fakes/evolution.py from the
-source paths that note cites; each builder names its path).
+Evolution publishes no captured payloads, so request/response/webhook shapes are built in
+tests/fakes/evolution.py from the Evolution API source (each builder names its path; see the
+docstring there and tests/fixtures/providers/README.md).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gateway.contract import (
     WebhookRequest,
     WebhookResult,
 )
+from gateway.egress import LOOPBACK
 from gateway.errors import (
     BadSignature,
     MalformedWebhook,
@@ -41,7 +42,8 @@ from tests.fakes import evolution as evo
 from tests.fakes.server import Reply
 
 SECRET = "whsec-evolution-channel-7-0123456789abcdef"
-CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example")
+# The fake listens on loopback, which the egress guard refuses unless allowed.
+CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example", egress=LOOPBACK)
 TO = "+5516999887766"
 
 
@@ -163,7 +165,7 @@ def test_timeout_is_transient(serve: Any) -> None:
     slow = evo.EvolutionFake(script=[Reply(201, {"key": {"id": "late"}}, delay=1.0)])
     with serve(slow) as server, pytest.raises(TransientError) as info:
         make(server.url, context=ProviderContext(org_id=1, channel_id=7, timeout=0.3,
-                                                 public_url="https://lembra.example")).send(outbound())
+                                                 public_url="https://lembra.example", egress=LOOPBACK)).send(outbound())
     assert info.value.code == "timeout"
 
 

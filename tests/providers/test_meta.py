@@ -1,8 +1,9 @@
-"""Meta WhatsApp Cloud API provider against a loopback fake answering with the published samples.
+"""Meta WhatsApp Cloud API provider against a loopback fake answering in the documented wire format.
 
-Wire format: shared/conformance/meta_whatsapp_cloud.md; samples: shared/conformance/samples/meta_whatsapp/
-(sources per file in samples/INDEX.md — pywa = david-lev/pywa@0bcf2f19 test fixtures, SDK =
-WhatsApp/WhatsApp-Nodejs-SDK@58ca3d5f).
+Fixtures: tests/fixtures/providers/meta_whatsapp/ — one reminder (`wamid.lembra-out-01`) to Maria
+(wa_id 5516999887766), its statuses and her replies, written from Meta's documented webhook and
+send formats; the X-Hub-Signature-256 vector is pywa's published one, kept byte for byte. Sources
+per file: tests/fixtures/providers/README.md.
 """
 
 from __future__ import annotations
@@ -28,24 +29,26 @@ from gateway.contract import (
     TemplateRef,
     WebhookRequest,
 )
+from gateway.egress import LOOPBACK
 from gateway.errors import BadSignature, MalformedWebhook, PermanentError, TransientError, WebhookError
 from providers.meta.provider import DEFAULT_API_VERSION, MetaProvider
-from tests.conformance import sample_bytes
 from tests.fakes.meta import (
     SAMPLES,
     FakeGraph,
+    fixture_error,
     notes_error,
     phone_number_node,
-    published_error,
     sample_json,
 )
 from tests.fakes.server import Reply
+from tests.fixtures import fixture_bytes, fixture_json
 
-CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example")
+# The fake listens on loopback, which the egress guard refuses unless allowed.
+CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example", egress=LOOPBACK)
 SECRET = "test-app-secret"
 TOKEN = "EAAG-test-token"
 PHONE_ID = "106540352242922"
-WAMID = "wamid.HBgLMTY1MDUwNzY1MjAVAgARGBI5QTNDQTVCM0Q0Q0Q2RTY3RTcA"  # send_response_official_sdk.json
+WAMID = "wamid.lembra-out-01"  # send_response.json; the statuses and replies in the fixtures are about it
 BUTTONS = (Button("confirm:42", "Confirmar"), Button("cancel:42", "Cancelar"))
 TEMPLATE = TemplateRef(name="lembrete_consulta", language="pt_BR", parameters=("Ana", "02/12 às 14:00"))
 
@@ -74,7 +77,7 @@ def outbound(**kw: Any) -> OutboundMessage:
 
 
 def envelope(typed: dict[str, Any], reference: str | None = "981") -> dict[str, Any]:
-    """The documented envelope (notes §1, SDK bodyBuilder) around a typed payload."""
+    """The documented send envelope (Meta's Cloud API docs, SDK bodyBuilder) around a typed payload."""
     body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": "5516999887766", **typed}
     if reference is not None:
         body["biz_opaque_callback_data"] = reference
@@ -82,8 +85,8 @@ def envelope(typed: dict[str, Any], reference: str | None = "981") -> dict[str, 
 
 
 def template_object() -> dict[str, Any]:
-    # Same shape as PARTIAL_send_template_object_official_sdk.json (name, language{policy,code},
-    # components[{type:body, parameters:[{type:text,text}]}]) plus the notes' quick_reply buttons.
+    # Same shape as send_template_object.json (name, language{policy,code},
+    # components[{type:body, parameters:[{type:text,text}]}]) plus the documented quick_reply buttons.
     return {
         "name": "lembrete_consulta",
         "language": {"policy": "deterministic", "code": "pt_BR"},
@@ -118,7 +121,7 @@ def test_text_inside_the_window_is_the_documented_request(fake: FakeGraph) -> No
     assert req.path == f"/{PHONE_ID}/messages"
     assert req.header("Authorization") == f"Bearer {TOKEN}"
     assert req.header("Content-Type") == "application/json"
-    # send_text_request_meta_docs / notes §1: type text, text{preview_url, body}
+    # Meta's documented text send: type text, text{preview_url, body}
     assert req.json() == envelope({"type": "text", "text": {"preview_url": False, "body": "Olá! Sua consulta é amanhã."}})
 
 
@@ -135,8 +138,8 @@ def test_buttons_inside_the_window_go_as_interactive_reply_buttons(fake: FakeGra
             {"type": "reply", "reply": {"id": "cancel:42", "title": "Cancelar"}},
         ]},
     }})
-    # Same structure as Meta's SDK example (PARTIAL_send_interactive_reply_buttons_object_official_sdk.json).
-    assert keys_shape(body["interactive"]) == keys_shape(sample_json("PARTIAL_send_interactive_reply_buttons_object_official_sdk.json"))
+    # Same structure as the documented reply-buttons object (send_interactive_reply_buttons_object.json).
+    assert keys_shape(body["interactive"]) == keys_shape(sample_json("send_interactive_reply_buttons_object.json"))
 
 
 def test_outside_the_window_the_template_goes_with_parameters_and_quick_reply_payloads(fake: FakeGraph) -> None:
@@ -145,7 +148,7 @@ def test_outside_the_window_the_template_goes_with_parameters_and_quick_reply_pa
     assert result.provider_message_id == WAMID
     body = fake.requests[0].json()
     assert body == envelope({"type": "template", "template": template_object()})
-    sdk = sample_json("PARTIAL_send_template_object_official_sdk.json")
+    sdk = sample_json("send_template_object.json")
     assert keys_shape(body["template"]["language"]) == keys_shape(sdk["language"])
     assert keys_shape(body["template"]["components"][0]) == keys_shape(sdk["components"][0])
 
@@ -174,8 +177,8 @@ def test_window_closed_without_template_is_refused_before_any_request(fake: Fake
 
 
 def test_131047_on_a_text_send_resends_once_as_the_template(fake: FakeGraph) -> None:
-    # error_object_131047_reengagement.json (pywa) as the synchronous Graph error
-    fake.reset(published_error("error_object_131047_reengagement.json"))
+    # error_131047_reengagement.json as the synchronous Graph error
+    fake.reset(fixture_error("error_131047_reengagement.json"))
     result = provider(fake.url).send(outbound(conversation_open=True, template=TEMPLATE, buttons=BUTTONS))
     assert result.provider_message_id == WAMID
     first, second = fake.requests
@@ -184,7 +187,7 @@ def test_131047_on_a_text_send_resends_once_as_the_template(fake: FakeGraph) -> 
 
 
 def test_131047_without_a_template_is_window_closed(fake: FakeGraph) -> None:
-    fake.reset(published_error("error_object_131047_reengagement.json"))
+    fake.reset(fixture_error("error_131047_reengagement.json"))
     with pytest.raises(PermanentError) as err:
         provider(fake.url).send(outbound(conversation_open=True))
     assert err.value.code == "window_closed"
@@ -192,7 +195,7 @@ def test_131047_without_a_template_is_window_closed(fake: FakeGraph) -> None:
 
 
 def test_131047_on_the_template_resend_is_not_retried_again(fake: FakeGraph) -> None:
-    reengage = published_error("error_object_131047_reengagement.json")
+    reengage = fixture_error("error_131047_reengagement.json")
     fake.reset(reengage, reengage)
     with pytest.raises(PermanentError) as err:
         provider(fake.url).send(outbound(conversation_open=True, template=TEMPLATE))
@@ -203,12 +206,12 @@ def test_131047_on_the_template_resend_is_not_retried_again(fake: FakeGraph) -> 
 @pytest.mark.parametrize(
     ("reply", "permanent", "code", "channel_broken", "retry_after"),
     [
-        # published error objects (pywa tests/test_errors.py) inside the Graph envelope
-        (published_error("error_object_190_expired_token.json", 401), True, "token_invalid", True, None),
-        (published_error("error_object_190_expired_token.json", 400), True, "token_invalid", True, None),
-        (published_error("error_object_131053_media_upload.json"), True, "media_error", False, None),
-        (published_error("error_object_131047_reengagement.json"), True, "window_closed", False, None),
-        # codes from the notes' table (§2), in the notes' error syntax
+        # the error object fixtures inside the Graph envelope
+        (fixture_error("error_190_expired_token.json", 401), True, "token_invalid", True, None),
+        (fixture_error("error_190_expired_token.json", 400), True, "token_invalid", True, None),
+        (fixture_error("error_131053_media_upload.json"), True, "media_error", False, None),
+        (fixture_error("error_131047_reengagement.json"), True, "window_closed", False, None),
+        # codes from Meta's error-code table, in Graph's error syntax
         (notes_error(130429, "Rate limit hit", 400, {"Retry-After": "30"}), False, "throughput", False, 30.0),
         (notes_error(130429, "Rate limit hit", 429), False, "throughput", False, None),
         (notes_error(131056, "(Business Account, Consumer Account) pair rate limit hit"), False, "pair_rate_limit",
@@ -222,7 +225,7 @@ def test_131047_on_the_template_resend_is_not_retried_again(fake: FakeGraph) -> 
         (notes_error(368, "Temporarily blocked for policies violations"), True, "account_restricted", True, None),
         (notes_error(131031, "Account has been locked"), True, "account_locked", True, None),
         (notes_error(80007, "Rate limit issues"), False, "waba_rate_limit", False, None),
-        # codes the notes do not list fall back to the HTTP status, keeping Meta's code
+        # codes the provider does not know fall back to the HTTP status, keeping Meta's code
         (notes_error(100, "Invalid parameter"), True, "meta_100", False, None),
         (notes_error(100, "Invalid parameter", 503), False, "meta_100", False, None),
         # no Graph error body at all: plain HTTP mapping
@@ -246,7 +249,7 @@ def test_errors_map_to_typed_errors(reply: Reply, permanent: bool, code: str, ch
 
 
 def test_a_provider_slower_than_the_timeout_is_transient(fake: FakeGraph) -> None:
-    fake.reset(Reply(200, sample_bytes(SAMPLES + "send_response_official_sdk.json"), delay=2.6))
+    fake.reset(Reply(200, fixture_bytes(SAMPLES + "send_response.json"), delay=2.6))
     with pytest.raises(TransientError) as err:
         provider(fake.url).send(outbound(template=TEMPLATE))
     assert err.value.code == "timeout"
@@ -269,8 +272,8 @@ def test_an_answer_without_a_message_id_fails_without_retry(fake: FakeGraph) -> 
 
 
 def test_message_status_of_newer_answers_is_passed_on(fake: FakeGraph) -> None:
-    answer = sample_json("send_response_official_sdk.json")
-    answer["messages"][0]["message_status"] = "held_for_quality_assessment"  # notes §1, newer answers
+    answer = sample_json("send_response.json")
+    answer["messages"][0]["message_status"] = "held_for_quality_assessment"  # newer answers carry it
     fake.reset(Reply(200, answer))
     result = provider(fake.url).send(outbound(template=TEMPLATE))
     assert result.provider_status == "held_for_quality_assessment"
@@ -319,7 +322,7 @@ def test_health_reads_the_phone_number_node(fake: FakeGraph) -> None:
 
 
 def test_health_reports_an_expired_token_and_an_unreachable_api(fake: FakeGraph) -> None:
-    fake.reset(default=published_error("error_object_190_expired_token.json", 401))
+    fake.reset(default=fixture_error("error_190_expired_token.json", 401))
     health = provider(fake.url).health()
     assert not health.ok and health.state == "token_invalid"
     fake.reset(default=Reply(503, b""))
@@ -335,7 +338,7 @@ def get(query: dict[str, str], url: str = "https://lembra.example/webhooks/meta/
 
 
 def test_get_verification_echoes_the_challenge() -> None:
-    # notes §3 ([Meta-webhook-endpoint], SDK webhooks.ts): 200 with the raw hub.challenge
+    # Meta's "Create a webhook endpoint" page and SDK webhooks.ts: 200 with the raw hub.challenge
     result = provider().parse_webhook(get({"hub.mode": "subscribe", "hub.verify_token": "verify-me",
                                            "hub.challenge": "1158201444"}))
     assert result.response_body == "1158201444" and result.response_status == 200 and list(result.events) == []
@@ -367,12 +370,10 @@ def test_get_verification_refusals(query: dict[str, str], config: dict[str, str]
 
 
 def vector() -> tuple[str, str, str]:
-    """(app_secret, good header, re-serialised digest) from signed_inbound_text_signature_vector.txt (pywa)."""
-    text = sample_bytes(SAMPLES + "signed_inbound_text_signature_vector.txt").decode()
-    secret = next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("app_secret="))
-    header = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("X-Hub-Signature-256:"))
-    bad = next(word for line in text.splitlines() if "MISMATCH" in line for word in line.split() if len(word) == 64)
-    return secret, header.strip(), bad
+    """(app_secret, good header, re-serialised digest) of pywa's published vector
+    (signed_inbound_text_signature_vector.json; the body is signed_inbound_text_raw_body.json)."""
+    data = fixture_json(SAMPLES + "signed_inbound_text_signature_vector.json")
+    return data["app_secret"], data["x_hub_signature_256"], data["recomputed_reserialised_digest"]
 
 
 def post(body: bytes, signature: str | None, header: str = "X-Hub-Signature-256") -> WebhookRequest:
@@ -388,7 +389,7 @@ def sign(body: bytes, secret: str = SECRET) -> str:
 
 def test_published_signature_vector_is_accepted() -> None:
     secret, header, _ = vector()
-    raw = sample_bytes(SAMPLES + "signed_inbound_text_raw_body.json")
+    raw = fixture_bytes(SAMPLES + "signed_inbound_text_raw_body.json")
     result = provider(app_secret=secret).parse_webhook(post(raw, header, header="x-hub-signature-256"))
     assert list(result.events) == [InboundMessageEvent(
         provider_message_id="wamid.HBgMOTcyNTQ0NDAxMjQzFQIAEhggM0RFQTNCMEEwRTY3QzUwODYzMDc4NjQ4QzM4ODAxM0YA",
@@ -398,10 +399,10 @@ def test_published_signature_vector_is_accepted() -> None:
 
 def test_signature_refusals() -> None:
     secret, header, reserialised_digest = vector()
-    raw = sample_bytes(SAMPLES + "signed_inbound_text_raw_body.json")
+    raw = fixture_bytes(SAMPLES + "signed_inbound_text_raw_body.json")
     p = provider(app_secret=secret)
     reserialised = json.dumps(json.loads(raw)).encode()
-    assert sign(reserialised, secret) == "sha256=" + reserialised_digest  # the vector's negative case
+    assert sign(reserialised, secret) == "sha256=" + reserialised_digest  # the negative case (recomputed)
     cases = [
         post(reserialised, header),                                   # re-serialised JSON: digest differs
         post(raw, "sha256=" + reserialised_digest),
@@ -422,7 +423,7 @@ def test_signature_refusals() -> None:
 
 
 def test_truncated_and_non_json_bodies_are_malformed_once_signed() -> None:
-    raw = sample_bytes(SAMPLES + "webhook_inbound_text.json")
+    raw = fixture_bytes(SAMPLES + "webhook_inbound_text.json")
     for body in (raw[: len(raw) // 2], b"", b"\xff\xfe\x00garbage", b"[" * 100_000, b"[]", b'{"entry":[]}',
                  b'{"object":"whatsapp_business_account","entry":{}}'):
         with pytest.raises(MalformedWebhook):
@@ -440,11 +441,11 @@ def test_a_5_mb_body_is_refused() -> None:
         provider().parse_webhook(post(body, sign(body)))
 
 
-# ---------------------------------------------------------------------------- webhooks: published samples
+# ---------------------------------------------------------------------------- webhooks: the fixtures
 
 
 def parse_sample(name: str) -> list[Any]:
-    raw = sample_bytes(SAMPLES + name)
+    raw = fixture_bytes(SAMPLES + name)
     return list(provider().parse_webhook(post(raw, sign(raw))).events)
 
 
@@ -452,77 +453,76 @@ def ts(seconds: int) -> datetime:
     return datetime.fromtimestamp(seconds, timezone.utc)
 
 
-# 972987654321 (the anonymised pywa fixtures' number) is not valid for phonenumbers: kept as sent.
-PATIENT = "+972987654321"
+PATIENT = "+5516999887766"  # Maria, wa_id 5516999887766 in every fixture
 
 
-def test_inbound_text() -> None:  # pywa message.json "text"
+def test_inbound_text() -> None:
     assert parse_sample("webhook_inbound_text.json") == [
-        InboundMessageEvent("wamid.xyzxyz", PATIENT, "Body Text", ts(1697043223))]
+        InboundMessageEvent("wamid.lembra-in-01", PATIENT, "Oi! Posso remarcar para sexta?", ts(1764591000))]
 
 
-def test_inbound_text_replying_to_a_message() -> None:  # pywa message.json "reply"
+def test_inbound_text_replying_to_a_message() -> None:  # context{from, id}: the reminder she answers
     assert parse_sample("webhook_inbound_text_reply_with_context.json") == [
-        InboundMessageEvent("wamid.xyzxyz", PATIENT, "replied text", ts(1697044746), in_reply_to="wamid.xyzxyz==")]
+        InboundMessageEvent("wamid.lembra-in-02", PATIENT, "Vou sim, obrigada", ts(1764591060), in_reply_to=WAMID)]
 
 
-def test_interactive_button_reply() -> None:  # pywa callback_button.json "button"
+def test_interactive_button_reply() -> None:  # interactive.button_reply{id, title}
     assert parse_sample("webhook_inbound_interactive_button_reply.json") == [
-        InboundMessageEvent("wamid.xyzxyz", PATIENT, "title", ts(1698266730), button_payload="callback_data",
-                            in_reply_to="wamid.xyzxyz")]
+        InboundMessageEvent("wamid.lembra-in-03", PATIENT, "Confirmar", ts(1764591120), button_payload="confirm:42",
+                            in_reply_to=WAMID)]
 
 
-def test_list_reply() -> None:  # pywa callback_selection.json "description"
+def test_list_reply() -> None:  # interactive.list_reply{id, title, description}
     assert parse_sample("webhook_inbound_list_reply.json") == [
-        InboundMessageEvent("wamid.zyzxyz", PATIENT, "title", ts(1698266905), button_payload="callback_data",
-                            in_reply_to="wamid.xyzxyz")]
+        InboundMessageEvent("wamid.lembra-in-04", PATIENT, "Sex 05/12 09:00", ts(1764591180),
+                            button_payload="slot:2025-12-05T09:00", in_reply_to=WAMID)]
 
 
-def test_template_quick_reply_button() -> None:  # pywa callback_button.json "quick_reply"
+def test_template_quick_reply_button() -> None:  # type "button", button{payload, text}
     assert parse_sample("webhook_inbound_template_quick_reply_button.json") == [
-        InboundMessageEvent("wamid.xsidjw", PATIENT, "title", ts(1698269027), button_payload="callback_data",
-                            in_reply_to="wamid.xyzxyz==")]
+        InboundMessageEvent("wamid.lembra-in-05", PATIENT, "Confirmar", ts(1764591240), button_payload="confirm:42",
+                            in_reply_to=WAMID)]
 
 
-def test_template_quick_reply_without_context_with_bsuid() -> None:  # pywa "quick_reply_without_context"
+def test_template_quick_reply_without_context_with_bsuid() -> None:  # no context, from_user_id beside from
     assert parse_sample("webhook_inbound_template_quick_reply_no_context_bsuid.json") == [
-        InboundMessageEvent("wamid.xsidjx", PATIENT, "title", ts(1698269027), button_payload="callback_data")]
+        InboundMessageEvent("wamid.lembra-in-06", PATIENT, "Cancelar", ts(1764591300), button_payload="cancel:42")]
 
 
-def test_unsupported_message_is_skipped() -> None:  # pywa message.json "unsupported" (errors 131051)
+def test_unsupported_message_is_skipped() -> None:  # type "unsupported" with errors[] 131051
     assert parse_sample("webhook_inbound_unsupported.json") == []
 
 
-def test_interactive_message_with_a_change_level_error_is_skipped() -> None:  # pywa "interactive_message_with_err"
+def test_interactive_message_with_a_change_level_error_is_skipped() -> None:  # no interactive body, value.errors 131000
     assert parse_sample("webhook_inbound_interactive_with_error.json") == []
 
 
 @pytest.mark.parametrize(
     ("name", "status", "seconds"),
     [
-        ("webhook_status_sent.json", "sent", 1698266945),          # pywa message_status.json "sent"
-        ("webhook_status_delivered.json", "delivered", 1698266945),  # "delivered"
-        ("webhook_status_read.json", "read", 1689380458),          # "read"
+        ("webhook_status_sent.json", "sent", 1764590400),          # with conversation{expiration_timestamp}
+        ("webhook_status_delivered.json", "delivered", 1764590403),
+        ("webhook_status_read.json", "read", 1764590700),
     ],
 )
 def test_statuses(name: str, status: str, seconds: int) -> None:
-    assert parse_sample(name) == [StatusEvent("wamid.xyzxyz", status, ts(seconds))]  # type: ignore[arg-type]
+    assert parse_sample(name) == [StatusEvent(WAMID, status, ts(seconds))]  # type: ignore[arg-type]
 
 
-def test_failed_status_carries_the_error_code() -> None:  # pywa message_status.json "failed" (130472)
+def test_failed_status_carries_the_error_code() -> None:  # errors[{code 130472, title, message, error_data, href}]
     assert parse_sample("webhook_status_failed_130472.json") == [
-        StatusEvent("wamid.xyzxyz", "failed", ts(1689380458), error_code="130472", error_permanent=True)]
+        StatusEvent(WAMID, "failed", ts(1764590402), error_code="130472", error_permanent=True)]
 
 
-def test_status_echoes_biz_opaque_callback_data_as_reference() -> None:  # pywa message_status.json "with_tracker"
+def test_status_echoes_biz_opaque_callback_data_as_reference() -> None:  # the reference we sent, echoed back
     assert parse_sample("webhook_status_sent_biz_opaque_callback_data.json") == [
-        StatusEvent("wamid.xyzxyz", "sent", ts(1698266945), reference="some data")]
+        StatusEvent(WAMID, "sent", ts(1764590400), reference="981")]
 
 
 @pytest.mark.parametrize(("code", "permanent"), [(131026, True), (131047, True), (130429, False), (131056, False)])
-def test_failed_status_codes_from_the_notes(code: int, permanent: bool) -> None:
+def test_failed_status_codes_from_meta_s_table(code: int, permanent: bool) -> None:
     data = sample_json("webhook_status_failed_130472.json")
-    data["entry"][0]["changes"][0]["value"]["statuses"][0]["errors"] = [sample_json("error_object_131047_reengagement.json")]
+    data["entry"][0]["changes"][0]["value"]["statuses"][0]["errors"] = [sample_json("error_131047_reengagement.json")]
     data["entry"][0]["changes"][0]["value"]["statuses"][0]["errors"][0]["code"] = code
     body = json.dumps(data).encode()
     [event] = provider().parse_webhook(post(body, sign(body))).events
@@ -547,7 +547,7 @@ def test_a_batch_of_entries_changes_and_items_yields_every_event() -> None:
 def test_brazilian_sender_without_the_ninth_digit_becomes_e164_with_it() -> None:
     data = sample_json("webhook_inbound_template_quick_reply_button.json")
     message = data["entry"][0]["changes"][0]["value"]["messages"][0]
-    message["from"] = "551699887766"  # legacy BR wa_id (notes §1: wa_id may lack the 9th digit)
+    message["from"] = "551699887766"  # legacy BR wa_id (Meta's wa_id may lack the 9th digit)
     message["button"]["payload"] = "confirm:42"
     body = json.dumps(data).encode()
     [event] = provider().parse_webhook(post(body, sign(body))).events
@@ -561,14 +561,22 @@ def test_sender_without_a_phone_number_is_skipped_and_media_counts_as_inbound() 
     no_phone = copy.deepcopy(messages[0])
     del no_phone["from"]
     no_phone["from_user_id"] = "US.13491208655302741918"
-    image = {"from": "972987654321", "id": "wamid.img", "timestamp": "1697043300", "type": "image",
+    image = {"from": "5516999887766", "id": "wamid.img", "timestamp": "1764591500", "type": "image",
              "image": {"caption": "receita", "mime_type": "image/jpeg", "id": "1"}}
-    reaction = {"from": "972987654321", "id": "wamid.r", "timestamp": "1697043300", "type": "reaction",
+    reaction = {"from": "5516999887766", "id": "wamid.r", "timestamp": "1764591500", "type": "reaction",
                 "reaction": {"message_id": "wamid.x", "emoji": "👍"}}
     messages[:] = [no_phone, image, reaction]
     body = json.dumps(data).encode()
     events = list(provider().parse_webhook(post(body, sign(body))).events)
-    assert events == [InboundMessageEvent("wamid.img", PATIENT, "receita", ts(1697043300))]
+    assert events == [InboundMessageEvent("wamid.img", PATIENT, "receita", ts(1764591500))]
+
+
+def test_a_number_phonenumbers_does_not_know_is_kept_as_sent() -> None:
+    data = sample_json("webhook_inbound_text.json")
+    data["entry"][0]["changes"][0]["value"]["messages"][0]["from"] = "972987654321"  # no valid plan has it
+    body = json.dumps(data).encode()
+    [event] = provider().parse_webhook(post(body, sign(body))).events
+    assert isinstance(event, InboundMessageEvent) and event.from_address == "+972987654321"
 
 
 # ---------------------------------------------------------------------------- property tests

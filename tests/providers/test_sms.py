@@ -1,17 +1,17 @@
-"""SMS providers (Twilio, Zenvia) against loopback fakes answering with the published samples.
+"""SMS providers (Twilio, Zenvia) against loopback fakes answering in the documented wire formats.
 
-Sources: shared/conformance/twilio_sms.md, shared/conformance/zenvia.md and samples/INDEX.md.
+Fixtures: tests/fixtures/providers/twilio/ and tests/fixtures/providers/zenvia/ (written from the
+providers' documented formats; Twilio's signature vectors and Zenvia's string-to-sign examples are
+the published ones, kept byte for byte). Sources per file: tests/fixtures/providers/README.md.
 """
 
 from __future__ import annotations
 
-import ast
 import base64
 import copy
 import hashlib
 import hmac
 import json
-import re
 import socket
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
@@ -23,18 +23,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.contract import InboundMessageEvent, OutboundMessage, ProviderContext, StatusEvent, WebhookRequest
+from gateway.egress import LOOPBACK
 from gateway.errors import BadSignature, MalformedWebhook, PermanentError, TransientError, WebhookError
 from providers.sms import twilio as twilio_mod
 from providers.sms import zenvia as zenvia_mod
 from providers.sms.twilio import TwilioProvider, compute_signature, validate_signature
 from providers.sms.zenvia import ZenviaProvider, request_signature, string_to_sign
-from tests.conformance import sample_bytes
 from tests.fakes import twilio as tw
 from tests.fakes import zenvia as zv
 from tests.fakes.server import Reply
+from tests.fixtures import fixture_bytes
 
-CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example")
-FAST = ProviderContext(org_id=1, channel_id=7, timeout=0.3, public_url="https://lembra.example")
+# The fakes listen on loopback, which the egress guard refuses unless allowed.
+CONTEXT = ProviderContext(org_id=1, channel_id=7, timeout=2, public_url="https://lembra.example", egress=LOOPBACK)
+FAST = ProviderContext(org_id=1, channel_id=7, timeout=0.3, public_url="https://lembra.example", egress=LOOPBACK)
 PATIENT = "+5516999887766"
 TEXT = "Olá! Sua consulta é amanhã às 9h. Responda 1 para confirmar 👍"
 #: Where the proxy hands Twilio's requests to the engine (not the URL Twilio signed).
@@ -104,46 +106,21 @@ def twilio_request(pairs: list[tuple[str, str]], *, signed_url: str = TWILIO_URL
                           body=tw.form(pairs) if body is None else body)
 
 
-# --- signature vectors (samples/twilio/signature_vectors_twilio_python.txt, twilio-python tests) ---
+# --- signature vectors (twilio/signature_vectors.json: twilio-python's published ones) ---
 
 
 def _vectors() -> dict[str, Any]:
-    text = sample_bytes(tw.VECTORS).decode()
-
-    def one(pattern: str) -> str:
-        match = re.search(pattern, text, re.M)
-        assert match, pattern
-        return match.group(1)
-
-    uris = re.findall(r'^uri = "(.*)"$', text, re.M)
-    params = [ast.literal_eval(p) for p in re.findall(r"^params = (.*)$", text, re.M)]
-    expected = re.findall(r'^expected = "(.*)"$', text, re.M)
-    return {
-        "token": one(r'^auth_token = "(.*)"$'),
-        "uri": uris[0],
-        "params": params[0],
-        "expected": one(r'^expected X-Twilio-Signature = "(.*)"$'),
-        "https_1234": one(r'^https with :1234 .*-> "(.*)"'),
-        "http_1234": one(r'^http\s+with :1234 .*-> "(.*)"'),
-        "https_443": one(r'^https with :443 added .*-> "(.*)"'),
-        "http_80": one(r'^http\s+with :80 added .*-> "(.*)"'),
-        "repeated_params": params[1],
-        "repeated_expected": expected[0],
-        "json_body": one(r"^body = '(.*)'$"),
-        "json_sha256": one(r'^sha256\(body\) = "(.*)"$'),
-        "json_uri": uris[1],
-        "json_expected": expected[1],
-    }
+    return tw.sample_json(tw.VECTORS)
 
 
 def test_signature_vector_base() -> None:
     v = _vectors()
-    assert compute_signature(v["token"], v["uri"], v["params"]) == v["expected"]
-    assert validate_signature(v["token"], v["uri"], v["params"], v["expected"])
-    assert not validate_signature(v["token"], v["uri"], {**v["params"], "Digits": "1235"}, v["expected"])
-    assert not validate_signature("54321", v["uri"], v["params"], v["expected"])
-    assert not validate_signature(v["token"], v["uri"], v["params"], None)
-    assert not validate_signature(v["token"], v["uri"], v["params"], "ñ-not-ascii")
+    assert compute_signature(v["auth_token"], v["uri"], v["params"]) == v["signature"]
+    assert validate_signature(v["auth_token"], v["uri"], v["params"], v["signature"])
+    assert not validate_signature(v["auth_token"], v["uri"], {**v["params"], "Digits": "1235"}, v["signature"])
+    assert not validate_signature("54321", v["uri"], v["params"], v["signature"])
+    assert not validate_signature(v["auth_token"], v["uri"], v["params"], None)
+    assert not validate_signature(v["auth_token"], v["uri"], v["params"], "ñ-not-ascii")
 
 
 def test_signature_vectors_port_handling() -> None:
@@ -151,36 +128,36 @@ def test_signature_vectors_port_handling() -> None:
     https_port = v["uri"].replace(".com", ".com:1234")
     http_port = https_port.replace("https", "http")
     http = v["uri"].replace("https", "http")
-    assert v["https_1234"] == v["expected"]  # "validator strips port": still the base signature
-    assert validate_signature(v["token"], https_port, v["params"], v["https_1234"])
-    assert validate_signature(v["token"], http_port, v["params"], v["http_1234"])
-    assert validate_signature(v["token"], v["uri"], v["params"], v["https_443"])
-    assert validate_signature(v["token"], http, v["params"], v["http_80"])
-    assert not validate_signature(v["token"], http, v["params"], v["https_443"])
+    assert validate_signature(v["auth_token"], https_port, v["params"], v["signature"])  # https: port stripped
+    assert validate_signature(v["auth_token"], http_port, v["params"], v["http_with_port_1234_signature"])
+    assert validate_signature(v["auth_token"], v["uri"], v["params"], v["https_with_port_443_signature"])
+    assert validate_signature(v["auth_token"], http, v["params"], v["http_with_port_80_signature"])
+    assert not validate_signature(v["auth_token"], http, v["params"], v["https_with_port_443_signature"])
 
 
 def test_signature_vector_repeated_keys() -> None:
     v = _vectors()
     grouped: dict[str, list[str]] = {}
-    for name, value in v["repeated_params"]:
+    for name, value in v["repeated_params"] + [["Digits", "1234"]]:  # plus a duplicate: counted once
         grouped.setdefault(name, []).append(value)
-    assert compute_signature(v["token"], v["uri"], grouped) == v["repeated_expected"]
+    assert compute_signature(v["auth_token"], v["uri"], grouped) == v["repeated_params_signature"]
 
 
 def test_signature_vector_json_body_variant() -> None:
     v = _vectors()
-    assert hashlib.sha256(v["json_body"].encode()).hexdigest() == v["json_sha256"]
-    assert v["json_uri"].endswith("bodySHA256=" + v["json_sha256"])
-    assert compute_signature(v["token"], v["json_uri"], {}) == v["json_expected"]
+    assert hashlib.sha256(v["json_body"].encode()).hexdigest() == v["json_body_sha256"]
+    assert v["json_uri"].endswith("bodySHA256=" + v["json_body_sha256"])
+    assert compute_signature(v["auth_token"], v["json_uri"], {}) == v["json_signature"]
 
 
 def test_independent_test_signer_agrees_with_the_vectors() -> None:
     v = _vectors()
-    assert tw.sign(v["token"], v["uri"], list(v["params"].items())) == v["expected"]
-    assert tw.sign(v["token"], v["uri"], v["repeated_params"]) == v["repeated_expected"]
+    assert tw.sign(v["auth_token"], v["uri"], list(v["params"].items())) == v["signature"]
+    pairs = [tuple(pair) for pair in v["repeated_params"]]
+    assert tw.sign(v["auth_token"], v["uri"], pairs) == v["repeated_params_signature"]
 
 
-# --- send (§1, §2) ---
+# --- send ---
 
 
 def test_twilio_identity() -> None:
@@ -219,20 +196,20 @@ def test_twilio_send_through_a_messaging_service(twilio_fake: tw.FakeTwilio) -> 
 @pytest.mark.parametrize(
     ("reply", "kind", "code", "opt_out", "broken", "retry_after"),
     [
-        # §2: 21610 = recipient replied STOP: final, and an opt-out.
+        # 21610 = recipient replied STOP: final, and an opt-out.
         (tw.rest_error(400, 21610, "Attempt to send to unsubscribed recipient"), PermanentError, "21610", True, False, None),
-        # §2: invalid To / not SMS-capable / unroutable / unverified (trial): final.
+        # invalid To / not SMS-capable / unroutable / unverified (trial): final.
         (tw.rest_error(400, 21211, "The 'To' number +5516999887766 is not a valid phone number."),
          PermanentError, "21211", False, False, None),
         (tw.rest_error(400, 21614, "'To' number is not a valid mobile number"), PermanentError, "21614", False, False, None),
         (tw.rest_error(400, 21612, "The 'To' phone number is not currently reachable"), PermanentError, "21612", False, False, None),
         (tw.rest_error(400, 21608, "The number is unverified"), PermanentError, "21608", False, False, None),
-        # §2: 20003 = authentication: the channel is broken until an operator fixes the token.
+        # 20003 = authentication: the channel is broken until an operator fixes the token.
         (tw.rest_error(401, 20003, "Authenticate"), PermanentError, "20003", False, True, None),
         # A From that is not this account's: broken channel too.
         (tw.rest_error(400, 21606, "The From phone number is not a valid, SMS-capable inbound phone number"),
          PermanentError, "21606", False, True, None),
-        # §2/§6: 20429 / HTTP 429 = throttling, with Retry-After.
+        # 20429 / HTTP 429 = throttling, with Retry-After.
         (tw.rest_error(429, 20429, "Too Many Requests", headers={"Retry-After": "7"}), TransientError, "20429", False, False, 7.0),
         (Reply(429, b"", headers={"Retry-After": "3"}), TransientError, "http_429", False, False, 3.0),
         # 5xx = transient, with or without a Twilio body.
@@ -253,7 +230,7 @@ def test_twilio_send_errors(reply: Reply, kind: type, code: str, opt_out: bool, 
 
 def test_twilio_send_timeout_is_transient(twilio_fake: tw.FakeTwilio) -> None:
     fake = twilio_fake
-    fake.script.append(Reply(201, sample_bytes(tw.CREATE_201), delay=1.0))
+    fake.script.append(Reply(201, fixture_bytes(tw.CREATE_201), delay=1.0))
     with pytest.raises(TransientError) as caught:
         twilio(fake.url, context=FAST).send(OutboundMessage(to=PATIENT, text=TEXT))
     assert caught.value.code == "timeout"
@@ -287,7 +264,7 @@ def test_twilio_send_2xx_without_sid(twilio_fake: tw.FakeTwilio) -> None:
     assert caught.value.code == "no_message_id"
 
 
-# --- webhooks: status callbacks (§3) ---
+# --- webhooks: status callbacks ---
 
 
 @pytest.mark.parametrize(
@@ -309,9 +286,9 @@ def test_twilio_status_callbacks_without_news_are_ignored(twilio_status: str) ->
     assert list(result.events) == []
 
 
-def test_twilio_undelivered_30007_from_the_published_message() -> None:
-    # samples/twilio/message_fetch_response_error_30007_twilio_php.json: a message carrying error 30007
-    # (carrier filtered) — its callback reports it as undelivered with that ErrorCode.
+def test_twilio_undelivered_30007_from_the_fetched_message() -> None:
+    # twilio/message_fetch_response_error_30007.json: a message carrying error 30007 (carrier
+    # filtered) — its callback reports it as undelivered with that ErrorCode.
     published = tw.sample_json(tw.FETCH_30007)
     pairs = tw.status_callback(published["sid"], "undelivered", str(published["error_code"]))
     [event] = twilio().parse_webhook(twilio_request(pairs)).events
@@ -343,7 +320,7 @@ def test_twilio_legacy_callback_with_only_sms_status() -> None:
     assert isinstance(event, StatusEvent) and event.status == "delivered"
 
 
-# --- webhooks: incoming SMS (§4) ---
+# --- webhooks: incoming SMS ---
 
 
 def test_twilio_inbound_sms() -> None:
@@ -386,7 +363,7 @@ def test_twilio_inbound_by_get() -> None:
     assert isinstance(event, InboundMessageEvent) and event.text == "1"
 
 
-# --- webhooks: what URL was signed (§5 gotchas: proxy, port, query string) ---
+# --- webhooks: what URL was signed (Twilio's gotchas: proxy, port, query string) ---
 
 
 def test_twilio_signature_is_over_the_public_url_not_the_proxied_one() -> None:
@@ -546,27 +523,23 @@ def test_zenvia_identity() -> None:
     assert ZenviaProvider.honours_idempotency is False
 
 
-# --- send (§1, §2) ---
+# --- send ---
 
 
 def test_zenvia_send_posts_the_documented_body(zenvia_fake: zv.FakeZenvia) -> None:
     fake = zenvia_fake
-    # samples/zenvia/send_sms_request_courier_fixture.json is the exact body courier expects for
-    # from "2020", to 250788383383 and that text; the reply is the courier mock {"id": "55555"}.
-    fixture = zv.sample_json("send_sms_request_courier_fixture.json")
+    # zenvia/send_sms_request.json: the exact body (compact JSON, UTF-8 as is, the fields of
+    # Zenvia's own curl sample: from, to, contents[{type, text}]) for that sender, number and text;
+    # the reply is send_response.json, the created Message.
+    fixture = zv.sample_json("send_sms_request.json")
     result = zenvia(fake.url, **{"from": fixture["from"]}).send(
         OutboundMessage(to="+" + fixture["to"], text=fixture["contents"][0]["text"]))
-    assert result.provider_message_id == zv.sample_json("send_response_courier_mock.json")["id"]
+    assert result.provider_message_id == zv.sample_json("send_response.json")["id"]
     [request] = fake.requests
     assert (request.method, request.path) == ("POST", "/v2/channels/sms/messages")
     assert request.header("X-API-TOKEN") == ZENVIA_TOKEN
     assert request.header("Content-Type") == "application/json"
-    assert request.body == sample_bytes("samples/zenvia/send_sms_request_courier_fixture.json").strip()
-    # Same fields as Zenvia's own curl sample (samples/zenvia/send_sms_request_openapi_curl.json).
-    official = zv.sample_json("send_sms_request_openapi_curl.json")
-    sent = request.json()
-    assert sent.keys() == official.keys()
-    assert [c.keys() for c in sent["contents"]] == [c.keys() for c in official["contents"]]
+    assert request.body == fixture_bytes("zenvia/send_sms_request.json").strip()
     assert request.header("X-API-Signature") is None
 
 
@@ -578,10 +551,9 @@ def test_zenvia_send_echoes_the_reference_as_external_id(zenvia_fake: zv.FakeZen
 
 
 def test_zenvia_signature_string_matches_the_published_examples() -> None:
-    # samples/zenvia/signature_string_to_sign_example_openapi.txt: the spec's two string-to-sign examples.
-    text = "\n".join(line for line in sample_bytes("samples/zenvia/signature_string_to_sign_example_openapi.txt")
-                     .decode().split("\n") if not line.startswith("#"))
-    post_block, get_block = (block.strip("\n") for block in text.split("\n---\n"))
+    # zenvia/signature_string_to_sign_{post,get}.txt: the spec's two string-to-sign examples.
+    post_block = fixture_bytes("zenvia/signature_string_to_sign_post.txt").decode()
+    get_block = fixture_bytes("zenvia/signature_string_to_sign_get.txt").decode()
     post = post_block.split("\n")
     assert len(post) == 6 and post[0] == "POST"
     assert string_to_sign(*post) == post_block
@@ -612,10 +584,10 @@ def test_zenvia_send_signs_requests_with_a_signature_token(zenvia_fake: zv.FakeZ
 @pytest.mark.parametrize(
     ("reply", "kind", "code", "broken", "retry_after"),
     [
-        # The published error body (courier mock), as a 400 and as a 200 (courier's "No External ID").
-        (zv.validation_error(400), PermanentError, "400", False, None),
-        (zv.validation_error(200), PermanentError, "400", False, None),
-        # The spec's error table (§2).
+        # The error fixture (with details), as a 400 and as a 200 (a body without an id is a failure).
+        (zv.validation_error(400), PermanentError, "VALIDATION_ERROR", False, None),
+        (zv.validation_error(200), PermanentError, "VALIDATION_ERROR", False, None),
+        # The spec's error table.
         (zv.table_error(400, "VALIDATION_ERROR", "Validation error"), PermanentError, "VALIDATION_ERROR", False, None),
         (zv.table_error(401, "AUTHENTICATION_ERROR", "No authorization token was found"), PermanentError,
          "AUTHENTICATION_ERROR", True, None),
@@ -647,7 +619,7 @@ def test_zenvia_send_200_without_id(zenvia_fake: zv.FakeZenvia) -> None:
 
 def test_zenvia_send_timeout_and_refused_connection(zenvia_fake: zv.FakeZenvia) -> None:
     fake = zenvia_fake
-    fake.script.append(Reply(200, sample_bytes("samples/zenvia/send_response_courier_mock.json"), delay=1.0))
+    fake.script.append(Reply(200, fixture_bytes("zenvia/send_response.json"), delay=1.0))
     with pytest.raises(TransientError) as caught:
         zenvia(fake.url, context=FAST).send(OutboundMessage(to=PATIENT, text=TEXT))
     assert caught.value.code == "timeout"
@@ -667,34 +639,40 @@ def test_zenvia_send_refuses_before_calling_when_misconfigured_or_invalid(zenvia
     assert fake.requests == []
 
 
-# --- webhooks: MESSAGE_STATUS (§3) ---
+# --- webhooks: MESSAGE_STATUS ---
+
+ZENVIA_MESSAGE_ID = "2b5c9a4e-7d1f-4e3a-9c8b-6f0a1d2e3b4c"  # send_response.json's id; the statuses are about it
 
 
-def test_zenvia_status_sent_from_the_sdk_sample() -> None:
-    # samples/zenvia/webhook_message_status_sent_zenvia_sdk_test.json (zenvia-sdk-node webhook.spec.ts):
-    # legacy top-level messageId, status timestamp at -03:00.
-    body = sample_bytes("samples/zenvia/webhook_message_status_sent_zenvia_sdk_test.json")
+def test_zenvia_status_sent_in_the_legacy_shape() -> None:
+    # zenvia/webhook_message_status_sent_legacy.json: top-level messageId/contentIndex (deprecated,
+    # still sent), the status timestamp at -03:00 while the event's is in Z.
+    body = fixture_bytes("zenvia/webhook_message_status_sent_legacy.json")
     [event] = zenvia().parse_webhook(zenvia_request(body)).events
-    assert event == StatusEvent(provider_message_id="7391518c-e719-468c-812a-ab00a8b442e4", status="sent",
-                                timestamp=utc(2019, 9, 17, 15, 31, 5))
+    assert event == StatusEvent(provider_message_id=ZENVIA_MESSAGE_ID, status="sent",
+                                timestamp=utc(2025, 12, 1, 15, 0, 5))
 
 
-def test_zenvia_status_from_the_courier_fixture() -> None:
-    # samples/zenvia/webhook_message_status_courier_fixture.json (nyaruka/courier "Valid Status").
-    body = sample_bytes("samples/zenvia/webhook_message_status_courier_fixture.json")
+def test_zenvia_status_with_only_the_required_fields() -> None:
+    # zenvia/webhook_message_status_minimal.json: no event timestamp nor subscriptionId.
+    body = fixture_bytes("zenvia/webhook_message_status_minimal.json")
     [event] = zenvia().parse_webhook(zenvia_request(body)).events
-    assert event == StatusEvent(provider_message_id="hs765939216", status="sent", timestamp=utc(2021, 3, 12, 12, 15, 31))
+    assert event == StatusEvent(provider_message_id=ZENVIA_MESSAGE_ID, status="delivered",
+                                timestamp=utc(2025, 12, 1, 15, 0, 42))
+
+
+def test_zenvia_status_in_the_current_shape() -> None:
+    # zenvia/webhook_message_status_delivered.json: message{id, externalId, …}, channelData.
+    body = fixture_bytes("zenvia/webhook_message_status_delivered.json")
+    [event] = zenvia().parse_webhook(zenvia_request(body)).events
+    assert event == StatusEvent(provider_message_id=ZENVIA_MESSAGE_ID, status="delivered",
+                                timestamp=utc(2025, 12, 1, 15, 0, 42), reference="lembra-42")
 
 
 def _current_status_event(code: str, causes: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """The SDK sample rewritten in the current shape of the notes §3 (message{id, externalId, …})."""
-    event = zv.sample_json("webhook_message_status_sent_zenvia_sdk_test.json")
-    del event["messageId"], event["contentIndex"]
-    event["channel"] = "sms"
-    event["message"] = {"id": "7391518c-e719-468c-812a-ab00a8b442e4", "externalId": "lembra-42", "contentIndex": 0,
-                        "direction": "OUT", "from": "2020", "to": PATIENT.lstrip("+")}
+    """The current-shape fixture (message{id, externalId, …}) with another status code and causes."""
+    event = zv.sample_json("webhook_message_status_delivered.json")
     event["messageStatus"]["code"] = code
-    event["messageStatus"]["channelData"] = {"sms": {"carrier": "VIVO_BR"}}
     if causes is not None:
         event["messageStatus"]["causes"] = causes
     return event
@@ -718,61 +696,68 @@ def test_zenvia_status_codes(code: str, causes: list[dict[str, str]] | None, sta
     [event] = zenvia().parse_webhook(zenvia_request(_current_status_event(code, causes))).events
     assert isinstance(event, StatusEvent)
     assert (event.provider_message_id, event.status, event.error_code, event.error_permanent, event.reference) == (
-        "7391518c-e719-468c-812a-ab00a8b442e4", status, error_code, permanent, "lembra-42")
+        ZENVIA_MESSAGE_ID, status, error_code, permanent, "lembra-42")
     assert event.opt_out is False
 
 
 @pytest.mark.parametrize("code", ["ACCEPTED", "DELETED", "VERIFIED", "HANG_UP", "TERMINATED", "RECORDED", "FOO"])
 def test_zenvia_status_codes_without_news_are_ignored(code: str) -> None:
-    # Unknown codes must not crash (notes §3); they carry nothing the engine can act on.
+    # Unknown codes must not crash; they carry nothing the engine can act on.
     assert list(zenvia().parse_webhook(zenvia_request(_current_status_event(code))).events) == []
 
 
-# --- webhooks: MESSAGE (inbound, §3) ---
+# --- webhooks: MESSAGE (inbound) ---
 
 
-def test_zenvia_inbound_from_the_courier_fixture() -> None:
-    # samples/zenvia/webhook_message_in_courier_fixture.json (nyaruka/courier "Receive Valid").
-    body = sample_bytes("samples/zenvia/webhook_message_in_courier_fixture.json")
+def test_zenvia_inbound_with_a_message_id_a_payload_and_a_visitor() -> None:
+    # zenvia/webhook_message_in_with_visitor.json: message.id, a text content with a payload, visitor.
+    body = fixture_bytes("zenvia/webhook_message_in_with_visitor.json")
     [event] = zenvia().parse_webhook(zenvia_request(body)).events
-    assert event == InboundMessageEvent(provider_message_id="string", from_address="+254791541111", text="Msg",
-                                        timestamp=utc(2017, 5, 3, 3, 4, 45), button_payload="string")
+    assert event == InboundMessageEvent(provider_message_id="9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d",
+                                        from_address=PATIENT, text="Confirmar",
+                                        timestamp=utc(2025, 12, 1, 15, 12), button_payload="confirm:42")
 
 
-@pytest.mark.parametrize("name", ["webhook_message_in_sms_zenvia_sdk_test.json",
-                                  "webhook_message_in_whatsapp_multi_content_zenvia_sdk_test.json"])
-def test_zenvia_sdk_inbound_samples_with_a_placeholder_sender_are_dropped(name: str) -> None:
-    # zenvia-sdk-node's samples have from "FROM": not a phone, so no patient to attribute it to.
-    result = zenvia().parse_webhook(zenvia_request(sample_bytes("samples/zenvia/" + name)))
-    assert list(result.events) == []
+@pytest.mark.parametrize("name", ["webhook_message_in_sms.json", "webhook_message_in_multi_content.json"])
+def test_zenvia_inbound_from_a_sender_that_is_not_a_phone_is_dropped(name: str) -> None:
+    # Zenvia's own SDK tests send from "FROM": not a phone, so no patient to attribute it to.
+    event_body = zv.sample_json(name)
+    event_body["message"]["from"] = "FROM"
+    assert list(zenvia().parse_webhook(zenvia_request(event_body)).events) == []
 
 
 @pytest.mark.parametrize(
-    ("name", "text"),
-    [("webhook_message_in_sms_zenvia_sdk_test.json", "some text message"),
-     # text + file + json contents: only the text is the text (notes §3: not necessarily contents[0]).
-     ("webhook_message_in_whatsapp_multi_content_zenvia_sdk_test.json", "Some message")],
+    ("name", "event_id", "text", "timestamp"),
+    [("webhook_message_in_sms.json", "5e7a9c1b-3d2f-4a6e-8b0c-9d1e2f3a4b5c", "Sim, confirmo",
+      utc(2025, 12, 1, 15, 10, 22, 731000)),
+     # text + file + json contents: only the text is the text (not necessarily contents[0]).
+     ("webhook_message_in_multi_content.json", "6f8b0d2c-4e3a-4b7f-9c1d-0e2f3a4b5c6d", "Segue o pedido médico",
+      utc(2025, 12, 1, 15, 11, 5, 42000))],
 )
-def test_zenvia_sdk_inbound_samples_with_a_real_sender(name: str, text: str) -> None:
-    event_body = zv.sample_json(name)
+def test_zenvia_inbound_without_a_message_id(name: str, event_id: str, text: str, timestamp: datetime) -> None:
+    # No message.id in these events (as in Zenvia's SDK tests): the event id, stable across
+    # retried deliveries, stands in.
+    [event] = zenvia().parse_webhook(zenvia_request(fixture_bytes("zenvia/" + name))).events
+    assert event == InboundMessageEvent(provider_message_id=event_id, from_address=PATIENT, text=text,
+                                        timestamp=timestamp)
+
+
+def test_zenvia_inbound_old_br_mobile_gets_its_ninth_digit() -> None:
+    event_body = zv.sample_json("webhook_message_in_sms.json")
     event_body["message"]["from"] = "551699887766"  # digits with country code, old 8-digit mobile
     [event] = zenvia().parse_webhook(zenvia_request(event_body)).events
-    # No message.id in these samples: the event id (stable across retried deliveries) stands in.
-    assert event == InboundMessageEvent(provider_message_id="3fcdb9f9-a44d-4bb2-944c-84cc104e2e9d",
-                                        from_address=PATIENT, text=text,
-                                        timestamp=utc(2019, 9, 13, 22, 50, 16, 585000))
+    assert isinstance(event, InboundMessageEvent) and event.from_address == PATIENT
 
 
 def test_zenvia_inbound_multi_content_order_does_not_matter() -> None:
-    event_body = zv.sample_json("webhook_message_in_whatsapp_multi_content_zenvia_sdk_test.json")
-    event_body["message"]["from"] = PATIENT.lstrip("+")
+    event_body = zv.sample_json("webhook_message_in_multi_content.json")
     event_body["message"]["contents"].reverse()
     [event] = zenvia().parse_webhook(zenvia_request(event_body)).events
-    assert isinstance(event, InboundMessageEvent) and event.text == "Some message"
+    assert isinstance(event, InboundMessageEvent) and event.text == "Segue o pedido médico"
 
 
 def test_zenvia_outgoing_message_events_are_not_inbound() -> None:
-    event_body = zv.sample_json("webhook_message_in_courier_fixture.json")
+    event_body = zv.sample_json("webhook_message_in_with_visitor.json")
     event_body["message"]["direction"] = "OUT"
     assert list(zenvia().parse_webhook(zenvia_request(event_body)).events) == []
 
@@ -785,7 +770,7 @@ def test_zenvia_other_event_types_are_acknowledged() -> None:
 
 
 def test_zenvia_refusals() -> None:
-    body = sample_bytes("samples/zenvia/webhook_message_status_sent_zenvia_sdk_test.json")
+    body = fixture_bytes("zenvia/webhook_message_status_sent_legacy.json")
     with pytest.raises(BadSignature):
         zenvia().parse_webhook(zenvia_request(body, secret=None))
     with pytest.raises(BadSignature):
@@ -810,11 +795,12 @@ def test_zenvia_refusals() -> None:
 # --- property: whatever arrives, only BadSignature / MalformedWebhook or a result ---
 
 ZENVIA_SAMPLES = [
-    "webhook_message_status_sent_zenvia_sdk_test.json",
-    "webhook_message_status_courier_fixture.json",
-    "webhook_message_in_sms_zenvia_sdk_test.json",
-    "webhook_message_in_whatsapp_multi_content_zenvia_sdk_test.json",
-    "webhook_message_in_courier_fixture.json",
+    "webhook_message_status_sent_legacy.json",
+    "webhook_message_status_minimal.json",
+    "webhook_message_status_delivered.json",
+    "webhook_message_in_sms.json",
+    "webhook_message_in_multi_content.json",
+    "webhook_message_in_with_visitor.json",
 ]
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
@@ -887,7 +873,7 @@ def test_zenvia_mutated_samples(data: st.DataObject) -> None:
 @PROPERTY
 @given(data=st.data())
 def test_zenvia_byte_mutated_samples(data: st.DataObject) -> None:
-    body = bytearray(sample_bytes("samples/zenvia/" + data.draw(st.sampled_from(ZENVIA_SAMPLES))))
+    body = bytearray(fixture_bytes("zenvia/" + data.draw(st.sampled_from(ZENVIA_SAMPLES))))
     for _ in range(data.draw(st.integers(1, 6))):
         position = data.draw(st.integers(0, len(body) - 1))
         body[position] ^= data.draw(st.integers(1, 255))
