@@ -10,7 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from admin import api, auth, health, optout, webhooks
 from admin.i18n import init_i18n
+from admin.security import init_security_headers
 from admin.throttle import LoginThrottle
+from engine.orgs import warm_dummy_hash
 from engine.runtime import Runtime
 
 csrf = CSRFProtect()
@@ -45,7 +47,9 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
 
     csrf.init_app(app)
     init_i18n(app)
+    init_security_headers(app)  # CSP (with a nonce per response), no framing, nosniff, no-store
     auth.login_manager.init_app(app)
+    warm_dummy_hash()  # an unknown e-mail's sign-in costs one hash from the first attempt on
     app.register_blueprint(health.bp)
     app.register_blueprint(webhooks.bp)
     csrf.exempt(webhooks.bp)  # providers authenticate by signature, not by session

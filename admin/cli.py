@@ -101,6 +101,9 @@ def up(host: str, port: int, demo: bool, threads: int) -> None:
 def web(bind: str, workers: int) -> None:
     from gunicorn.app.base import BaseApplication
 
+    from engine import metrics
+
+    metrics.use_multiprocess("web")  # before prometheus_client is imported: /metrics adds up every gunicorn worker
     rt = _runtime(check_broker=True)
     rt.close()
 
@@ -119,17 +122,22 @@ def web(bind: str, workers: int) -> None:
     _App().run()
 
 
-@main.command(help="Run Dramatiq worker processes (any number, on any machine).")
-@click.option("--processes", default=2, show_default=True, type=int)
-@click.option("--threads", default=8, show_default=True, type=int)
-def worker(processes: int, threads: int) -> None:
+@main.command(help="Run Dramatiq worker processes (any number, on any machine). A worker process "
+                   "that dies is replaced (with a backoff) while the others keep working; SIGTERM or "
+                   "Ctrl+C stops them gracefully. Exits 1 if one keeps dying at start.")
+@click.option("--processes", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--shutdown-timeout", default=600, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds a graceful stop waits for the messages being worked on.")
+def worker(processes: int, threads: int, shutdown_timeout: float) -> None:
     settings = _settings()
     if settings.broker_kind == "stub":
         fail("lembra worker needs BROKER_URL (redis:// or amqp://); the embedded default runs workers in `lembra up`")
     _runtime(check_broker=True).close()
-    args = [sys.executable, "-m", "dramatiq", "engine.worker_entry:broker",
-            "--processes", str(processes), "--threads", str(threads), "--skip-logging"]
-    os.execv(sys.executable, args)
+    # The supervisor (engine/supervisor.py) replaces this process, so what stays is small.
+    child = [sys.executable, "-m", "engine.worker_process", "--threads", str(threads),
+             "--shutdown-timeout", str(shutdown_timeout)]
+    os.execv(sys.executable, [sys.executable, "-m", "engine.supervisor", "--processes", str(processes), "--", *child])
 
 
 @main.command(help="Run the scheduler (populate, claim, dispatch). Safe to run twice: on PostgreSQL "
@@ -139,11 +147,13 @@ def scheduler(once: bool) -> None:
     import threading
 
     from admin.embedded import Embedded
+    from engine import metrics
     from engine.broker import setup_broker
     from engine.runtime import install
     from engine.scheduler import Scheduler
 
     rt = _runtime(check_broker=True)
+    metrics.serve("scheduler", enabled=not once)  # /metrics and /healthz on LEMBRA_SCHEDULER_METRICS_PORT
     if rt.settings.broker_kind == "stub":
         embedded = Embedded(rt)
         if once:
@@ -578,6 +588,11 @@ def enrollments(org_slug: str, status: str | None, flow_id: int | None, limit: i
         due = r.next_eval_at.strftime("%Y-%m-%d %H:%M") if isinstance(r.next_eval_at, datetime) else "-"
         click.echo(f"{r.id:>7}  {r.pointer_id:>5}  {r.current_node_id[:20]:<20} {r.status:<14} {due:<17} "
                    f"{queries.reason_code(r) or ''}")
+
+
+from admin.cli_privacy import register as register_privacy  # noqa: E402
+
+register_privacy(main)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import logging
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from engine import inbound
+from engine import inbound, metrics
 from engine.runtime import Runtime
 from gateway.contract import WebhookRequest
 from gateway.errors import WebhookError
@@ -40,8 +40,10 @@ def webhook(provider: str, channel_id: int) -> Response | tuple[Response, int]:
     try:
         received = deliver(rt, provider, channel_id, req)
     except WebhookError as exc:
+        metrics.webhook(provider, exc)
         log.info("webhook refused", extra={"provider": provider, "channel_id": channel_id, "status": exc.status})
         return jsonify(error=exc.reason), exc.status
+    metrics.webhook(provider, received)
     if received.response_body is not None:
         return Response(received.response_body, status=received.response_status,
                         mimetype=received.response_content_type)

@@ -20,7 +20,17 @@ def make_broker(settings: Settings) -> dramatiq.Broker:
         return RedisBroker(url=settings.broker_url, heartbeat_timeout=60_000)
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-    return RabbitmqBroker(url=settings.broker_url, heartbeat=30)
+    # Dramatiq refuses a URL together with pika keyword parameters, so the heartbeat goes into the
+    # URL's query (unless BROKER_URL already sets one).
+    return RabbitmqBroker(url=_with_default_query(settings.broker_url, heartbeat="30"))
+
+
+def _with_default_query(url: str, **defaults: str) -> str:
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit(parts._replace(query=urlencode({**defaults, **query})))
 
 
 def check_broker(settings: Settings) -> None:

@@ -130,6 +130,14 @@ CATALOGUE: dict[str, Text] = {
     "http_422": N_("pedido inválido"),
     "http_error": N_("erro do serviço de IA"),
     "llm_key_unreadable": N_("a chave de API guardada não pode ser lida; salve-a de novo"),
+    # --- egress (gateway/egress.py): a tenant-set address that points inside the network -----------
+    "egress_refused": N_("endereço não permitido: ele aponta para a rede interna (localhost, rede privada ou "
+                         "link-local); use um endereço público ou peça a quem opera o Lembra para liberá-lo "
+                         "em LEMBRA_PROVIDER_ALLOW"),
+    # --- privacy (engine/privacy): refusals that follow the address, erasure, retention -------
+    "address_opted_out": N_("Outro cadastro com o mesmo telefone ou e-mail pediu para não receber mensagens por "
+                            "este canal; o pedido vale para o endereço, qualquer que seja o cadastro."),
+    "contact_erased": N_("Os dados do paciente foram apagados a pedido (LGPD); nada mais é enviado a ele."),
 }
 
 

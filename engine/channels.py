@@ -3,6 +3,7 @@ instances the workers send through."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import uuid
 from typing import Any, Mapping
@@ -17,6 +18,7 @@ from engine.orgs import DomainError
 from gateway import registry
 from gateway.contract import OutboundMessage, Provider, ProviderContext
 from gateway.crypto import Keyring
+from gateway.egress import STRICT, EgressPolicy
 
 #: Credential keys each provider needs (more are accepted: `base_url`, `from_name`, …).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -60,6 +62,10 @@ def create_channel(
         missing.append("from (or messaging_service_sid)")
     if missing:
         raise DomainError(f"missing credential keys for {provider}: {', '.join(missing)}")
+    if provider == "sandbox" and not (credentials or {}).get("webhook_secret") \
+            and not (settings or {}).get("webhook_secret"):
+        # Its webhook takes a patient's SAIR or CANCELAR: never without a secret (new_webhook_secret).
+        credentials = {**(credentials or {}), "webhook_secret": new_webhook_secret()}
     if min_interval_ms is None and daily_cap is None and provider in DEFAULT_PACING:
         min_interval_ms, daily_cap = DEFAULT_PACING[provider]
     now = clock.now()
@@ -81,6 +87,31 @@ def create_channel(
             .values(credentials=sealed.ciphertext, key_version=sealed.key_version)
         )
     return channel_id
+
+
+def new_webhook_secret() -> str:
+    """A fresh shared secret for a webhook (256 bits, URL- and header-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def sandbox_webhook_secret(conn: Connection, keyring: Keyring, pool: ProviderPool, channel: Any) -> str:
+    """The secret a sandbox channel's webhook requires (`X-Sandbox-Secret`). A channel created
+    before every sandbox channel got one at creation gets one now, sealed like any credential."""
+    secret = pool.get(channel).config.get("webhook_secret")
+    if secret:
+        return str(secret)
+    current = conn.execute(select(channels).where(channels.c.org_id == channel.org_id, channels.c.id == channel.id)
+                           .with_for_update()).one()
+    stored = keyring.open(current.credentials, key_version=current.key_version, table="channels",
+                          org_id=current.org_id, row_id=current.id) if current.credentials else {}
+    if stored.get("webhook_secret"):
+        return str(stored["webhook_secret"])  # another request got there first
+    secret = new_webhook_secret()
+    sealed = keyring.seal({**stored, "webhook_secret": secret}, table="channels", org_id=current.org_id,
+                          row_id=current.id)
+    conn.execute(update(channels).where(channels.c.org_id == current.org_id, channels.c.id == current.id)
+                 .values(credentials=sealed.ciphertext, key_version=sealed.key_version, updated_at=clock.now()))
+    return secret
 
 
 class DbSandboxRecorder:
@@ -110,11 +141,14 @@ class DbSandboxRecorder:
 class ProviderPool:
     """Provider instances per channel, rebuilt when the channel row changes."""
 
-    def __init__(self, db: Database, keyring: Keyring, *, timeout: float, public_url: str) -> None:
+    def __init__(self, db: Database, keyring: Keyring, *, timeout: float, public_url: str,
+                 egress: EgressPolicy = STRICT) -> None:
         self.db = db
         self.keyring = keyring
         self.timeout = timeout
         self.public_url = public_url
+        #: Where the channels' tenant-set addresses may connect (`Settings.egress`).
+        self.egress = egress
         self.recorder = DbSandboxRecorder(db)
         self._cache: dict[int, tuple[Any, Provider]] = {}
         self._lock = threading.Lock()
@@ -134,7 +168,7 @@ class ProviderPool:
             ))
         context = ProviderContext(
             org_id=channel.org_id, channel_id=channel.id, timeout=self.timeout,
-            public_url=self.public_url, sandbox_recorder=self.recorder,
+            public_url=self.public_url, sandbox_recorder=self.recorder, egress=self.egress,
         )
         provider = registry.load(channel.provider)(config, context)
         with self._lock:

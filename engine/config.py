@@ -13,6 +13,8 @@ from typing import Mapping
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from gateway.egress import EgressPolicy
+
 
 class ConfigError(Exception):
     """A configuration value is missing or wrong. The message is one line, safe to print."""
@@ -35,9 +37,21 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_SEND_BATCH": ("25", "message ids carried by one worker task"),
     "LEMBRA_MAX_IN_FLIGHT": ("5000", "claimed-but-unsent messages allowed at once across the fleet"),
     "LEMBRA_SEND_TIMEOUT": ("15", "seconds a provider call may take"),
+    "LEMBRA_METRICS_HOST": ("127.0.0.1", "address of the worker and scheduler metrics servers (engine/metrics.py)"),
+    "LEMBRA_WORKER_METRICS_PORT": ("9191", "lembra worker's /metrics (all its processes) and /healthz; 0 = off"),
+    "LEMBRA_SCHEDULER_METRICS_PORT": ("9192", "lembra scheduler's /metrics and /healthz; 0 = off"),
+    "LEMBRA_METRICS_DIR": ("", "parent folder of the web and worker groups' metric files (default: temp folder)"),
     "LEMBRA_RATELIMIT_URL": ("", "where failed sign-ins are counted: memory:// or redis://HOST:6379/N "
                              + "(default: the broker's Redis, else memory://)"),
+    "LEMBRA_PROVIDER_ALLOW": ("", "internal hosts and CIDRs (comma-separated, e.g. evolution,10.0.5.0/24) that "
+                              + "tenant-set addresses (channel base_url, SMTP host, agent LLM URL) may reach; "
+                              + "everything else may only be public; 'none' allows nothing internal "
+                              + "(default: none, but loopback 127.0.0.0/8,::1 on the embedded default, "
+                              + "SQLite + stub://)"),
 }
+#: What `LEMBRA_PROVIDER_ALLOW` defaults to on the embedded default (SQLite + stub broker, what
+#: `lembra up` runs): one machine, where a local Evolution or Ollama is the point of the demo.
+EMBEDDED_PROVIDER_ALLOW = "127.0.0.0/8,::1/128"
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -77,6 +91,9 @@ class Settings:
     send_timeout: float = 15.0
     #: Where failed sign-ins are counted; every web process must share it (see admin/throttle.py).
     ratelimit_url: str = "memory://"
+    #: Internal hosts / CIDRs a tenant-set address may reach (`gateway.egress`); "" = public only.
+    #: `from_env` puts the loopback default of the embedded mode here; built directly, it is strict.
+    provider_allow: str = ""
 
     @property
     def is_sqlite(self) -> bool:
@@ -87,6 +104,11 @@ class Settings:
         """'stub', 'redis' or 'rabbitmq'."""
         scheme = self.broker_url.split("://", 1)[0]
         return {"stub": "stub", "redis": "redis", "rediss": "redis", "amqp": "rabbitmq", "amqps": "rabbitmq"}[scheme]
+
+    @property
+    def egress(self) -> EgressPolicy:
+        """The guard every connection to a tenant-set address goes through."""
+        return EgressPolicy.parse(self.provider_allow)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -139,7 +161,23 @@ class Settings:
             max_in_flight=_positive_int("LEMBRA_MAX_IN_FLIGHT", get),
             send_timeout=_positive_float("LEMBRA_SEND_TIMEOUT", get),
             ratelimit_url=_ratelimit_url(get("LEMBRA_RATELIMIT_URL"), broker_url),
+            provider_allow=_provider_allow(
+                env.get("LEMBRA_PROVIDER_ALLOW", "").strip(),
+                embedded=database_url.startswith("sqlite") and broker_url.startswith("stub://"),
+            ),
         )
+
+
+def _provider_allow(value: str, *, embedded: bool) -> str:
+    """LEMBRA_PROVIDER_ALLOW, normalised; unset means loopback on the embedded default, else nothing."""
+    if not value:
+        return EMBEDDED_PROVIDER_ALLOW if embedded else ""
+    if value.lower() == "none":
+        return ""
+    try:
+        return str(EgressPolicy.parse(value))
+    except ValueError as exc:
+        raise ConfigError(f"LEMBRA_PROVIDER_ALLOW: {exc}") from None
 
 
 def _ratelimit_url(value: str, broker_url: str) -> str:

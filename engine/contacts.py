@@ -13,6 +13,7 @@ from engine.dialect import insert_ignore
 from engine.models import CHANNEL_KINDS, contacts, messages, preferences
 from engine.orgs import DomainError
 from engine.outbox import cancel_open
+from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone
 
 
@@ -44,30 +45,39 @@ def create_contact(
         if kind not in CHANNEL_KINDS:
             raise DomainError(f"kind must be one of {', '.join(CHANNEL_KINDS)}")
     now = clock.now()
+    email = email.strip().lower() if email else None
     contact_id = int(conn.execute(
         insert(contacts).values(
-            org_id=org_id, name=name, phone=normalized, email=email.strip().lower() if email else None,
+            org_id=org_id, name=name, phone=normalized, email=email,
             external_id=external_id, locale=locale, created_at=now, updated_at=now,
         ).returning(contacts.c.id)
     ).scalar_one())
     for kind in consent:
         set_consent(conn, org_id, contact_id, kind, source=consent_source, evidence=consent_evidence)
+    # An erased person's refusal of this address holds for the new contact too.
+    addresses.recognise(conn, org_id, addresses.addresses_of(normalized, email))
     return contact_id
 
 
 def set_consent(
     conn: Connection, org_id: int, contact_id: int, kind: str, *, source: str, evidence: str | None = None
 ) -> None:
-    """Record that the contact agreed to receive messages of `kind` (clears an earlier opt-out)."""
+    """Record that the contact agreed to receive messages of `kind` (clears an earlier opt-out,
+    and the refusals of its addresses that this contact's opt-out made; another contact's
+    refusal of the same phone or e-mail stands)."""
     if kind not in CHANNEL_KINDS:
         raise DomainError(f"kind must be one of {', '.join(CHANNEL_KINDS)}")
     now = clock.now()
     _ensure_rows(conn, org_id, contact_id, (kind,))
+    refused_before = conn.execute(select(preferences.c.opted_out_at).where(
+        preferences.c.org_id == org_id, preferences.c.contact_id == contact_id, preferences.c.kind == kind)).scalar()
     conn.execute(
         update(preferences)
         .where(preferences.c.org_id == org_id, preferences.c.contact_id == contact_id, preferences.c.kind == kind)
         .values(opted_in=True, opted_in_at=now, opted_out_at=None, source=source, evidence=evidence, updated_at=now)
     )
+    if refused_before is not None:
+        addresses.lift(conn, org_id, contact_id, kind)
 
 
 def opt_out(
@@ -79,8 +89,9 @@ def opt_out(
     source: str,
     evidence: str | None = None,
 ) -> list[int]:
-    """Opt the contact out of `kinds` (all by default): preferences, every open message of those
-    kinds cancelled, and — when every kind is refused — every live enrollment cancelled.
+    """Opt the contact out of `kinds` (all by default): preferences, the refused addresses for
+    the whole org (engine/privacy/addresses.py), every open message of those kinds cancelled,
+    and — when every kind is refused — every live enrollment cancelled.
     Returns the ids of the cancelled messages."""
     kinds = tuple(kinds)
     now = clock.now()
@@ -91,6 +102,7 @@ def opt_out(
                preferences.c.kind.in_(kinds), preferences.c.opted_out_at.is_(None))
         .values(opted_in=False, opted_out_at=now, source=source, evidence=evidence, updated_at=now)
     )
+    addresses.record_opt_out(conn, org_id, contact_id, kinds, source=source, evidence=evidence)
     cancelled = cancel_open(
         conn, org_id,
         and_(messages.c.contact_id == contact_id, messages.c.channel_kind.in_(kinds),

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine import clock, metrics
 from engine.channels import default_channel
 from engine.inbox import open_inbox_item
 from engine.models import (
@@ -44,6 +44,7 @@ from engine.orgs import policy_for
 from engine.outbox import record_events, transition
 from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.pacing import DbPacingStore
+from engine.privacy import addresses
 from engine.render import TemplateError
 from engine.runtime import Runtime
 from engine.templates import MissingAddress, RenderedMessage, render_message
@@ -172,7 +173,7 @@ def send_one(rt: Runtime, message_id: int) -> str:
             wait = (prepared.send_at - clock.now()).total_seconds()
             if wait > 0:
                 time.sleep(wait)
-        result = provider.send(prepared.rendered.outbound)
+        result = metrics.provider_call(prepared.channel.provider, provider.send, prepared.rendered.outbound)
     except ProviderError as exc:
         if exc.outcome_unknown and not type(provider).honours_idempotency:
             return _park_unknown(rt, prepared, exc.code or "outcome_unknown", exc.reason)
@@ -189,6 +190,7 @@ def send_one(rt: Runtime, message_id: int) -> str:
                    values={"provider_message_id": result.provider_message_id, "sent_at": now,
                            "lease_until": None, "error_code": None, "error_detail": None},
                    provider_status=result.provider_status, attempt=prepared.attempt)
+        metrics.lateness(conn, message_id, now, prepared.channel.kind)
     return "sent"
 
 
@@ -228,8 +230,10 @@ def _prepare(rt: Runtime, message_id: int) -> _Prepared | str:
 
         if contact.erased_at is not None:
             return settle("cancelled", "cancelled", "contact_erased")
-        if msg.purpose not in OPT_OUT_EXEMPT and not _consented(conn, org_id, msg.contact_id, msg.channel_kind):
-            return settle("cancelled", "cancelled", "opted_out")
+        refusal = None if msg.purpose in OPT_OUT_EXEMPT else \
+            _refusal(conn, org_id, msg.contact_id, msg.channel_kind, keyring=rt.keyring)
+        if refusal is not None:
+            return settle("cancelled", "cancelled", refusal)
         if appointment is not None and msg.rule_id is not None:
             trigger = conn.execute(
                 select(reminder_rules.c.trigger).where(reminder_rules.c.org_id == org_id,
@@ -332,12 +336,23 @@ def conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id
 
 
 def _consented(conn: Connection, org_id: int, contact_id: int, kind: str) -> bool:
+    return _refusal(conn, org_id, contact_id, kind) is None
+
+
+def _refusal(conn: Connection, org_id: int, contact_id: int, kind: str, *, keyring: Any = None) -> str | None:
+    """Why the contact may not get a message of `kind`: no consent or their own opt-out
+    (`opted_out`), or a refusal of one of their addresses by whichever contact carried it
+    (`address_opted_out`, engine/privacy/addresses.py); None when it may go."""
     row = conn.execute(
         select(preferences.c.opted_in, preferences.c.opted_out_at).where(
             preferences.c.org_id == org_id, preferences.c.contact_id == contact_id, preferences.c.kind == kind
         )
     ).first()
-    return bool(row and row.opted_in and row.opted_out_at is None)
+    if not (row and row.opted_in and row.opted_out_at is None):
+        return "opted_out"
+    if kind in addresses.contact_refused_kinds(conn, org_id, contact_id, keyring=keyring):
+        return "address_opted_out"
+    return None
 
 
 def _fail_in_tx(conn: Connection, msg: Any, code: str, detail: str) -> str:

@@ -41,6 +41,7 @@ from engine.db import Database
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
 from engine.orgs import DomainError
 from engine.populate import DEFAULT_HORIZON, populate_org
+from engine.privacy import addresses
 from engine.texts import N_, Text
 from gateway.phones import InvalidPhone, normalize_phone
 
@@ -55,6 +56,9 @@ EVIDENCE = "importação CSV"
 CONFLICT_REASON = N_("não foi possível gravar esta linha (conflito com outra alteração); importe-a de novo")
 #: Longest value accepted in one cell.
 MAX_CELL = 300
+#: Warning for a row whose patient's phone or e-mail was refused by a patient (SAIR, unsubscribe).
+OPTED_OUT_ADDRESS = N_("o telefone ou o e-mail deste paciente pediu para não receber mensagens; nada será enviado "
+                       "a ele por %(canais)s")
 
 COLUMNS = ("external_id", "contact_external_id", "contact_name", "phone", "email", "starts_at",
            "professional", "mode", "location", "status", "consent")
@@ -91,12 +95,14 @@ class ImportFileError(DomainError):
 
 @dataclass
 class ImportReport:
-    """What one import did. `errors` are (line number, reason), line 1 being the header."""
+    """What one import did. `errors` are (line number, reason), line 1 being the header;
+    `warnings` (line number, reason) are rows that were written but will not be messaged."""
 
     created: int = 0
     updated: int = 0
     unchanged: int = 0
     errors: list[tuple[int, Text]] = field(default_factory=list)
+    warnings: list[tuple[int, Text]] = field(default_factory=list)
     contacts_created: int = 0
     contacts_updated: int = 0
     reminders_created: int = 0
@@ -111,7 +117,7 @@ class ImportReport:
     def counts(self) -> dict[str, Any]:
         """Counts only (for the audit log): no values from the file."""
         return {"rows": self.rows, "created": self.created, "updated": self.updated, "unchanged": self.unchanged,
-                "errors": len(self.errors), "contacts_created": self.contacts_created,
+                "errors": len(self.errors), "warnings": len(self.warnings), "contacts_created": self.contacts_created,
                 "contacts_updated": self.contacts_updated, "reminders_created": self.reminders_created}
 
 
@@ -145,6 +151,7 @@ class _Tally:
     contacts_created: int = 0
     contacts_updated: int = 0
     errors: list[tuple[int, Text]] = field(default_factory=list)
+    warnings: list[tuple[int, Text]] = field(default_factory=list)
 
     def add_to(self, report: ImportReport) -> None:
         report.created += self.created
@@ -153,6 +160,7 @@ class _Tally:
         report.contacts_created += self.contacts_created
         report.contacts_updated += self.contacts_updated
         report.errors.extend(self.errors)
+        report.warnings.extend(self.warnings)
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -192,6 +200,7 @@ def import_appointments(target: Database | Connection, org_id: int, source: Sour
                 report.reminders_created = populate_org(target, org_id, horizon=DEFAULT_HORIZON).created
             report.populate_seconds = time.perf_counter() - populate_started
     report.errors.sort(key=lambda error: error[0])
+    report.warnings.sort(key=lambda warning: warning[0])
     report.seconds = time.perf_counter() - started
     return report
 
@@ -432,12 +441,20 @@ def _write_rows(conn: Connection, org_id: int, tz_name: str, batch: list[_Row], 
     # 3. existing contacts and appointments, in file order; new appointments set-wise
     updated_contacts: set[str] = set()
     new_appointments: list[dict[str, Any]] = []
+    # Patients whose phone or e-mail is new here: the line that brought it, and the addresses.
+    arrived: dict[str, tuple[int, list[addresses.Address]]] = {}
     for row in accepted:
         contact = state.contacts[row.contact_external_id]
-        if row.contact_external_id not in new_contacts and _update_contact(conn, org_id, contact, row, state):
+        if row.contact_external_id in new_contacts:
+            values = new_contacts[row.contact_external_id]
+            arrived.setdefault(row.contact_external_id,
+                               (row.line, addresses.addresses_of(values["phone"], values["email"])))
+        elif _update_contact(conn, org_id, contact, row, state):
             updated_contacts.add(row.contact_external_id)
-            state.contacts[row.contact_external_id] = conn.execute(
+            fresh = state.contacts[row.contact_external_id] = conn.execute(
                 select(contacts).where(contacts.c.id == contact.id)).one()
+            if (fresh.phone, fresh.email) != (contact.phone, contact.email):
+                arrived[row.contact_external_id] = (row.line, addresses.addresses_of(fresh.phone, fresh.email))
         existing = state.appointments.get(row.external_id)
         if existing is None:
             new_appointments.append({
@@ -453,6 +470,20 @@ def _write_rows(conn: Connection, org_id: int, tz_name: str, batch: list[_Row], 
         conn.execute(insert(appointments), new_appointments)
         tally.created += len(new_appointments)
     tally.contacts_updated += len(updated_contacts)
+    _warn_refused_addresses(conn, org_id, arrived, tally)
+
+
+def _warn_refused_addresses(conn: Connection, org_id: int, arrived: dict[str, tuple[int, list[Any]]],
+                            tally: _Tally) -> None:
+    """A new (or newly addressed) patient whose phone or e-mail some patient refused: written,
+    never messaged on those kinds (populate checks the address), and the report says so."""
+    every = [address for _, found in arrived.values() for address in found]
+    addresses.recognise(conn, org_id, every)  # an erased person's refusal, kept hashed
+    refused = addresses.matching(conn, org_id, every)
+    for line, found in arrived.values():
+        kinds = set().union(*(refused.get(address, set()) for address in found))
+        if kinds:
+            tally.warnings.append((line, Text(OPTED_OUT_ADDRESS.msgid, {"canais": ", ".join(sorted(kinds))})))
 
 
 class _Granted:

@@ -8,13 +8,14 @@ about. Status events move messages forward only (a late `delivered` never overwr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from engine import appointments as appts
@@ -22,10 +23,12 @@ from engine import clock
 from engine.contacts import find_all_by_address, opt_out
 from engine.dialect import insert_ignore
 from engine.flows.replies import on_reply
+from engine.ids import valid_id
 from engine.inbox import open_inbox_item
 from engine.keywords import classify, parse_keywords
 from engine.models import (
     CHANNEL_KINDS,
+    PROVIDERS,
     appointments,
     channels,
     inbound_messages,
@@ -36,6 +39,7 @@ from engine.models import (
 )
 from engine.outbox import enqueue, transition
 from engine.populate import refresh_appointment
+from engine.privacy.addresses import block_sender
 from engine.redact import redact
 from engine.runtime import Runtime
 from gateway.contract import (
@@ -45,6 +49,7 @@ from gateway.contract import (
     WebhookRequest,
 )
 from gateway.errors import UnknownChannel
+from gateway.webhook_body import clean_json, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +66,18 @@ class Received:
     response_body: str | None = None
     response_status: int = 200
     response_content_type: str = "text/plain"
+    duplicate: bool = False  # the same delivery (same bytes, same channel) was already stored
 
 
 def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest) -> Received:
-    """Verify, parse and store one webhook delivery. Raises a WebhookError subclass when refused."""
+    """Verify, parse and store one webhook delivery. Raises a WebhookError subclass when refused.
+
+    A replayed delivery (the same bytes to the same channel) adds no `webhook_events` row, and its
+    events change nothing (inbound messages are unique per provider id, statuses only move forward,
+    a connection state already recorded is not written again)."""
+    if provider not in PROVIDERS or not valid_id(channel_id):
+        # An id past bigint (or a provider name with a NUL) would fail in the database: 404.
+        raise UnknownChannel("no such channel")
     with rt.db.connect() as conn:
         channel = conn.execute(
             select(channels).where(channels.c.id == channel_id, channels.c.provider == provider)
@@ -76,14 +89,19 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
                         response_content_type=parsed.response_content_type)
     if not parsed.events:
         return received
+    # What a provider parsed from a form body (or a JSON string inside the JSON) may still hold a
+    # NUL or an unpaired surrogate, which PostgreSQL refuses: stored cleaned, answered 2xx.
+    events = [_cleaned(event) for event in parsed.events]
     org_id = channel.org_id
     now = clock.now()
     with rt.db.begin() as conn:
-        conn.execute(insert(webhook_events).values(
-            org_id=org_id, channel_id=channel.id, provider=provider, events=len(parsed.events),
+        stored = conn.execute(insert_ignore(conn, webhook_events, ("channel_id", "body_sha256")).values(
+            org_id=org_id, channel_id=channel.id, provider=provider, events=len(events),
             body=_redacted_body(request.body), received_at=now,
-        ))
-        for event in parsed.events:
+            body_sha256=hashlib.sha256(bytes(request.body or b"")).hexdigest(),
+        ).returning(webhook_events.c.id)).first()
+        received.duplicate = stored is None
+        for event in events:
             if isinstance(event, InboundMessageEvent):
                 row = conn.execute(
                     insert_ignore(conn, inbound_messages, ("channel_id", "provider_message_id")).values(
@@ -133,15 +151,26 @@ def apply_connection(conn: Connection, channel: Any, event: ConnectionEvent, *, 
 
 
 def _redacted_body(body: bytes) -> Any:
-    """The delivery's JSON with personal data removed; form bodies as their redacted fields."""
+    """The delivery's JSON with personal data removed; form bodies as their redacted fields.
+    Cleaned for jsonb: no NUL, no unpaired surrogate, NaN and Infinity as null."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         try:
             data = {k: v for k, v in parse_qsl(body.decode("utf-8"), keep_blank_values=True)}
         except UnicodeDecodeError:
             return None
-    return redact(data)
+    try:
+        return redact(clean_json(data))
+    except RecursionError:
+        return None
+
+
+def _cleaned(event: Any) -> Any:
+    """The event with every text field as a text column can hold it (`clean_text`)."""
+    changes = {f.name: clean_text(value) for f in fields(event)
+               if isinstance(value := getattr(event, f.name), str) and value != clean_text(value)}
+    return replace(event, **changes) if changes else event
 
 
 def apply_status(conn: Connection, org_id: int, channel_id: int, event: StatusEvent) -> bool:
@@ -217,6 +246,11 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     # whichever of them the reminder went to, and SAIR stops every message to that number.
     contact_ids = find_all_by_address(conn, org_id, inbound.from_address or "")
     if not contact_ids:
+        if _intent(org, inbound)[0] == "optout":
+            # No contact carries the number yet: the refusal still holds for whoever gets it later.
+            block_sender(conn, org_id, inbound.from_address, source=f"reply:{channel.kind}",
+                         evidence=f"inbound:{inbound.id}")
+            return "unknown_contact", "optout", None
         return "unknown_contact", None, None
     contact_id = contact_ids[0]
     intent, button_appointment = _intent(org, inbound)

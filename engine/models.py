@@ -58,6 +58,9 @@ class Org(Base):
     cancel_keywords: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    #: Retention (engine/privacy/retention.py): texts go after the first, rows after the second.
+    retention_queue_days: Mapped[int] = mapped_column(Integer, default=90)
+    retention_events_days: Mapped[int] = mapped_column(Integer, default=730)
 
     def __str__(self) -> str:
         return self.name
@@ -74,6 +77,9 @@ class User(Base):
     last_login_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     locale: Mapped[str | None] = mapped_column(Text)
+    #: Bumped when the user signs out, changes password or is deactivated: the signed session
+    #: carries the generation it was issued under, and an older one no longer loads (admin/auth.py).
+    session_generation: Mapped[int] = mapped_column(Integer, default=0)
 
     def __repr__(self) -> str:  # never the hash
         return f"<User {self.id} org={self.org_id} role={self.role}>"
@@ -103,6 +109,8 @@ class Contact(Base):
     erased_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    #: Who erased the contact (`user:ID`, `api_key:ID`, `cli:NAME`); the row is then a tombstone.
+    erased_by: Mapped[str | None] = mapped_column(Text)
 
     def __repr__(self) -> str:  # no name or phone: reprs end up in logs
         return f"<Contact {self.id} org={self.org_id}>"
@@ -345,6 +353,8 @@ class Message(Base):
     delivered_at: Mapped[datetime | None]
     read_at: Mapped[datetime | None]
     failed_at: Mapped[datetime | None]
+    #: When retention or an erasure removed the message's text (the row and its counts stay).
+    anonymised_at: Mapped[datetime | None]
 
 
 class MessageEvent(Base):
@@ -461,6 +471,8 @@ class WebhookEvent(Base):
     events: Mapped[int] = mapped_column(Integer)
     body: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     received_at: Mapped[datetime]
+    #: SHA-256 (hex) of the raw body: a replayed delivery to the same channel adds no row.
+    body_sha256: Mapped[str | None] = mapped_column(Text)
 
 
 channel_pacing = ChannelPacing.__table__
@@ -478,3 +490,38 @@ class ContactEvent(Base):
 
 
 contact_events = ContactEvent.__table__
+
+
+class AddressOptout(Base):
+    """An opt-out that follows the address (engine/privacy/addresses.py): the plain normalised
+    value while a live contact carries it, only its keyed hash once the last one is erased."""
+
+    __tablename__ = "address_optouts"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    address_kind: Mapped[str] = mapped_column(Text)
+    value: Mapped[str | None] = mapped_column(Text)
+    value_hash: Mapped[str | None] = mapped_column(Text)
+    hash_version: Mapped[int | None] = mapped_column(Integer)
+    channel_kind: Mapped[str] = mapped_column(Text)
+    contact_id: Mapped[int | None] = _fk("contacts.id", nullable=True)
+    source: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+    def __repr__(self) -> str:  # never the address
+        return f"<AddressOptout {self.id} org={self.org_id} {self.address_kind}/{self.channel_kind}>"
+
+
+class RetentionRun(Base):
+    __tablename__ = "retention_runs"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    day: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    counts: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+
+
+address_optouts = AddressOptout.__table__
+retention_runs = RetentionRun.__table__

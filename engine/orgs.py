@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import secrets
 from datetime import time
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
-from werkzeug.security import generate_password_hash
+from werkzeug.security import check_password_hash, generate_password_hash
 
 from engine import clock
 from engine.models import orgs, users
@@ -99,6 +101,34 @@ def hash_password(password: str) -> str:
     """The stored form of a console password (werkzeug's salted hash). The one place passwords are
     hashed, so the CLI and the console cannot drift apart."""
     return generate_password_hash(password)
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A hash of a random password, made by `hash_password` (same method and cost as a real one)."""
+    return hash_password(secrets.token_urlsafe(16))
+
+
+def warm_dummy_hash() -> None:
+    """Make the dummy hash now (at app start), so the first unknown e-mail costs what every other does."""
+    _dummy_hash()
+
+
+def verify_password(stored_hash: str | None, password: str) -> bool:
+    """Whether `password` matches `stored_hash`. With no hash (an unknown or inactive account) a
+    dummy hash of the same method and cost is checked instead and the answer is False: both paths
+    do the same work, so the time of an answer does not tell which e-mails have an account."""
+    if not stored_hash:
+        check_password_hash(_dummy_hash(), password)
+        return False
+    return check_password_hash(stored_hash, password)
+
+
+def end_sessions(conn: Connection, user_id: int) -> None:
+    """Sign the user out everywhere: every console session issued before now stops loading
+    (the session carries `session_generation`, admin/auth.py checks it on each request)."""
+    conn.execute(update(users).where(users.c.id == user_id)
+                 .values(session_generation=users.c.session_generation + 1))
 
 
 def create_user(conn: Connection, *, org_id: int, email: str, role: str, password: str) -> int:

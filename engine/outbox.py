@@ -12,7 +12,7 @@ from sqlalchemy import and_, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock
+from engine import clock, metrics
 from engine.dialect import insert_ignore
 from engine.models import OPEN_STATUSES, message_events, messages
 
@@ -47,6 +47,7 @@ def record_events(
             for mid in message_ids
         ],
     )
+    metrics.message_events(event, len(message_ids))
 
 
 def transition(

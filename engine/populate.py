@@ -50,6 +50,7 @@ from engine.models import (
 )
 from engine.orgs import policy_for
 from engine.outbox import cancel_open, record_events, transition_where
+from engine.privacy.addresses import refused_clause
 from engine.windows import nominal_due, place
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,8 @@ def _insert_reminders(
             c.c.erased_at.is_(None),
             p.c.opted_in == true(),
             p.c.opted_out_at.is_(None),
+            # The kind's refusal follows the address, whichever contact row carries it.
+            not_(refused_clause(org_id, rk.c.kind, c.c.phone, c.c.email)),
             has_address,
             has_channel,
             trigger_applies,

@@ -26,7 +26,8 @@ class Runtime:
     def build(cls, settings: Settings) -> "Runtime":
         db = Database(settings.database_url)
         keyring = keyring_for(settings)
-        providers = ProviderPool(db, keyring, timeout=settings.send_timeout, public_url=settings.public_url)
+        providers = ProviderPool(db, keyring, timeout=settings.send_timeout, public_url=settings.public_url,
+                                 egress=settings.egress)
         return cls(settings=settings, db=db, keyring=keyring, providers=providers)
 
     def close(self) -> None:

@@ -16,10 +16,11 @@ from typing import Callable, Sequence
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from engine import dispatch
+from engine import dispatch, metrics
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
 from engine.populate import PopulateResult, populate
+from engine.privacy.retention import DailyRetention
 from engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Tick:
     advanced: int = 0
     lost_claims: int = 0
     enrolled: int = 0
+    retained: int = 0
 
 
 class Scheduler:
@@ -51,6 +53,8 @@ class Scheduler:
         self.enqueue = enqueue
         self.enqueue_flows = enqueue_flows
         self._last_populate = 0.0
+        # Once a day per org (a retention_runs row claims the day; the leader lock keeps one active).
+        self.retention = DailyRetention(rt.db)
 
     def tick(self, *, force_populate: bool = False) -> Tick:
         """One pass: sweep leases, populate when due, claim and enqueue everything due now."""
@@ -73,8 +77,9 @@ class Scheduler:
             if len(ids) < settings.claim_batch:
                 break
         lost, advanced = self._tick_flows()
+        retained = self.retention.maybe_run()
         return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
-                    advanced=advanced, lost_claims=lost, enrolled=enrolled)
+                    advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained)
 
     def _tick_flows(self) -> tuple[int, int]:
         """Sweep lost enrollment claims, then claim and hand out every due enrollment."""
@@ -103,6 +108,7 @@ class Scheduler:
                     got = lock_conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK}).scalar()
                     lock_conn.commit()
                     if not got:
+                        metrics.scheduler_standby()
                         stop.wait(5)
                         continue
                     log.info("scheduler is active")
@@ -122,7 +128,7 @@ class Scheduler:
                 log.warning("scheduler lost the leader lock")
                 return
             try:
-                self.tick()
+                metrics.scheduler_pass(self.tick)
             except DBAPIError as exc:
                 log.error("scheduler pass failed", extra={"error": type(exc).__name__})
             except Exception:

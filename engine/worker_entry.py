@@ -1,5 +1,7 @@
-"""Entry point for `dramatiq` worker processes (`lembra worker` runs them): builds the broker from
-the environment and declares the actors on it."""
+"""Entry point for the `dramatiq` command (`dramatiq engine.worker_entry:broker`): builds the broker
+from the environment and declares the actors on it. `lembra worker` does not use it: it runs its
+own supervised worker processes (engine/supervisor.py, engine/worker_process.py), because the
+`dramatiq` command stops every worker process when one of them dies."""
 
 from __future__ import annotations
 

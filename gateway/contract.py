@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal, Mapping, Protocol, Sequence
 
+from gateway.egress import STRICT, EgressPolicy
 from gateway.errors import PermanentError
 
 
@@ -161,6 +162,9 @@ class ProviderContext:
     timeout: float = 15.0
     public_url: str = "http://127.0.0.1:8000"
     sandbox_recorder: SandboxRecorder | None = None
+    #: Where a tenant-set address (`base_url`, an SMTP host) may connect: every provider opens
+    #: its connections through it (`gateway.egress`). The default allows public addresses only.
+    egress: EgressPolicy = STRICT
 
 
 class Provider(ABC):

@@ -74,14 +74,18 @@ class Keyring:
     def versions(self) -> list[int]:
         return sorted(self._keys)
 
-    def derive(self, purpose: str) -> bytes:
+    def derive(self, purpose: str, version: int | None = None) -> bytes:
         """A 32-byte key for another purpose (session signing, opt-out links), derived with
-        HKDF from the current key so that there is one secret to keep."""
+        HKDF from the current key (or from key `version`, which must be configured) so that
+        there is one secret to keep."""
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+        key = self._keys.get(self.current_version if version is None else version)
+        if key is None:
+            raise CryptoError(f"key version {version} is not configured")
         hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=f"lembra|{purpose}".encode())
-        return hkdf.derive(self._keys[self.current_version])
+        return hkdf.derive(key)
 
     def seal(self, data: Mapping[str, Any], *, table: str, org_id: int, row_id: int) -> Sealed:
         """Encrypt a credentials mapping for one row."""

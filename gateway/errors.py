@@ -53,6 +53,18 @@ class PermanentError(ProviderError):
     permanent = True
 
 
+class EgressRefused(PermanentError):
+    """A tenant-set address (a channel's `base_url` or SMTP host, an agent's LLM URL) resolves to
+    an address Lembra may not connect to: loopback, private, link-local, CGNAT, multicast,
+    reserved (see `gateway.egress`). Raised before any connection is attempted, so the answer is
+    the same whatever listens there. `host` is the name as the tenant typed it (never what it
+    resolved to, which would map the internal network for them)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host[:255]
+        super().__init__(f"address not allowed: {self.host}", code="egress_refused", channel_broken=True)
+
+
 class WebhookError(Exception):
     """A webhook request was refused; `status` is the HTTP status to answer with."""
 

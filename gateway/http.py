@@ -3,6 +3,8 @@
 Connection errors, timeouts, 5xx and 429 are transient (429 with its Retry-After); other 4xx
 are permanent unless a provider's own error code says otherwise, which the provider decides
 through `classify`. Bodies of errors are parsed but never logged (they may echo a phone number).
+A session from `gateway.egress.session` refuses internal addresses with `EgressRefused` (permanent,
+code `egress_refused`), which goes through `call` as it is.
 """
 
 from __future__ import annotations

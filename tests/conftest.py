@@ -34,7 +34,7 @@ IS_POSTGRES = DATABASE_URL.startswith("postgresql")
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 ORG_TABLES = (
-    "contact_events", "webhook_events", "channel_pacing", "audit_log", "inbox_items", "sandbox_messages", "inbound_messages", "message_events", "messages",
+    "address_optouts", "retention_runs", "contact_events", "webhook_events", "channel_pacing", "audit_log", "inbox_items", "sandbox_messages", "inbound_messages", "message_events", "messages",
     "flow_claims", "enrollment_events", "enrollments", "agents", "flow_versions", "flow_pointers", "reminder_rule_kinds",
     "reminder_rules", "channels", "appointments", "preferences", "contacts", "api_keys", "users",
 )
@@ -99,7 +99,9 @@ def clock() -> Iterator[engine_clock.FrozenClock]:
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, broker_url=BROKER_URL, secret_keys=TEST_KEY)
+    # The provider fakes listen on 127.0.0.1, which the egress guard refuses by default.
+    return Settings(database_url=database_url, broker_url=BROKER_URL, secret_keys=TEST_KEY,
+                    provider_allow="127.0.0.0/8")
 
 
 @pytest.fixture

@@ -12,7 +12,15 @@ from engine import clock
 from engine.appointments import create_appointment
 from engine.channels import create_channel
 from engine.contacts import create_contact
-from engine.models import inbox_items, message_events, messages, reminder_rule_kinds, reminder_rules, sandbox_messages
+from engine.models import (
+    channels,
+    inbox_items,
+    message_events,
+    messages,
+    reminder_rule_kinds,
+    reminder_rules,
+    sandbox_messages,
+)
 from engine.orgs import create_org
 from engine.populate import DEFAULT_HORIZON, populate, refresh_appointment
 from engine.runtime import Runtime
@@ -100,6 +108,15 @@ class World:
         with self.rt.db.connect() as conn:
             return list(conn.execute(select(inbox_items).where(inbox_items.c.org_id == self.org_id)
                                      .order_by(inbox_items.c.id)))
+
+
+def sandbox_headers(rt: Runtime, channel_id: int) -> dict[str, str]:
+    """The header a sandbox channel's webhook requires: the secret it got at creation."""
+    from providers.sandbox.provider import SECRET_HEADER
+
+    with rt.db.connect() as conn:
+        channel = conn.execute(select(channels).where(channels.c.id == channel_id)).one()
+    return {SECRET_HEADER: str(rt.providers.get(channel).config["webhook_secret"])}
 
 
 def local(year: int, month: int, day: int, hour: int = 0, minute: int = 0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,6 +14,45 @@ from typing import Callable
 from tests.conftest import BROKER_URL, TEST_KEY
 
 LEMBRA = str(Path(sys.executable).with_name("lembra"))
+#: 'stub', 'redis' or 'rabbitmq': the broker the process tests run on (LEMBRA_TEST_BROKER_URL).
+BROKER_KIND = {"stub": "stub", "redis": "redis", "rediss": "redis", "amqp": "rabbitmq",
+               "amqps": "rabbitmq"}[BROKER_URL.split("://", 1)[0]]
+
+
+def flush_broker() -> None:
+    """Drop every message waiting in the test broker: FLUSHDB on Redis (the tests' own db), a purge
+    of Lembra's queues (with their delay and dead-letter queues) on RabbitMQ, nothing on the stub.
+    Tests call it before they start (no actor message of an earlier test may reach this test's
+    reused ids) and to lose the broker's contents mid-run."""
+    if BROKER_KIND == "redis":
+        import redis
+
+        redis.Redis.from_url(BROKER_URL).flushdb()
+    elif BROKER_KIND == "rabbitmq":
+        import pika
+        from dramatiq.common import dq_name, xq_name
+
+        from engine.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE
+
+        logging.getLogger("pika").setLevel(logging.ERROR)  # a queue not declared yet is a 404 warning
+        connection = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
+        try:
+            channel = connection.channel()
+            for queue in (SEND_QUEUE, INBOUND_QUEUE, FLOWS_QUEUE):
+                for name in (queue, dq_name(queue), xq_name(queue)):
+                    try:
+                        channel.queue_purge(name)
+                    except pika.exceptions.ChannelClosedByBroker:  # 404: not declared yet
+                        channel = connection.channel()
+        finally:
+            connection.close()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`, as `ps` lists them."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "--ppid", str(pid)], capture_output=True, text=True,
+                         check=False).stdout
+    return sorted(int(p) for p, stat in (line.split() for line in out.splitlines()) if not stat.startswith("Z"))
 
 
 def lembra_env(database_url: str, **extra: str) -> dict[str, str]:
@@ -25,6 +65,8 @@ def lembra_env(database_url: str, **extra: str) -> dict[str, str]:
         "LEMBRA_LOG_LEVEL": "WARNING",
         "LEMBRA_DISPATCH_INTERVAL": "0.2",
         "LEMBRA_POPULATE_INTERVAL": "3600",
+        # The provider fakes listen on 127.0.0.1, which the egress guard refuses by default.
+        "LEMBRA_PROVIDER_ALLOW": "127.0.0.0/8",
     })
     env.update(extra)
     return env

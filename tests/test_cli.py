@@ -8,6 +8,7 @@ import socket
 import sqlite3
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -174,10 +175,27 @@ def _demo_follow_up_is_sent_and_a_reply_is_routed(db_file, port: int, tmp_path) 
     phone = one("SELECT c.phone FROM contacts c JOIN enrollments e ON e.contact_id = c.id")
     body = json.dumps({"type": "message", "id": "demo-reply-1", "from": phone, "text": "Posso remarcar para sexta?",
                        "timestamp": time.time()}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/webhooks/sandbox/{channel}", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    url = f"http://127.0.0.1:{port}/webhooks/sandbox/{channel}"
+    unsigned = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the demo's sandbox has a secret, like every one
+        urllib.request.urlopen(unsigned, timeout=10)
+    assert refused.value.code == 401
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "X-Sandbox-Secret": _sandbox_secret(db_file, tmp_path, channel)})
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
     wait_until(lambda: one("SELECT current_node_id FROM enrollments") == "remarcar", timeout=60,
                what="the reply classified and routed", on_fail=log)
     assert one("SELECT last_class FROM enrollments") == "reschedule"
+
+
+def _sandbox_secret(db_file, tmp_path, channel_id: int) -> str:
+    """The secret the demo's sandbox channel got at creation, opened with the embedded key file."""
+    from gateway.crypto import Keyring
+
+    keyring = Keyring.parse((tmp_path / "lembra.key").read_text().strip())
+    with sqlite3.connect(db_file, timeout=5) as conn:
+        org_id, credentials, key_version = conn.execute(
+            "SELECT org_id, credentials, key_version FROM channels WHERE id = ?", (channel_id,)).fetchone()
+    return str(keyring.open(credentials, key_version=key_version, table="channels", org_id=org_id,
+                            row_id=channel_id)["webhook_secret"])

@@ -23,7 +23,7 @@ from engine.models import (
 )
 from gateway.contract import WebhookRequest
 from gateway.errors import BadSignature, MalformedWebhook, UnknownChannel
-from tests.factories import World, local
+from tests.factories import World, local, sandbox_headers
 
 UTC = timezone.utc
 PHONE = "+5516999887766"
@@ -49,13 +49,13 @@ def reply(rt, channel_id: int, *, text: str | None = None, button: str | None = 
         payload["button"] = button
     if in_reply_to is not None:
         payload["in_reply_to"] = in_reply_to
-    received = receive(rt, "sandbox", channel_id, request(payload))
+    received = receive(rt, "sandbox", channel_id, request(payload, sandbox_headers(rt, channel_id)))
     return [process_inbound(rt, inbound_id) for inbound_id in received.inbound_ids]
 
 
 def status(rt, channel_id: int, provider_message_id: str, value: str, at: datetime, **extra: Any) -> int:
     payload = {"type": "status", "id": provider_message_id, "status": value, "timestamp": at.timestamp(), **extra}
-    return receive(rt, "sandbox", channel_id, request(payload)).statuses_applied
+    return receive(rt, "sandbox", channel_id, request(payload, sandbox_headers(rt, channel_id))).statuses_applied
 
 
 def rt_now_ts() -> float:
@@ -304,6 +304,37 @@ def test_bad_secret_is_refused_and_nothing_is_stored(rt, clock):
     assert len(received.inbound_ids) == 1
 
 
+def test_every_sandbox_channel_gets_a_secret_of_its_own_and_its_webhook_needs_it(rt, clock):
+    world, other = World(rt, slug="clinica-a"), World(rt, slug="clinica-b")
+    channel_id, other_id = world.channel("whatsapp"), other.channel("whatsapp")
+    world.contact()
+    secret = sandbox_headers(rt, channel_id)["X-Sandbox-Secret"]
+    assert len(secret) >= 40 and secret != sandbox_headers(rt, other_id)["X-Sandbox-Secret"]
+    with rt.db.connect() as conn:
+        row = conn.execute(select(channels).where(channels.c.id == channel_id)).one()
+    assert row.credentials is not None and secret.encode() not in row.credentials  # sealed like any credential
+    assert "webhook_secret" not in (row.settings or {})
+    body = {"type": "message", "id": "m1", "from": PHONE, "text": "SAIR"}
+    for headers in ({}, {"X-Sandbox-Secret": ""}, sandbox_headers(rt, other_id)):
+        with pytest.raises(BadSignature):
+            receive(rt, "sandbox", channel_id, request(body, headers))
+    assert inbound_count(rt) == 0
+    assert len(receive(rt, "sandbox", channel_id, request(body, {"X-Sandbox-Secret": secret})).inbound_ids) == 1
+
+
+def test_a_sandbox_channel_created_before_secrets_takes_no_webhook(rt, clock):
+    world = World(rt)
+    channel_id = world.channel("whatsapp")
+    world.contact()
+    with rt.db.begin() as conn:  # how a channel created by an older release looks
+        conn.execute(update(channels).where(channels.c.id == channel_id).values(credentials=None, key_version=None))
+    for headers in ({}, {"X-Sandbox-Secret": ""}, {"X-Sandbox-Secret": "None"}):
+        with pytest.raises(BadSignature):
+            receive(rt, "sandbox", channel_id, request({"type": "message", "id": "m1", "from": PHONE,
+                                                         "text": "CANCELAR"}, headers))
+    assert inbound_count(rt) == 0
+
+
 MALFORMED = [
     b"not json",
     b"[1, 2]",
@@ -322,9 +353,11 @@ def test_malformed_body_is_refused_and_nothing_is_stored(rt, clock):
     world = clinic(rt)
     contact, _, reminder = reminded(rt, clock, world)
     before = [(m.id, m.status) for m in world.messages()]
+    channel_id = world.channels["whatsapp"]
+    headers = sandbox_headers(rt, channel_id)  # signed right: the body is what is refused
     for body in MALFORMED:
         with pytest.raises(MalformedWebhook):
-            receive(rt, "sandbox", world.channels["whatsapp"], request(body))
+            receive(rt, "sandbox", channel_id, request(body, headers))
     assert inbound_count(rt) == 0
     assert [(m.id, m.status) for m in world.messages()] == before
     assert prefs(rt, contact)["whatsapp"] == (True, False)

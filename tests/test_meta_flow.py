@@ -2,9 +2,9 @@
 (delivered, then read) → the patient taps Confirmar → the appointment is confirmed; "sair"
 cancels every pending message of theirs. Plus the 24-hour window and throughput back-off.
 
-Webhook bodies follow the published samples' structure (shared/conformance/samples/
-meta_whatsapp: webhook_status_*.json, webhook_inbound_text.json,
-webhook_inbound_template_quick_reply_button.json) with this test's ids and numbers.
+Webhook bodies follow the fixtures' structure (tests/fixtures/providers/meta_whatsapp:
+webhook_status_*.json, webhook_inbound_text.json, webhook_inbound_template_quick_reply_button.json)
+with this test's ids and numbers.
 """
 
 from __future__ import annotations

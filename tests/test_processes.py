@@ -1,12 +1,14 @@
 """Real processes over one database: several workers, a worker killed mid-batch, a flushed broker.
 
-On PostgreSQL + Redis these run `lembra scheduler` and `lembra worker` processes; on SQLite with
-the in-process broker each `lembra scheduler` process carries its own workers, so two of them
-compete for the same rows through the database alone.
+On PostgreSQL with a real broker (Redis or RabbitMQ: LEMBRA_TEST_BROKER_URL) these run `lembra
+scheduler` and `lembra worker` processes; on SQLite with the in-process broker each `lembra
+scheduler` process carries its own workers, so two of them compete for the same rows through the
+database alone.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -20,7 +22,7 @@ from engine.models import channels, inbox_items, messages, sandbox_messages
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World
-from tests.processes import Processes, lembra_env, wait_until
+from tests.processes import Processes, flush_broker, lembra_env, wait_until
 
 REAL_BROKER = not BROKER_URL.startswith("stub")
 OPEN = ("new", "pending", "claimed", "sending")
@@ -28,9 +30,11 @@ OPEN = ("new", "pending", "claimed", "sending")
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Processes]:
+    flush_broker()  # no actor message of an earlier test may reach this test's (reused) ids
     processes = Processes(tmp_path)
     yield processes
     processes.stop_all()
+    flush_broker()
 
 
 @pytest.fixture
@@ -40,15 +44,17 @@ def backlog(rt, clock):
     world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
     channel_id = world.channel("whatsapp")
 
-    def make(count: int) -> list[int]:
+    contacts: list[int] = []
+
+    def make(count: int, key: str = "bench") -> list[int]:
         ids = []
-        contacts = [world.contact(name=f"Paciente {i}", phone=f"+551199{i:07d}", consent=("whatsapp",))
-                    for i in range(min(count, 20))]
+        contacts.extend(world.contact(name=f"Paciente {i}", phone=f"+551199{i:07d}", consent=("whatsapp",))
+                        for i in range(len(contacts), min(count, 20)))
         with rt.db.begin() as conn:
             for i in range(count):
                 ids.append(enqueue(
-                    conn, org_id=world.org_id, contact_id=contacts[i % len(contacts)], channel_kind="whatsapp",
-                    purpose="notice", idempotency_key=f"bench:{i}", payload={"text": f"Mensagem {i}"},
+                    conn, org_id=world.org_id, contact_id=contacts[i % min(count, 20)], channel_kind="whatsapp",
+                    purpose="notice", idempotency_key=f"{key}:{i}", payload={"text": f"Mensagem {i}"},
                     due_at=clock.now() - timedelta(seconds=1), respect_window=False,
                 ))
         return ids
@@ -156,11 +162,10 @@ def test_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(rt, backl
     assert sorted(inbox) == sorted(unknown_ids), "every unknown outcome is in front of the operator"
 
 
-@pytest.mark.skipif(not (IS_POSTGRES and REAL_BROKER and BROKER_URL.startswith("redis")),
-                    reason="needs PostgreSQL and Redis")
-def test_flushing_redis_mid_run_loses_nothing(rt, backlog, procs, database_url):
-    import redis
-
+@pytest.mark.skipif(not (IS_POSTGRES and REAL_BROKER), reason="needs PostgreSQL and Redis or RabbitMQ")
+def test_flushing_the_broker_mid_run_loses_nothing(rt, backlog, procs, database_url):
+    """Redis: FLUSHDB. RabbitMQ: a purge of every Lembra queue (the messages already delivered to a
+    worker stay with it, as they would across a restart of the broker)."""
     ids = backlog(300)
     _set_sandbox(rt, backlog.channel_id, delay_ms=10)
     short_lease = {"LEMBRA_LEASE_SECONDS": "3"}
@@ -168,8 +173,91 @@ def test_flushing_redis_mid_run_loses_nothing(rt, backlog, procs, database_url):
     _start_scheduler(procs, database_url, **short_lease)
     wait_until(lambda: _status_counts(rt).get("sent", 0) >= 30, timeout=120, what="the first sends",
                on_fail=procs.logs)
-    redis.Redis.from_url(BROKER_URL).flushdb()
+    flush_broker()
     wait_until(lambda: _status_counts(rt).get("sent", 0) == len(ids), timeout=180,
                what="every message sent after the flush", on_fail=lambda: f"{_status_counts(rt)}\n{procs.logs()}")
     counts = _sandbox_counts(rt)
     assert len(counts) == len(ids) and set(counts.values()) == {1}
+
+
+@pytest.mark.skipif(not REAL_BROKER, reason="`lembra worker` needs a real broker (Redis or RabbitMQ)")
+def test_a_killed_worker_process_is_replaced_and_the_fleet_keeps_sending(rt, backlog, procs, database_url):
+    """`lembra worker --processes 2`: SIGKILL one worker process (as the OOM killer would) and the
+    supervisor starts another while the sibling goes on; kill the sibling too, and the messages
+    queued afterwards are sent, each once, by the two replacements. SIGTERM then stops it cleanly."""
+    from tests.processes import child_pids
+
+    _set_sandbox(rt, backlog.channel_id, delay_ms=20)
+    env = {"LEMBRA_LOG_LEVEL": "INFO", "LEMBRA_LEASE_SECONDS": "5"}
+    fleet = procs.start("worker", ["worker", "--processes", "2", "--threads", "2"], lembra_env(database_url, **env))
+    log = procs.logdir / "worker.log"
+
+    def ready_count() -> int:
+        return log.read_text(errors="replace").count("ready for action")
+
+    def children() -> list[int]:
+        return child_pids(fleet.pid)
+
+    wait_until(lambda: ready_count() == 2 and len(children()) == 2, timeout=60, what="two worker processes",
+               on_fail=procs.logs)
+    first, second = children()
+    _start_scheduler(procs, database_url, **env)
+    before = backlog(20)
+    wait_until(lambda: _status_counts(rt).get("sent", 0) == len(before), timeout=120, what="the first sends",
+               on_fail=lambda: f"{_status_counts(rt)}\n{procs.logs()}")
+
+    for victim, ready_after in ((first, 3), (second, 4)):
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda victim=victim, ready_after=ready_after: ready_count() == ready_after
+                   and len(children()) == 2 and victim not in children(),
+                   timeout=60, what=f"a replacement for worker process {victim}",
+                   on_fail=lambda: f"children {children()}\n{procs.logs()}")
+        assert fleet.poll() is None, "lembra worker exited when one of its processes died"
+        if victim == first:
+            assert second in children(), "the sibling of the killed process was restarted too"
+    replacements = children()
+    assert not set(replacements) & {first, second}
+
+    after = backlog(60, key="after-the-kills")
+    wait_until(lambda: _status_counts(rt).get("sent", 0) == len(before) + len(after), timeout=120,
+               what="every message queued after the kills sent",
+               on_fail=lambda: f"{_status_counts(rt)}\n{procs.logs()}")
+    counts = _sandbox_counts(rt)
+    assert set(counts.values()) == {1}, "a message reached the sandbox twice"
+    with rt.db.connect() as conn:
+        senders = set(conn.execute(select(messages.c.claimed_by).where(messages.c.id.in_(after))).scalars())
+    assert {int(s.rsplit(":", 1)[1]) for s in senders} <= set(replacements), senders
+    assert "worker process died; starting a new one" in log.read_text(errors="replace")
+
+    fleet.send_signal(signal.SIGTERM)  # the supervisor alone, as systemd (KillMode=mixed) or docker stop do
+    assert fleet.wait(timeout=60) == 0
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in replacements),
+               timeout=30, what="the worker processes to stop with their supervisor", on_fail=procs.logs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not REAL_BROKER, reason="`lembra worker` needs a real broker (Redis or RabbitMQ)")
+def test_worker_processes_stop_when_their_supervisor_is_killed(procs, database_url):
+    """No orphans that go on consuming beside the fleet a restarted `lembra worker` starts: the
+    kernel sends each worker process a SIGTERM when its supervisor dies."""
+    from tests.processes import child_pids
+
+    fleet = procs.start("worker", ["worker", "--processes", "2", "--threads", "1"],
+                        lembra_env(database_url, LEMBRA_LOG_LEVEL="INFO"))
+    log = procs.logdir / "worker.log"
+    wait_until(lambda: log.read_text(errors="replace").count("ready for action") == 2, timeout=60,
+               what="two worker processes", on_fail=procs.logs)
+    children = child_pids(fleet.pid)
+    assert len(children) == 2
+    os.kill(fleet.pid, signal.SIGKILL)  # the supervisor alone, not its process group
+    fleet.wait(timeout=30)
+    wait_until(lambda: not any(_alive(pid) for pid in children), timeout=60,
+               what="the orphaned worker processes to stop", on_fail=procs.logs)
+    assert log.read_text(errors="replace").count("worker process stopping") == 2, "a graceful stop, not a kill"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -247,12 +246,14 @@ def test_output_too_long() -> None:
     assert len(render_text("{{ 'x' * n }}", {"n": MAX_TEXT_OUTPUT})) == MAX_TEXT_OUTPUT
 
 
+@pytest.mark.timeout(10)  # a regression fails here instead of hanging; the bound itself is counted
 def test_runaway_nested_loops_stop_quickly() -> None:
     source = "{% for i in range(1000) %}{% for j in range(1000) %}xx{% endfor %}{% endfor %}"
-    started = time.monotonic()
     with pytest.raises(TemplateError, match="too long"):
         render_text(source, {})
-    assert time.monotonic() - started < 1
+    # with no output to cap, the render's step budget stops it (tests/test_template_limits.py)
+    with pytest.raises(TemplateError, match="^Modelo pesado demais: "):
+        render_text(source.replace("xx", ""), {})
 
 
 def test_html_has_a_larger_limit() -> None:
@@ -285,11 +286,10 @@ def test_source_too_long() -> None:
         "{{ range(10)|batch(1000000000)|list }}",
     ],
 )
+@pytest.mark.timeout(10)
 def test_memory_bombs_fail_fast(source: str) -> None:
-    started = time.monotonic()
     with pytest.raises(TemplateError):
         render_text(source, {"nome": "Ana"})
-    assert time.monotonic() - started < 1
 
 
 def test_compiled_templates_are_cached() -> None:

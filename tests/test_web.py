@@ -9,13 +9,13 @@ import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from admin.app import create_app
 from engine import dispatch
-from engine.models import appointments, inbound_messages, messages, sandbox_messages
+from engine.models import appointments, channels, inbound_messages, messages, sandbox_messages
 from engine.orgs import create_user
-from tests.factories import World
+from tests.factories import World, sandbox_headers
 
 
 @pytest.fixture
@@ -69,6 +69,62 @@ def test_webhook_refusals_store_nothing(rt, client):
     again = client.post(url, data=_message("vou sair mais cedo"), headers=headers)
     assert again.status_code == 200 and again.get_json()["inbound"] == 0
     assert _inbound_count(rt) == 1
+
+
+def test_the_sandbox_webhook_takes_no_reply_without_the_channels_secret(rt, clock, client):
+    """Ids are sequential: without its secret, nobody may post SAIR or CANCELAR to a clinic's sandbox."""
+    clinic_a, clinic_b = World(rt, slug="clinica-a"), World(rt, slug="clinica-b")
+    channel_a, channel_b = clinic_a.channel("whatsapp"), clinic_b.channel("whatsapp")
+    contact = clinic_a.contact()
+    appointment_id = clinic_a.appointment(contact, clock.now() + timedelta(hours=3))
+    url = f"/webhooks/sandbox/{channel_a}"
+    for n, headers in enumerate(({}, {"X-Sandbox-Secret": ""}, sandbox_headers(rt, channel_b))):
+        for text in ("SAIR", "CANCELAR"):
+            refused = client.post(url, data=_message(text, mid=f"x-{n}-{text}"),
+                                  headers={**headers, "Content-Type": "application/json"})
+            assert refused.status_code == 401, (headers, text)
+    assert _inbound_count(rt) == 0
+    with rt.db.connect() as conn:
+        assert conn.execute(select(appointments.c.status).where(appointments.c.id == appointment_id)).scalar_one() \
+            == "scheduled"
+    ok = client.post(url, data=_message("CANCELAR"), headers={**sandbox_headers(rt, channel_a),
+                                                                "Content-Type": "application/json"})
+    assert ok.status_code == 200 and ok.get_json()["inbound"] == 1
+    with rt.db.connect() as conn:
+        assert conn.execute(select(appointments.c.status).where(appointments.c.id == appointment_id)).scalar_one() \
+            == "cancelled"
+
+
+def test_console_replies_go_in_process_even_for_a_channel_from_before_secrets(rt, clock, app, client):
+    """The sandbox chat's reply never goes through the public URL (its view is broken here), and an
+    old channel with no secret gets one on the way: its public webhook needs it from then on."""
+    world = World(rt)
+    channel_id = world.channel("whatsapp")
+    world.rule(120)
+    with rt.db.begin() as conn:
+        create_user(conn, org_id=world.org_id, email="recepcao@clinica.com.br", role="agent", password="senha-forte-1")
+        conn.execute(update(channels).where(channels.c.id == channel_id).values(credentials=None, key_version=None))
+    appointment_id = world.appointment(world.contact(), clock.now() + timedelta(hours=3))
+    clock.advance(timedelta(hours=1))
+    for mid in dispatch.claim_due(rt, limit=10):
+        assert dispatch.send_one(rt, mid) == "sent"
+
+    def public_url_used(**kwargs):
+        raise AssertionError("the console's reply went through the public webhook URL")
+
+    app.view_functions["webhooks.webhook"] = public_url_used
+    assert _login(client, "recepcao@clinica.com.br", "senha-forte-1").status_code == 302
+    inbox = client.get("/admin/sandbox/")
+    with rt.db.connect() as conn:
+        sandbox_id = conn.execute(select(sandbox_messages.c.id)).scalar_one()
+    reply = client.post("/admin/sandbox/reply/", data={"sandbox_message_id": sandbox_id, "text": "CONFIRMAR",
+                                                       "csrf_token": _csrf(inbox.text)}, follow_redirects=True)
+    assert "Resposta enviada como o paciente." in reply.text
+    with rt.db.connect() as conn:
+        assert conn.execute(select(appointments.c.status).where(appointments.c.id == appointment_id)).scalar_one() \
+            == "confirmed"
+    secret = sandbox_headers(rt, channel_id)["X-Sandbox-Secret"]  # the old channel has one now
+    assert len(secret) >= 40
 
 
 def _csrf(html: str) -> str:

@@ -371,6 +371,11 @@ class ContactOut(Schema):
                           metadata={"description": "Kinds the patient may be messaged on."})
     opted_out = fields.List(fields.String(validate=validate.OneOf(CHANNEL_KINDS)), required=True,
                             metadata={"description": "Kinds the patient refused."})
+    address_opted_out = fields.List(fields.String(validate=validate.OneOf(CHANNEL_KINDS)), required=True, metadata={
+        "description": "Kinds refused for this contact's phone or e-mail by whichever contact carried it (SAIR, an "
+                       "unsubscribe): nothing of those kinds is sent to it, whatever `consent` says."})
+    shares_phone_with = fields.List(fields.Integer(), required=True, metadata={
+        "description": "Other contacts with the same phone: a duplicate, or a family on one number."})
     created_at = _out_dt(required=True)
     updated_at = _out_dt(required=True)
 

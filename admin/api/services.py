@@ -22,6 +22,7 @@ from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue
 from engine.models import appointments, contacts, enrollments, messages, preferences
 from engine.outbox import enqueue, find_id
+from engine.privacy import addresses
 from engine.populate import plan_new, refresh_appointment
 from gateway.phones import normalize_phone
 
@@ -58,6 +59,7 @@ def contact_out(conn: Connection, row: Any) -> dict[str, Any]:
         "consent": sorted(p.kind for p in prefs if p.opted_in and p.opted_out_at is None),
         "opted_out": sorted(p.kind for p in prefs if p.opted_out_at is not None),
         "created_at": row.created_at, "updated_at": row.updated_at,
+        **addresses.contact_fields(conn, row),
     }
 
 

@@ -12,6 +12,7 @@ from sqlalchemy import event, text
 from sqlalchemy.orm import scoped_session, sessionmaker
 
 from admin.i18n import _l
+from admin.security import csp_nonce
 from engine.models import (
     Appointment,
     AuditLog,
@@ -53,7 +54,8 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
 
     admin = Admin(app, name="Lembra", url="/admin",
                   index_view=DashboardView(name=_l("Painel"), url="/admin", endpoint="admin"),
-                  theme=Bootstrap4Theme(base_template="admin/lembra_base.html", fluid=True))
+                  theme=Bootstrap4Theme(base_template="admin/lembra_base.html", fluid=True),
+                  csp_nonce_generator=csp_nonce)  # admin/security.py: Flask-Admin's own scripts carry it
     s = Session
     admin.add_view(AppointmentView(Appointment, s, name=_l("Agendamentos"), endpoint="appointments"))
     admin.add_view(ContactView(Contact, s, name=_l("Contatos"), endpoint="contacts"))

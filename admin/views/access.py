@@ -19,6 +19,7 @@ from wtforms import BooleanField, EmailField, PasswordField, SelectField, String
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, Regexp
 
+from admin.auth import sign_in_again
 from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, ids_of, org_id, write_audit
 from engine.apikeys import KEY_PREFIX, NewApiKey, create_key, revoke
@@ -30,6 +31,9 @@ from engine.orgs import ROLES, DomainError, EmailTaken, create_user, hash_passwo
 MIN_PASSWORD_LENGTH = 12
 #: Same shape the domain accepts (engine.orgs.create_user), checked here for a message on the field.
 EMAIL_PATTERN = re.compile(r"^\s*[^@\s]+@[^@\s]+\.[^@\s]+\s*$")
+
+#: The one answer to an e-mail the domain refuses, a taken one included (in this org or another).
+EMAIL_REFUSED = _l("Não foi possível usar este e-mail. Confira o endereço ou use outro.")
 
 ROLE_LABELS = {"owner": _l("proprietário"), "manager": _l("gestor"), "agent": _l("atendente")}
 
@@ -219,9 +223,10 @@ class UserView(RoleGatedView):
             user_id = create_user(conn, org_id=org_id(), email=email, role=form.role.data,
                                   password=form.password.data)
         except EmailTaken:
-            # E-mails are unique across every org (they are the login); the database says so.
+            # E-mails are unique across every org (they are the login). Whose it is, and that it is
+            # anyone's, is not this org's business: the same neutral refusal as any other e-mail.
             self.session.rollback()
-            form.email.errors = [*form.email.errors, _("Já existe um usuário com este e-mail.")]
+            form.email.errors = [*form.email.errors, str(EMAIL_REFUSED)]
             return False
         except DomainError as exc:
             self.session.rollback()
@@ -256,10 +261,16 @@ class UserView(RoleGatedView):
         if form.new_password.data:
             model.password_hash = hash_password(form.new_password.data)
             changes["password_changed"] = True  # that it changed, never the value or its hash
+        if changes.get("password_changed") or changes.get("active") is False:
+            # Every session of theirs ends (a cookie copied before keeps no access), as at sign-out.
+            model.session_generation = User.session_generation + 1
+            changes["sessions_ended"] = True
         if changes:
             self.session.flush()
             write_audit(self.session.connection(), "update", self.audit_entity, model.id, changes)
         self.session.commit()
+        if changes.get("password_changed") and active and str(model.id) == str(current_user.id):
+            sign_in_again(int(model.id))  # an owner who changed their own password stays signed in here
         return True
 
     def get_save_return_url(self, model: Any, is_created: bool = False) -> str:

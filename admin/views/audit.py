@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter
-
 from admin.i18n import _, _l
 from admin.views.base import TenantModelView, org_id
+from admin.views.filters import OrgDateTimeBetweenFilter
 from engine.models import AuditLog, User
 
 ACTION_LABELS = {"create": _l("criou"), "update": _l("alterou"), "delete": _l("excluiu"), "cancel": _l("cancelou"),
@@ -30,7 +29,7 @@ class AuditView(TenantModelView):
     column_export_list = column_list
     column_labels = {"created_at": _l("Quando"), "user": _l("Quem"), "action": _l("Ação"), "entity": _l("Onde"),
                      "entity_id": _l("Registro"), "changes": _l("Alterações")}
-    column_filters = ("action", "entity", DateTimeBetweenFilter(AuditLog.created_at, _l("Quando")))
+    column_filters = ("action", "entity", OrgDateTimeBetweenFilter(AuditLog.created_at, _l("Quando")))
     column_default_sort = ("id", True)
     column_formatters = {
         "user": lambda v, c, m, n: _user(v, m),

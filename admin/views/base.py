@@ -17,7 +17,6 @@ form has no CSRF. `TenantModelView` closes each of those for every view that inh
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 from zoneinfo import ZoneInfo
@@ -34,6 +33,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection
 
 from admin.i18n import _, _l, current_locale
+from admin.ids import MAX_ID, parse_id
 from engine import clock
 from engine.models import Org, audit_log
 from engine.runtime import Runtime
@@ -273,14 +273,52 @@ class TenantModelView(ModelView):
         return self.scope(self.session.query(func.count("*")).select_from(self.model))
 
     def get_one(self, id: Any) -> Any:
-        try:
-            pk = int(str(id))
-        except (TypeError, ValueError):
+        # Beyond bigint, zero, negative or not a number: no row has it, and the database must not
+        # be asked (SQLite cannot bind it, PostgreSQL says "bigint out of range").
+        pk = parse_id(id if isinstance(id, int) else str(id))
+        if pk is None:
             abort(404)
         row = self.get_query().filter(self.model.id == pk).one_or_none()
         if row is None:
             abort(404)
         return row
+
+    def _get_list_filter_args(self) -> Any:
+        """Flask-Admin's, with every value checked by its (typed) filter: one it cannot take (text
+        for an id, a NUL, a date that is none) is left out and the list says so, never a 500."""
+        if not self._filters:
+            return None
+        chosen = []
+        for arg in request.args:
+            if not arg.startswith("flt") or "_" not in arg:
+                continue
+            pos, key = arg[3:].split("_", 1)
+            if key not in (self._filter_args or {}):
+                continue
+            idx, flt = self._filter_args[key]
+            value = request.args[arg]
+            if "\x00" not in value and flt.validate(value):
+                chosen.append((pos, (idx, str(flt.name), value)))
+            else:
+                flash(self.get_invalid_value_msg(value, flt), "error")
+        return [item for _pos, item in sorted(chosen, key=lambda n: n[0])]
+
+    def get_invalid_value_msg(self, value: str, filter: Any) -> str:
+        shown = value.replace("\x00", "")
+        shown = shown if len(shown) <= 40 else shown[:40] + "…"
+        return _("Filtro ignorado: “%(valor)s” não é um valor válido para “%(filtro)s”.",
+                 valor=shown, filtro=str(filter.name))
+
+    def _get_list_extra_args(self) -> Any:
+        """Page and search as the database can take them: a negative page is the first, a page past
+        any offset a bigint holds is the last one that fits, and a NUL (which no text column can
+        hold on PostgreSQL) is dropped from the search."""
+        args = super()._get_list_extra_args()
+        size = self.page_size or 1
+        args.page = min(max(args.page or 0, 0), MAX_ID // size - 1)
+        if args.search:
+            args.search = args.search.replace("\x00", "") or None
+        return args
 
     def _get_filter_groups(self) -> Any:
         """Filter options that depend on the org (a callable) are built per request, not once
@@ -334,5 +372,5 @@ class TenantModelView(ModelView):
 
 
 def ids_of(raw: Iterable[str]) -> list[int]:
-    """Row ids posted by a list action, as ints (anything else is dropped)."""
-    return [int(x) for x in raw if re.fullmatch(r"\d{1,18}", str(x))]
+    """Row ids posted by a list action, as ints (anything that cannot be an id is dropped)."""
+    return [pk for pk in (parse_id(str(x)) for x in raw) if pk is not None]

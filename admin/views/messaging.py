@@ -14,7 +14,7 @@ from sqlalchemy import or_, update
 from wtforms import BooleanField, PasswordField, SelectField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
-from admin.i18n import _, _l, ngettext
+from admin.i18n import _, _l, ngettext, translate
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -37,9 +37,9 @@ from engine.connect import (
 )
 from engine.models import CHANNEL_KINDS, PROVIDERS, Template, channels
 from engine.orgs import DomainError
-from engine.render import SAMPLE_VARIABLES, TemplateError, render_text, validate
+from engine.render import SAMPLE_VARIABLES, TemplateError, render_html, render_text, validate
 from gateway.contract import ConnectInfo, OutboundMessage
-from gateway.errors import ProviderError
+from gateway.errors import EgressRefused, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,23 @@ TEMPLATE_KEYS = ("session_reminder", "session_confirmation", "session_cancellati
 PREVIEW_VARIABLES = {**SAMPLE_VARIABLES, "link_descadastro": "https://exemplo.invalid/descadastro"}
 
 
+def template_error(exc: TemplateError) -> str:
+    """A template's error in the reader's language when the engine gave a sentence for it (the render's
+    bounds: "Modelo pesado demais: …", internal values), else as the engine wrote it."""
+    return translate(exc.text) if exc.text is not None else str(exc)
+
+
 def preview(body: str | None) -> tuple[str, str | None]:
-    """The body rendered on sample data, or the rendering error (never patient data)."""
+    """The body rendered on sample data, or the rendering error (never patient data).
+
+    The render is bounded (engine.render): a template too heavy to render is an error here too, never a
+    request that runs for hours."""
     if not body:
         return "", None
     try:
         return render_text(body, PREVIEW_VARIABLES), None
     except TemplateError as exc:
-        return "", str(exc)
+        return "", template_error(exc)
 
 
 def _template_check(field: Any) -> None:
@@ -63,7 +72,20 @@ def _template_check(field: Any) -> None:
         try:
             validate(field.data)
         except TemplateError as exc:
-            raise ValidationError(_("Erro no modelo: %(erro)s", erro=exc)) from None
+            raise ValidationError(_("Erro no modelo: %(erro)s", erro=template_error(exc))) from None
+
+
+def _bounds_check(field: Any, render: Any) -> None:
+    """Refuse a subject or HTML body that goes past the render's bounds (or prints an internal value) on
+    sample data: it would fail on every send. Other errors (a variable only known at send time) stay
+    allowed there, as before."""
+    if field.data:
+        try:
+            render(field.data, PREVIEW_VARIABLES)
+        except TemplateError as exc:
+            if exc.text is not None:
+                raise ValidationError(_("Erro ao renderizar com dados de exemplo: %(erro)s",
+                                        erro=template_error(exc))) from None
 
 
 class TemplateView(TenantModelView):
@@ -136,15 +158,17 @@ class TemplateView(TenantModelView):
 
             def validate_body(self, field: Any) -> None:
                 _template_check(field)
-                _, error = preview(field.data)
+                error = preview(field.data)[1]
                 if error:
                     raise ValidationError(_("Erro ao renderizar com dados de exemplo: %(erro)s", erro=error))
 
             def validate_subject(self, field: Any) -> None:
                 _template_check(field)
+                _bounds_check(field, render_text)
 
             def validate_body_html(self, field: Any) -> None:
                 _template_check(field)
+                _bounds_check(field, render_html)
         return TemplateForm
 
     def create_form(self, obj: Any = None) -> Any:
@@ -204,6 +228,9 @@ CONNECT_ERRORS = {
     "connect_failed": _l("O Evolution não conseguiu iniciar a conexão. Tente de novo em alguns segundos."),
     "connection_closed": _l("A conexão do Evolution com o WhatsApp caiu. Gere um novo QR code."),
     "bad_response": _l("O Evolution respondeu algo inesperado. Confira se o servidor é um Evolution API v2."),
+    "egress_refused": _l("Endereço não permitido: o base_url deste canal aponta para a rede interna (localhost, "
+                         "rede privada ou link-local). Use um endereço público, ou peça a quem opera o Lembra "
+                         "para liberá-lo em LEMBRA_PROVIDER_ALLOW."),
 }
 
 
@@ -226,6 +253,12 @@ def connect_error(code: str | None) -> str:
     else:
         message = _("Não foi possível falar com o servidor Evolution.")
     return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+
+
+def egress_error(exc: EgressRefused) -> str:
+    """A tenant-set address that the egress guard refused, said the same whatever listens there."""
+    return _("Endereço não permitido: %(endereco)s. Endereços internos (localhost, redes privadas, link-local) "
+             "só podem ser usados se quem opera o Lembra os liberar em LEMBRA_PROVIDER_ALLOW.", endereco=exc.host)
 
 
 def _connection_column(model: Any) -> Markup:
@@ -301,6 +334,25 @@ class ChannelView(TenantModelView):
         form = super().edit_form(obj)
         return self._trim(form, obj)
 
+    def validate_form(self, form: Any) -> bool:
+        return super().validate_form(form) and self._check_addresses(form)
+
+    def _check_addresses(self, form: Any) -> bool:
+        """A base_url or SMTP host typed here that resolves inside the network is a form error now
+        (the guard refuses it again at every connection: that is the check that holds)."""
+        policy = runtime().settings.egress
+        ok = True
+        for name, check in (("cred_base_url", policy.check_url), ("cred_host", policy.check_host)):
+            field = getattr(form, name, None)
+            if field is None or not field.data:
+                continue
+            try:
+                check(str(field.data))
+            except EgressRefused as exc:
+                field.errors = [*field.errors, egress_error(exc)]
+                ok = False
+        return ok
+
     def _credentials(self, form: Any) -> dict[str, str]:
         return {name[5:]: field.data for name, field in form._fields.items()
                 if name.startswith("cred_") and field.data}
@@ -370,6 +422,9 @@ class ChannelView(TenantModelView):
                 to=to, text=_("Teste do Lembra: este canal está funcionando."),
                 subject=_("Teste do Lembra") if snapshot.kind == "email" else None,
                 idempotency_key=f"test-{snapshot.id}-{clock.now().timestamp()}"))
+        except EgressRefused as exc:  # refused before any connection: nothing says what listens there
+            flash(egress_error(exc), "error")
+            status = "failed"
         except Exception as exc:  # provider errors carry codes, never credentials
             flash(_("O teste falhou: %(erro)s", erro=getattr(exc, "code", None) or type(exc).__name__), "error")
             status = "failed"

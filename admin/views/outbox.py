@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import flash
 from flask_admin.actions import action
-from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
+from flask_admin.contrib.sqla.filters import FilterEqual
 from sqlalchemy import select
 
 from admin.i18n import _, _l, ngettext
@@ -22,6 +22,7 @@ from admin.views.base import (
     org_id,
     write_audit,
 )
+from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter
 from engine import clock
 from engine.models import (
     CHANNEL_KINDS,
@@ -126,7 +127,7 @@ class QueueView(_MessageBase):
         FilterEqual(Message.status, _l("Status"), options=STATUS_OPTIONS),
         FilterEqual(Message.channel_kind, _l("Canal"), options=KIND_OPTIONS),
         FilterEqual(Message.purpose, _l("Tipo"), options=PURPOSE_OPTIONS),
-        DateTimeBetweenFilter(Message.due_at, _l("Programada para")),
+        OrgDateTimeBetweenFilter(Message.due_at, _l("Programada para")),
     )
     empty_message = _l("Nada na fila. Crie regras de lembrete e agendamentos para ver mensagens aqui.")
 
@@ -171,9 +172,9 @@ class LogView(_MessageBase):
     column_export_list = ("id", "contact", "purpose", "channel_kind", "status", "template_key", "sent_at",
                           "delivered_at", "read_at", "error_code", "body")
     column_filters = (
-        FilterEqual(Message.channel_id, _l("Canal"), options=_channel_options),
+        IdEqualFilter(Message.channel_id, _l("Canal"), options=_channel_options),
         FilterEqual(Message.status, _l("Status"), options=[(s, STATUS_LABELS[s]) for s in LOGGED]),
-        DateTimeBetweenFilter(Message.sent_at, _l("Período (envio)")),
+        OrgDateTimeBetweenFilter(Message.sent_at, _l("Período (envio)")),
     )
     column_default_sort = ("sent_at", True)
     empty_message = _l("Nenhuma mensagem enviada ainda. Elas aparecem aqui assim que o primeiro lembrete sair.")

@@ -6,8 +6,9 @@ channel and provider id says which contact it was for and how far it got (sent, 
 A few sandbox rows have no such row (a channel's test send): they join the contact whose phone or
 e-mail they went to, or form a conversation of their own under the bare address.
 
-A reply is sent as the sandbox provider's own webhook (`admin.webhooks.deliver`, signed with the
-channel's secret), so it travels the same inbound path as a real provider's: stored, then matched
+A reply goes in-process (never through the public URL) as the sandbox provider's own webhook body,
+with the channel's secret, to `admin.webhooks.deliver` (`engine.inbound.receive`, then the inbound
+workers), so it travels the same inbound path as a real provider's: verified, stored, then matched
 to OK / CANCELAR / SAIR by the engine. Agents read and reply (answering as the patient changes
 nothing a real patient could not). Every query is scoped to the signed-in user's org.
 """
@@ -27,9 +28,11 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from admin.i18n import _, _l, current_locale
+from admin.ids import valid_id
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, STATUS_LABELS, badge, db_session, is_editor, local_dt, org_id
 from admin.webhooks import deliver
 from engine import clock
+from engine.channels import sandbox_webhook_secret
 from engine.models import channels, contacts, inbound_messages, messages, sandbox_messages
 from engine.runtime import Runtime
 from gateway.contract import WebhookRequest
@@ -231,19 +234,18 @@ def thread(conn: Connection, oid: int, *, contact: Any = None, address: str | No
 
 
 def reply_as_patient(rt: Runtime, original: Any, *, text: str | None = None, button: str | None = None) -> Any:
-    """Answer a sandbox message as its recipient: the sandbox provider's webhook body, signed with the
-    channel's secret, through `admin.webhooks.deliver` (parse, store, hand to the inbound actor).
-    Raises a `WebhookError` when the webhook path refuses it (e.g. the channel is no longer a sandbox)."""
-    with rt.db.connect() as conn:
+    """Answer a sandbox message as its recipient, in-process: the sandbox provider's webhook body,
+    with the channel's secret, through `admin.webhooks.deliver` (verify, store, hand to the inbound
+    actor). Raises a `WebhookError` when the webhook path refuses it (e.g. the channel is no longer
+    a sandbox)."""
+    headers = {"Content-Type": "application/json"}
+    with rt.db.begin() as conn:
         channel = conn.execute(select(channels).where(channels.c.org_id == original.org_id,
                                                       channels.c.id == original.channel_id)).one()
-    headers = {"Content-Type": "application/json"}
-    if channel.provider == "sandbox":
-        # The console vouches for the reply the way the sandbox itself would: a channel with a
-        # webhook secret refuses anything unsigned.
-        secret = rt.providers.get(channel).config.get("webhook_secret")
-        if secret:
-            headers[SECRET_HEADER] = str(secret)
+        if channel.provider == "sandbox":
+            # The console vouches for the reply with the secret the public webhook requires (a
+            # channel from before every sandbox had one gets it now).
+            headers[SECRET_HEADER] = sandbox_webhook_secret(conn, rt.keyring, rt.providers, channel)
     body: dict[str, Any] = {"type": "message", "id": f"sbx-in-{uuid.uuid4().hex}", "from": original.to_address,
                             "in_reply_to": original.provider_message_id}
     if text:
@@ -313,7 +315,7 @@ class SandboxView(BaseView):
         has already refused a POST without the session's token."""
         oid = org_id()
         raw_id = request.form.get("sandbox_message_id", "")
-        if not raw_id.isdigit():
+        if not valid_id(raw_id):
             abort(404)
         session = db_session()
         conn = session.connection()
@@ -375,7 +377,7 @@ def _requested(conn: Connection, oid: int) -> tuple[Any, str | None]:
     """The contact (404 unless the org's own) or bare address named in the URL, if any."""
     raw = request.args.get("contact")
     if raw is not None:
-        if not raw.isdigit():
+        if not valid_id(raw):
             abort(404)
         contact = _contact(conn, oid, int(raw))
         if contact is None:

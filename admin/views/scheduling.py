@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 from flask import abort, flash, redirect, request, url_for
 from flask_admin import expose
 from flask_admin.actions import action
-from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
+from flask_admin.contrib.sqla.filters import FilterEqual
 from markupsafe import Markup
 from sqlalchemy import update
 from werkzeug.datastructures import CombinedMultiDict
@@ -42,6 +42,8 @@ from admin.views.base import (
     runtime,
     write_audit,
 )
+from admin.views.filters import OrgDateTimeBetweenFilter
+from admin.views.privacy import ContactPrivacyMixin
 from engine import appointments as appts
 from engine import clock
 from engine import imports as csv_import
@@ -114,7 +116,7 @@ class AppointmentView(TenantModelView):
     column_default_sort = ("starts_at", True)
     column_searchable_list = ("professional", "external_id", "location")
     column_filters = (FilterEqual(Appointment.status, _l("Status"), options=[(k, v) for k, v in STATUS_CHOICES]),
-                      DateTimeBetweenFilter(Appointment.starts_at, _l("Início")), "professional")
+                      OrgDateTimeBetweenFilter(Appointment.starts_at, _l("Início")), "professional")
     column_choices = {"status": [(s, s) for s in APPOINTMENT_STATUSES]}
     empty_message = _l("Nenhum agendamento. Crie um aqui, importe uma planilha CSV ou envie pela API; os lembretes "
                        "entram na fila na hora.")
@@ -320,7 +322,7 @@ def _consent_text(view: Any, model: Any) -> str:
                      for p in rows)
 
 
-class ContactView(TenantModelView):
+class ContactView(ContactPrivacyMixin, TenantModelView):
     """Contacts; consent and opt-out history are shown, never edited here."""
 
     column_list = ("name", "phone", "email", "external_id", "consent", "created_at")
@@ -334,7 +336,7 @@ class ContactView(TenantModelView):
     column_searchable_list = ("name", "phone", "email", "external_id")
     column_sortable_list = ("name", "created_at")
     column_default_sort = ("name", False)
-    column_filters = ("name", DateTimeBetweenFilter(Contact.created_at, _l("Criado em")))
+    column_filters = ("name", OrgDateTimeBetweenFilter(Contact.created_at, _l("Criado em")))
     column_formatters = {"consent": lambda v, c, m, n: _consent_badges(v, m),
                          "consent_history": lambda v, c, m, n: _consent_history(v, m)}
     column_formatters_detail = column_formatters

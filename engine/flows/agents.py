@@ -14,8 +14,23 @@ from engine.flows.ai.factory import seal_api_key
 from engine.models import agents, flow_pointers
 from engine.orgs import DomainError
 from gateway.crypto import Keyring
+from gateway.egress import EgressPolicy, EgressRefused
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")
+
+
+def check_llm_base_url(url: str | None, egress: EgressPolicy | None) -> None:
+    """Refuse (DomainError) an LLM base URL that resolves inside the network, when saved.
+
+    `egress` is the process's policy (`Settings.egress`); without one only the connect-time
+    guard applies (it refuses the address again at every call: that is the check that holds).
+    """
+    if not url or egress is None:
+        return
+    try:
+        egress.check_url(url)
+    except EgressRefused as exc:
+        raise DomainError(f"llm_base_url: address not allowed: {exc.host}") from None
 
 
 def _check_flows(conn: Connection, org_id: int, flow_ids: Sequence[int]) -> list[int]:
@@ -33,10 +48,13 @@ def create_agent(
     conn: Connection, keyring: Keyring, org_id: int, *, name: str, persona: str | None = None,
     llm_base_url: str | None = None, llm_model: str | None = None, llm_api_key: str | None = None,
     handoff_policy: str = "pause", followup_enabled: bool = False, flow_ids: Sequence[int] = (),
+    egress: EgressPolicy | None = None,
 ) -> int:
-    """A new agent; its API key (if any) is sealed for this row only."""
+    """A new agent; its API key (if any) is sealed for this row only. With `egress`, an LLM base
+    URL that resolves to an address it refuses is a DomainError (see `check_llm_base_url`)."""
     if not name or not name.strip():
         raise DomainError("name is required")
+    check_llm_base_url(llm_base_url, egress)
     if handoff_policy not in HANDOFF_POLICIES:
         raise DomainError("handoff_policy must be pause, cancel or allow")
     now = clock.now()
@@ -60,12 +78,14 @@ def set_api_key(conn: Connection, keyring: Keyring, org_id: int, agent_id: int, 
         raise DomainError("no such agent")
 
 
-def update_agent(conn: Connection, org_id: int, agent_id: int, **changes: Any) -> None:
-    """Change an agent's settings (not its key: see `set_api_key`)."""
+def update_agent(conn: Connection, org_id: int, agent_id: int, *, egress: EgressPolicy | None = None,
+                 **changes: Any) -> None:
+    """Change an agent's settings (not its key: see `set_api_key`); `egress` as in `create_agent`."""
     allowed = {"name", "persona", "llm_base_url", "llm_model", "handoff_policy", "followup_enabled", "flow_ids"}
     unknown = set(changes) - allowed
     if unknown:
         raise DomainError(f"unknown agent fields: {', '.join(sorted(unknown))}")
+    check_llm_base_url(changes.get("llm_base_url"), egress)
     if "handoff_policy" in changes and changes["handoff_policy"] not in HANDOFF_POLICIES:
         raise DomainError("handoff_policy must be pause, cancel or allow")
     if "flow_ids" in changes:

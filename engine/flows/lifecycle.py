@@ -14,7 +14,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock
+from engine import clock, metrics
 from engine.dialect import insert_ignore
 from engine.models import enrollment_events, enrollments, messages
 from engine.outbox import cancel_open
@@ -39,6 +39,7 @@ def record_event(
             payload=dict(payload) if payload else None, idempotency_key=key, created_at=at or clock.now(),
         ).returning(enrollment_events.c.id)
     ).first()
+    metrics.enrollment_event(event_type, payload, stored=row is not None)
     return row is not None
 
 

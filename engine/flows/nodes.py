@@ -23,6 +23,7 @@ from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.graph import GraphIndex
 from engine.keywords import parse_keywords
 from engine.models import preferences
+from engine.privacy import addresses
 from sqlalchemy import select
 
 #: The kinds tried, in order, when a node does not say.
@@ -90,8 +91,8 @@ def _context(conn: Connection, snap: Snapshot) -> AIContext:
 
 
 def _ai_error(exc: AIError) -> Decision:
-    # A key that does not decrypt fails before any request; everything else was one call.
-    calls = 0 if exc.code == "llm_key_unreadable" else 1
+    # A key that does not decrypt or a refused address fails before any request; else one call.
+    calls = 0 if exc.code in ("llm_key_unreadable", "egress_refused") else 1
     return Decision("failed", "ai_unavailable", failed=True, llm_calls=calls, params={"code": exc.code})
 
 
@@ -170,6 +171,7 @@ def _usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tu
     consented = {row.kind for row in conn.execute(select(preferences.c.kind).where(
         preferences.c.org_id == org_id, preferences.c.contact_id == snap.contact.id,
         preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None)))}
+    consented -= addresses.refused_kinds(conn, org_id, snap.contact)  # refusals follow the address
     for kind in kinds:
         address = snap.contact.email if kind == "email" else snap.contact.phone
         if kind not in consented or not address:

@@ -125,7 +125,7 @@ def _snapshot(conn: Connection, row: Any, now: datetime) -> nodes.Snapshot:
 def advance(rt: Runtime, enrollment_id: int, revision: int, *, ai: Callable[[Any], AI] | None = None) -> Step:
     """Move one claimed enrollment one node, at most once for this claim."""
     now = clock.now()
-    make_ai = ai or (lambda agent: ai_for(agent, rt.keyring))
+    make_ai = ai or (lambda agent: ai_for(agent, rt.keyring, egress=rt.settings.egress))
     with rt.db.connect() as conn:
         row = conn.execute(select(enrollments).where(enrollments.c.id == enrollment_id)).first()
         if row is None:

@@ -33,6 +33,7 @@ from engine.models import (
     messages,
     preferences,
 )
+from engine.privacy import addresses
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ def _usable(conn: Connection, org_id: int, contact: Any) -> str | None:
         preferences.c.opted_out_at.is_not(None))).scalars().all()
     if set(refused) >= set(CHANNEL_KINDS):
         return "contact_opted_out"
+    if set(refused) | addresses.refused_kinds(conn, org_id, contact) >= set(CHANNEL_KINDS):
+        return "address_opted_out"  # another contact on the same phone or e-mail refused everything
     return None
 
 

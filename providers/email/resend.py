@@ -36,8 +36,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-import requests
-
+from gateway import egress
 from gateway.contract import (
     OutboundMessage,
     Provider,
@@ -82,7 +81,7 @@ class ResendProvider(Provider):
 
     def __init__(self, config: Any, context: Any) -> None:
         super().__init__(config, context)
-        self._session = requests.Session()
+        self._session = egress.session(self.context.egress)
 
     # -- send ---------------------------------------------------------------------------------
 

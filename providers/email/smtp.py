@@ -14,6 +14,8 @@ the idempotency key, so a retry carries the same Message-ID; SMTP still has no i
 `honours_idempotency` is False.
 
 Failures:
+- a host that resolves to an internal address the egress policy refuses → permanent, `channel_broken`,
+  code `egress_refused` (before any connection);
 - connection refused/reset, DNS failure, timeout, 4xx replies (421/450/451/452…), server hang-up → transient;
 - 5xx replies → permanent, code `smtp_<reply code>`; 5xx to MAIL FROM or the greeting, or 530
   (authentication required) → also `channel_broken` (every message would fail the same way);
@@ -34,6 +36,7 @@ import socket
 import ssl
 from typing import Literal
 
+from gateway import egress
 from gateway.contract import (
     OutboundMessage,
     Provider,
@@ -141,11 +144,15 @@ class SmtpProvider(Provider):
     def _deliver(self, security: Security, host: str, port: int, tls: ssl.SSLContext | None,
                  from_email: str, to: str, payload: bytes, *, helo: str) -> None:
         timeout = float(self.context.timeout)
+        # The relay is a tenant-set address: the guard resolves it once, refuses internal
+        # addresses (EgressRefused, before any connection) and connects to what it checked.
+        policy = self.context.egress
         if security == "ssl":
             assert tls is not None
-            client: smtplib.SMTP = smtplib.SMTP_SSL(host, port, local_hostname=helo, timeout=timeout, context=tls)
+            client: smtplib.SMTP = egress.GuardedSMTP_SSL(host, port, local_hostname=helo, timeout=timeout,
+                                                          context=tls, egress=policy)
         else:
-            client = smtplib.SMTP(host, port, local_hostname=helo, timeout=timeout)
+            client = egress.GuardedSMTP(host, port, local_hostname=helo, timeout=timeout, egress=policy)
         try:
             self._converse(client, security, tls, from_email, to, payload)
         except BaseException:

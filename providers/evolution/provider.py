@@ -1,6 +1,6 @@
 """Evolution API v2 provider: unofficial WhatsApp through a self-hosted Baileys gateway.
 
-Wire format: /work/shared/conformance/evolution_api.md, read from the Evolution API source
+Wire format: read from the Evolution API source
 (`EvolutionAPI/evolution-api`, release 2.3.6) — "[R] path" below names a file of that source.
 
 Configuration (the channel's decrypted credentials and settings):
@@ -30,6 +30,7 @@ from urllib.parse import quote
 import jwt
 import requests
 
+from gateway import egress
 from gateway.contract import (
     ConnectInfo,
     ConnectionEvent,
@@ -123,7 +124,7 @@ class EvolutionProvider(Provider):
 
     def _request(self, method: str, url: str, **kwargs: Any) -> HttpResponse:
         if self._session is None:
-            self._session = requests.Session()
+            self._session = egress.session(self.context.egress)
         headers = {"apikey": self._setting("api_key"), "Accept": "application/json"}
         return call(self._session, method, url, timeout=self.context.timeout, classify=classify_error,
                     headers=headers, **kwargs)

@@ -1,7 +1,7 @@
 """Meta WhatsApp Cloud API provider (the official one).
 
-Wire format: /work/shared/conformance/meta_whatsapp_cloud.md (sources cited there) and the
-samples under samples/meta_whatsapp/.
+Wire format: Meta's Cloud API reference (messages, webhooks, error codes); the fixtures in
+tests/fixtures/providers/meta_whatsapp/ follow it, and their README cites each source.
 
 Sending (SPEC §5, the 24-hour customer-service window):
 - window open (`message.conversation_open`), no buttons → `type:"text"`;
@@ -31,8 +31,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 from urllib.parse import parse_qsl, quote, urlsplit
 
-import requests
-
+from gateway import egress
 from gateway.contract import (
     Health,
     InboundMessageEvent,
@@ -114,7 +113,7 @@ class MetaProvider(Provider):
 
     def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
         super().__init__(config, context)
-        self._session = requests.Session()
+        self._session = egress.session(self.context.egress)
 
     # ------------------------------------------------------------------ configuration
 

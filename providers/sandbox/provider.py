@@ -1,8 +1,10 @@
 """Sandbox provider: the embedded default. It records, it never sends.
 
 What it "sent" goes to the recorder the engine hands it (the admin's sandbox inbox). Replies
-typed in the admin arrive as a webhook in this provider's own small JSON format, so they travel
-the same inbound path as a real provider's webhook.
+typed in the admin go, in-process, through the same inbound path as a real provider's webhook, in
+this provider's own small JSON format. Its public webhook takes a patient's SAIR or CANCELAR, so
+it always needs the channel's `webhook_secret` (every sandbox channel gets one at creation) in
+the `X-Sandbox-Secret` header: without it, or with another, the delivery is refused (401).
 
 Settings, for demos and tests of failure handling:
 - `simulate`: "ok" (default), "transient" or "permanent" — every send fails that way.
@@ -65,9 +67,13 @@ class SandboxProvider(Provider):
 
     def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
         """Accept `{"type": "message", "id", "from", "text"?, "button"?, "in_reply_to"?}` or
-        `{"type": "status", "id", "status", "error_code"?}`; optional shared secret header."""
+        `{"type": "status", "id", "status", "error_code"?}`, with the channel's secret in the
+        `X-Sandbox-Secret` header (compared in constant time)."""
         secret = self.config.get("webhook_secret")
-        if secret and not hmac.compare_digest(str(request.header(SECRET_HEADER) or ""), str(secret)):
+        if not secret:
+            raise BadSignature("sandbox channel has no webhook secret")
+        given = str(request.header(SECRET_HEADER) or "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, str(secret).encode("utf-8", "surrogateescape")):
             raise BadSignature("sandbox secret does not match")
         data = json_object(bounded(request.body, MAX_WEBHOOK_BYTES))
         kind = data.get("type")

@@ -1,6 +1,7 @@
 """Twilio Programmable Messaging (SMS).
 
-Wire format: shared/conformance/twilio_sms.md (sections cited below as §n).
+Wire format: Twilio's Message resource, status callback and webhook security pages (sections of
+tests/fixtures/providers/README.md's Twilio sources cited below as §n).
 
 Config keys:
 - `account_sid`, `auth_token` (required): HTTP basic auth on sends; the token also signs webhooks.
@@ -27,6 +28,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit, urlunsplit
 
 import requests
 
+from gateway import egress
 from gateway.contract import (
     InboundMessageEvent,
     OutboundMessage,
@@ -165,7 +167,7 @@ class TwilioProvider(Provider):
     @property
     def session(self) -> requests.Session:
         if self._session is None:
-            self._session = requests.Session()
+            self._session = egress.session(self.context.egress)
         return self._session
 
     @property

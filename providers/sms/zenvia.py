@@ -1,6 +1,7 @@
 """Zenvia API v2, SMS channel.
 
-Wire format: shared/conformance/zenvia.md (sections cited below as §n).
+Wire format: Zenvia's published OpenAPI spec (zenvia-openapi-spec; sections cited below as §n, see
+tests/fixtures/providers/README.md).
 
 Config keys:
 - `api_token` (required): sent as `X-API-TOKEN` on every request (§1).
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from gateway import egress
 from gateway.contract import (
     InboundMessageEvent,
     OutboundMessage,
@@ -113,7 +115,7 @@ class ZenviaProvider(Provider):
     @property
     def session(self) -> requests.Session:
         if self._session is None:
-            self._session = requests.Session()
+            self._session = egress.session(self.context.egress)
         return self._session
 
     @property

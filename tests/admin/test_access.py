@@ -161,13 +161,25 @@ def test_an_owner_creates_a_user_who_can_sign_in(app, rt, owner, tenants):
     assert "recepcao@a.com.br" in listing and "atendente" in listing and "proprietário" in listing
 
 
-def test_a_duplicate_email_is_a_form_error(rt, owner, tenants, b_rows):
+def _field_errors(html: str) -> list[str]:
+    """The messages under the form's fields."""
+    blocks = re.findall(r'class="invalid-feedback"[^>]*>(.*?)</div>', html, re.DOTALL)
+    return [re.sub(r"\s+", " ", li).strip() for block in blocks for li in re.findall(r"<li>(.*?)</li>", block, re.DOTALL)]
+
+
+def test_a_taken_email_is_a_neutral_form_error_whoever_has_it(rt, owner, tenants, b_rows):
+    """E-mails are unique across orgs (they are the login), but whether one belongs to another
+    clinic is none of this one's business: the same neutral refusal, nothing of B's on the page."""
     token = csrf(owner.get("/admin/users/new/").text)
+    errors = {}
     for email in ("dono@b.com.br", "MANAGER@a.com.br"):  # another org's user, and case-insensitively one of A's
         response = owner.post("/admin/users/new/", data={"csrf_token": token, "email": email, "role": "agent",
                                                          "password": "uma-senha-bem-longa"})
         assert response.status_code == 200, email
-        assert "Já existe um usuário com este e-mail." in response.text
+        errors[email] = _field_errors(response.text)
+        assert "Já existe" not in response.text and "clinica-b" not in response.text.lower()
+    assert errors["dono@b.com.br"] == errors["MANAGER@a.com.br"] == \
+        ["Não foi possível usar este e-mail. Confira o endereço ou use outro."]
     with rt.db.connect() as conn:
         assert conn.execute(select(users.c.org_id).where(users.c.email == "dono@b.com.br")).scalar_one() \
             == tenants[1].world.org_id
@@ -218,7 +230,7 @@ def test_edit_sets_a_new_password_and_deactivates(app, rt, owner, tenants):
         row = conn.execute(select(users).where(users.c.id == agent_id)).one()
         audit = conn.execute(select(audit_log.c.changes).where(audit_log.c.entity == "users")).scalar_one()
     assert check_password_hash(row.password_hash, "nova-senha-da-recepcao")
-    assert audit == {"password_changed": True}
+    assert audit == {"password_changed": True, "sessions_ended": True}
     login(app.test_client(), "agent@a.com.br", "nova-senha-da-recepcao")
 
     assert _edit(owner, agent_id, role="agent", active=False).status_code == 302
@@ -273,3 +285,45 @@ def test_posts_without_a_csrf_token_are_refused(rt, owner, tenants):
         assert conn.execute(select(api_keys.c.id).where(api_keys.c.name == "Forjada")).first() is None
         assert conn.execute(select(users.c.id).where(users.c.email == "forjado@a.com.br")).first() is None
         assert conn.execute(select(users.c.role).where(users.c.id == owner_id)).scalar_one() == "owner"
+
+
+# --- sessions end with a password change or a deactivation (issue 9, point 7) ----------------------------
+def _replay(app, cookie: str):
+    thief = app.test_client()
+    thief.set_cookie("session", cookie)
+    return thief.get("/admin/queue/")
+
+
+def test_a_password_change_ends_every_session_of_that_user(app, rt, owner, tenants):
+    agent_id = _user_id(rt, "agent@a.com.br")
+    agent = login(app.test_client(), "agent@a.com.br")
+    cookie = agent.get_cookie("session").value
+    assert _replay(app, cookie).status_code == 200
+    assert _edit(owner, agent_id, role="agent", new_password="nova-senha-da-recepcao").status_code == 302
+    replayed = _replay(app, cookie)
+    assert replayed.status_code == 302 and "/login" in replayed.headers["Location"]
+    assert agent.get("/admin/queue/").status_code == 302
+    assert owner.get("/admin/users/").status_code == 200  # the owner who changed it stays signed in
+    assert _edit(owner, agent_id, role="agent").status_code == 302  # a role change alone ends nothing
+    fresh = login(app.test_client(), "agent@a.com.br", "nova-senha-da-recepcao")
+    assert _edit(owner, agent_id, role="manager").status_code == 302
+    assert fresh.get("/admin/queue/").status_code == 200
+
+
+def test_changing_your_own_password_keeps_this_browser_and_ends_the_others(app, rt, owner, tenants):
+    owner_id = _user_id(rt, "owner@a.com.br")
+    other_browser = login(app.test_client(), "owner@a.com.br")
+    copied = owner.get_cookie("session").value
+    assert _edit(owner, owner_id, role="owner", new_password="outra-senha-do-dono-1").status_code == 302
+    assert owner.get("/admin/users/").status_code == 200
+    assert other_browser.get("/admin/").status_code == 302
+    assert _replay(app, copied).status_code == 302
+
+
+def test_a_deactivated_users_cookie_stays_dead_when_they_are_reactivated(app, rt, owner, tenants):
+    agent_id = _user_id(rt, "agent@a.com.br")
+    cookie = login(app.test_client(), "agent@a.com.br").get_cookie("session").value
+    assert _edit(owner, agent_id, role="agent", active=False).status_code == 302
+    assert _edit(owner, agent_id, role="agent").status_code == 302  # active again
+    assert _replay(app, cookie).status_code == 302
+    assert login(app.test_client(), "agent@a.com.br").get("/admin/queue/").status_code == 200

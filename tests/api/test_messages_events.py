@@ -132,7 +132,7 @@ def test_openapi_document_is_generated_from_the_schemas(client):
     post_messages = doc["paths"]["/api/v1/messages"]["post"]
     assert {p["name"]: p["required"] for p in post_messages["parameters"]} == {"Idempotency-Key": True}
     assert {"200", "201", "401", "409", "422"} <= set(post_messages["responses"])
-    expected = {"/api/v1/contacts", "/api/v1/contacts/{contact_id}", "/api/v1/appointments",
+    expected = {"/api/v1/contacts", "/api/v1/contacts/{contact_id}", "/api/v1/contacts/{contact_id}/consent", "/api/v1/appointments",
                 "/api/v1/appointments/{appointment_id}", "/api/v1/messages", "/api/v1/messages/{message_id}",
                 "/api/v1/events", "/api/v1/openapi.json",
                 "/api/v1/flows", "/api/v1/flows/schema", "/api/v1/flows/{flow_id}", "/api/v1/flows/{flow_id}/publish",

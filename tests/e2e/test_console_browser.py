@@ -44,6 +44,7 @@ from engine.models import messages
 from engine.orgs import create_org, create_user
 from engine.populate import refresh_appointment
 from gateway.contract import WebhookRequest
+from tests.factories import sandbox_headers
 
 pytestmark = pytest.mark.timeout(180)
 expect = sync_api.expect
@@ -328,6 +329,7 @@ def _history(rt, clock, org_id: int, now: datetime) -> None:
     hour, then delivered / read / failed through the sandbox's own status webhook."""
     with rt.db.connect() as conn:
         channel_id = conn.execute(select(messages.c.channel_id).where(messages.c.org_id == org_id)).scalars().first()
+    secret = sandbox_headers(rt, channel_id)  # the channel's webhook requires it
     with rt.db.begin() as conn:
         patients = [create_contact(conn, org_id=org_id, name=name, phone=f"+55119870010{i:02d}", consent=["whatsapp"])
                     for i, name in enumerate(["Ana Souza", "Bruno Lima", "Carla Dias", "Diego Rocha", "Elisa Melo",
@@ -360,6 +362,7 @@ def _history(rt, clock, org_id: int, now: datetime) -> None:
                 if status == "failed":
                     body["error_code"] = "131026"
                 receive(rt, "sandbox", channel_id, WebhookRequest(
-                    method="POST", url="http://e2e.invalid/", headers={"Content-Type": "application/json"},
+                    method="POST", url="http://e2e.invalid/",
+                    headers={"Content-Type": "application/json", **secret},
                     body=json.dumps(body).encode()))
 

@@ -15,7 +15,7 @@ from engine.flows.ai.base import AI
 from engine.inbound import process_inbound, receive
 from engine.models import agents, enrollment_events, enrollments, messages
 from gateway.contract import WebhookRequest
-from tests.factories import World
+from tests.factories import World, sandbox_headers
 
 _ids = itertools.count(1)
 
@@ -127,9 +127,10 @@ class Flows:
         """The patient writes on the sandbox channel; the inbound is processed at once."""
         payload = {"type": "message", "id": f"in-{next(_ids)}", "from": sender, "text": text,
                    "timestamp": clock.now().timestamp()}
-        request = WebhookRequest(method="POST", url="/webhooks/sandbox", headers={},
+        channel_id = self.world.channels[kind]
+        request = WebhookRequest(method="POST", url="/webhooks/sandbox", headers=sandbox_headers(self.rt, channel_id),
                                  body=json.dumps(payload).encode())
-        received = receive(self.rt, "sandbox", self.world.channels[kind], request)
+        received = receive(self.rt, "sandbox", channel_id, request)
         return [process_inbound(self.rt, inbound_id) for inbound_id in received.inbound_ids]
 
 

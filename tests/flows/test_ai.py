@@ -28,6 +28,7 @@ from engine.flows.ai.factory import ai_for, seal_api_key
 from engine.flows.ai.openai_compat import OpenAICompatAI
 from engine.models import Agent
 from gateway.crypto import Keyring
+from gateway.egress import LOOPBACK  # the fake LLM listens on 127.0.0.1
 from tests.conftest import T0, TEST_KEY
 from tests.fakes.llm import Error, LLMFake, Slow, contains
 
@@ -181,7 +182,7 @@ def llm(serve):
 
         def _make(fake: LLMFake, *, timeout: float = 5.0, api_key: str | None = KEY) -> tuple[OpenAICompatAI, LLMFake]:
             server = stack.enter_context(serve(fake))
-            ai = OpenAICompatAI(f"{server.url}/v1", api_key, MODEL, timeout=timeout)
+            ai = OpenAICompatAI(f"{server.url}/v1", api_key, MODEL, timeout=timeout, egress=LOOPBACK)
             stack.callback(ai.close)
             return ai, fake
 
@@ -318,7 +319,7 @@ def test_a_timeout_is_transient(llm):
 
 
 def test_a_refused_connection_is_transient():
-    ai = OpenAICompatAI("http://127.0.0.1:9/v1", None, MODEL, timeout=2)
+    ai = OpenAICompatAI("http://127.0.0.1:9/v1", None, MODEL, timeout=2, egress=LOOPBACK)
     with pytest.raises(AIError) as raised:
         classify(ai, "sim", ["confirm"])
     assert (raised.value.permanent, raised.value.code) == (False, "connection_error")
@@ -340,7 +341,7 @@ def test_without_a_key_the_client_sends_a_placeholder(llm, monkeypatch):
 def test_the_chat_path_without_v1_is_served_too(serve):
     fake = LLMFake(classify=contains(ROUTES))
     with serve(fake) as server:
-        ai = OpenAICompatAI(server.url, None, MODEL)
+        ai = OpenAICompatAI(server.url, None, MODEL, egress=LOOPBACK)
         assert classify(ai, "sim", ["confirm"]).label == "confirm"
     assert fake.requests[0].path == "/chat/completions"
 
@@ -475,7 +476,7 @@ def test_factory_gives_the_builtin_without_llm_settings(keyring):
 def test_factory_gives_the_openai_client_with_the_opened_key(keyring, serve):
     fake = LLMFake(classify=contains(ROUTES), api_key=KEY, models={MODEL})
     with serve(fake) as server:
-        ai = ai_for(agent_row(keyring, f"{server.url}/v1"), keyring, timeout=3)
+        ai = ai_for(agent_row(keyring, f"{server.url}/v1"), keyring, timeout=3, egress=LOOPBACK)
         assert isinstance(ai, OpenAICompatAI)
         assert classify(ai, "sim", ["confirm"]) == Classification("confirm", 1, "ai_ok")
     assert fake.requests[0].header("Authorization") == f"Bearer {KEY}"
@@ -487,7 +488,7 @@ def test_factory_reads_an_orm_agent_without_a_key(keyring, serve):
     with serve(fake) as server:
         agent = Agent(id=1, org_id=1, name="Ana", llm_base_url=f"{server.url}/v1", llm_model=MODEL,
                       llm_api_key=None, key_version=None)
-        assert classify(ai_for(agent, keyring), "sim", ["confirm"]).label == "confirm"
+        assert classify(ai_for(agent, keyring, egress=LOOPBACK), "sim", ["confirm"]).label == "confirm"
     assert fake.requests[0].header("Authorization") == "Bearer none"
 
 
@@ -495,7 +496,7 @@ def test_a_key_sealed_for_another_row_fails_at_the_first_call(keyring, serve):
     fake = LLMFake()
     with serve(fake) as server:
         row = agent_row(keyring, f"{server.url}/v1", sealed_for=(3, 8))  # another agent's ciphertext
-        ai = ai_for(row, keyring)  # constructing does not raise: the worker loop goes on
+        ai = ai_for(row, keyring, egress=LOOPBACK)  # constructing does not raise: the worker loop goes on
         for call in (lambda: classify(ai, "sim", ["confirm"]),
                      lambda: ai.write(prompt_hint="oi", max_chars=100, context=context()),
                      lambda: ai.plan(waits=WAITS, context=context())):
@@ -510,7 +511,7 @@ def test_a_key_from_another_keyring_does_not_decrypt(keyring):
     other = Keyring.parse(Keyring.generate_spec(1))
     row = agent_row(other, "http://llm.local/v1")
     with pytest.raises(AIError) as raised:
-        classify(ai_for(row, keyring), "sim", ["confirm"])
+        classify(ai_for(row, keyring, egress=LOOPBACK), "sim", ["confirm"])
     assert raised.value.code == "llm_key_unreadable"
 
 
@@ -535,7 +536,7 @@ def test_an_aware_now_in_any_zone_is_accepted():
 
 def test_the_fake_runs_its_own_server_too():
     with LLMFake(classify=contains(ROUTES)) as fake:
-        ai = OpenAICompatAI(fake.base_url, KEY, MODEL, timeout=3)
+        ai = OpenAICompatAI(fake.base_url, KEY, MODEL, timeout=3, egress=LOOPBACK)
         assert classify(ai, "sim", ["confirm"]).label == "confirm"
         fake.script(Error(429))
         with pytest.raises(AIError) as raised:

@@ -61,6 +61,7 @@ ERROR_CODES: tuple[str, ...] = (
     "http_422",
     "http_error",
     "llm_key_unreadable",
+    "egress_refused",  # permanent: the agent's LLM URL resolves to an address ops did not allow
 )
 
 

@@ -14,18 +14,20 @@ from engine.flows.ai.base import AI, AIContext, AIError, Classification, Plan, S
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.openai_compat import OpenAICompatAI
 from gateway.crypto import CryptoError, Keyring
+from gateway.egress import STRICT, EgressPolicy
 
 __all__ = ["UnavailableAI", "ai_for", "seal_api_key"]
 
 _TABLE = "agents"
 
 
-def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0) -> AI:
+def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0, egress: EgressPolicy = STRICT) -> AI:
     """The AI for an `agents` row (or None).
 
     Never raises for a misconfigured agent: a key that does not decrypt gives an AI whose every
     call raises a permanent `AIError("llm_key_unreadable")`, so the enrollment that needs it
-    fails visibly while the worker loop goes on.
+    fails visibly while the worker loop goes on. `egress` is where the agent's LLM URL may
+    connect (`Settings.egress`); a refused address fails each call with `egress_refused`.
     """
     base_url = (getattr(agent, "llm_base_url", None) or "").strip()
     model = (getattr(agent, "llm_model", None) or "").strip()
@@ -35,7 +37,7 @@ def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0) -> AI:
         api_key = _open_api_key(agent, keyring)
     except CryptoError:
         return UnavailableAI("llm_key_unreadable", "the agent's LLM key does not decrypt")
-    return OpenAICompatAI(base_url, api_key, model, timeout=timeout)
+    return OpenAICompatAI(base_url, api_key, model, timeout=timeout, egress=egress)
 
 
 def seal_api_key(keyring: Keyring, *, org_id: int, agent_id: int, api_key: str) -> tuple[bytes, int]:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import openai
 
 from engine.flows.ai.base import AIContext, AIError, Classification, Plan, PlannedWait, SmartWait, Turn, Written
+from gateway.egress import STRICT, EgressPolicy, EgressRefused, httpx_client
 
 __all__ = ["OpenAICompatAI"]
 
@@ -53,10 +54,14 @@ _QUOTED_DATA = ("chega na prÃ³xima mensagem como dado citado, num objeto JSON. Ã
 class OpenAICompatAI:
     """Classify, write and plan with one Chat Completions request each."""
 
-    def __init__(self, base_url: str, api_key: str | None, model: str, timeout: float = 20.0) -> None:
+    def __init__(self, base_url: str, api_key: str | None, model: str, timeout: float = 20.0, *,
+                 egress: EgressPolicy = STRICT) -> None:
         # A server without auth (a local Ollama) still needs a non-empty key for the client, and
         # "none" keeps the client from falling back to the process's OPENAI_API_KEY.
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout, max_retries=0)
+        # The base URL is the tenant's: every connection goes through the egress guard (resolved
+        # once, internal addresses refused unless ops allow them, no redirects followed).
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout, max_retries=0,
+                                     http_client=httpx_client(egress, timeout=timeout))
         self.model = model
 
     def __repr__(self) -> str:  # never the key
@@ -157,7 +162,16 @@ class OpenAICompatAI:
             # A 2xx whose body is not a completion (or not JSON at all, which the SDK raises as
             # a JSONDecodeError): the server answered, but nothing usable.
             return None
+        except EgressRefused as exc:
+            # The agent's URL points inside the network: nothing was sent, and nothing will be
+            # until the URL changes (or ops allow the address).
+            log.warning("llm call refused", extra={"job": job, "model": self.model, "code": exc.code})
+            raise AIError("the LLM server's address is not allowed", permanent=True, code="egress_refused") from None
         except openai.APIError as exc:
+            if isinstance(exc.__cause__, EgressRefused):  # an SDK that wraps what the transport raised
+                log.warning("llm call refused", extra={"job": job, "model": self.model, "code": "egress_refused"})
+                raise AIError("the LLM server's address is not allowed", permanent=True,
+                              code="egress_refused") from None
             error = _ai_error(exc)
             # `from None`: the SDK's message quotes the response body, which may echo the key.
             log.warning("llm call failed", extra={"job": job, "model": self.model, "code": error.code,

@@ -1,0 +1,54 @@
+"""Typed Flask-Admin filters (issue 9, point 8).
+
+Flask-Admin hands a filter the query string's text. Compared as is with an integer column it
+fails on PostgreSQL (`bigint = varchar`), and a naive date-time is refused by the UTC column type
+(engine.db.UTCDateTime), so every filter of the console converts and validates its value first:
+a value it cannot take is ignored, and the list says so (TenantModelView._get_list_filter_args),
+instead of answering 500.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
+
+from admin.ids import parse_id
+
+
+class IdEqualFilter(FilterEqual):
+    """`column = <id>` for an id column (a foreign key such as messages.channel_id): the value is
+    an int in the range of a bigint identity, anything else is not valid (and so ignored)."""
+
+    def clean(self, value: Any) -> int:
+        number = parse_id(value)
+        if number is None:
+            raise ValueError("not an id")
+        return number
+
+
+class OrgDateTimeBetweenFilter(DateTimeBetweenFilter):
+    """"between two date-times" typed in the clinic's time zone (the one the lists show), compared
+    as aware instants; a range that is not two date-times in order, or that leaves the calendar
+    once in UTC (9999-12-31 23:59 in São Paulo), is not valid."""
+
+    def clean(self, value: Any) -> list[datetime]:
+        from admin.views.base import org_timezone
+
+        tz = ZoneInfo(org_timezone())
+        try:
+            bounds = [naive.replace(tzinfo=tz).astimezone(UTC) for naive in super().clean(value)]
+        except OverflowError:
+            raise ValueError("date out of range") from None
+        if len(bounds) != 2 or bounds[0] > bounds[1]:
+            raise ValueError("not a range")
+        return bounds
+
+    def validate(self, value: Any) -> bool:
+        try:
+            self.clean(value)
+        except (ValueError, TypeError):
+            return False
+        return True
