@@ -86,10 +86,10 @@ class Scheduler:
         if self.enqueue_flows is None:
             return 0, 0
         settings = self.rt.settings
-        lost = flows.sweep_lost(self.rt)
+        lost = flows.sweep_lost(self.rt, limit=settings.claim_batch)
         claimed = 0
         while True:
-            pairs = flows.claim_due(self.rt, limit=settings.claim_batch)
+            pairs = flows.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
             for start in range(0, len(pairs), settings.send_batch):
                 self.enqueue_flows([list(p) for p in pairs[start:start + settings.send_batch]])
             claimed += len(pairs)

@@ -2,7 +2,11 @@
 
 - default (the README command): SQLite files + Dramatiq StubBroker;
 - `LEMBRA_TEST_DATABASE_URL=postgresql+psycopg://…` and `LEMBRA_TEST_BROKER_URL=redis://…`
-  (what `.ci/run` also runs): real PostgreSQL and Redis.
+  (what `.ci/run` also runs): real PostgreSQL and Redis;
+- `LEMBRA_TEST_BROKER_URL=amqp://guest:guest@127.0.0.1:5672/VHOST`: RabbitMQ (`.ci/run` runs the
+  real-process tests on it, in a virtual host of the run's own). The process tests empty the
+  broker before and after each test (tests/processes.py `flush_broker`: FLUSHDB on Redis, a purge
+  of Lembra's queues on RabbitMQ), so give them a Redis db or a vhost nothing else uses.
 
 Every test gets an empty, migrated database, a frozen clock and a runtime bound to both.
 """

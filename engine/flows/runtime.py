@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable, Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
@@ -56,10 +56,18 @@ class Step:
     continue_with: int | None = None
 
 
-def claim_due(rt: Runtime, *, limit: int) -> list[tuple[int, int]]:
-    """Claim up to `limit` due enrollments (all orgs) with a lease; returns (id, revision) pairs."""
+def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> list[tuple[int, int]]:
+    """Claim up to `limit` due enrollments (all orgs) with a lease; returns (id, revision) pairs.
+    With `max_in_flight`, no more than that many are leased at once: a claim waits in the broker
+    while its lease runs, and one that runs out costs the enrollment an attempt."""
     now = clock.now()
     with rt.db.begin() as conn:
+        if max_in_flight is not None:
+            in_flight = conn.execute(select(func.count()).select_from(enrollments)
+                                     .where(enrollments.c.lease_until.is_not(None))).scalar_one()
+            limit = min(limit, max(max_in_flight - in_flight, 0))
+            if limit == 0:
+                return []
         due = (
             select(enrollments.c.id)
             .where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= now,
@@ -80,14 +88,15 @@ def claim_due(rt: Runtime, *, limit: int) -> list[tuple[int, int]]:
     return [(row.id, row.revision) for row in sorted(rows, key=lambda r: (r.next_eval_at, r.id))]
 
 
-def sweep_lost(rt: Runtime) -> int:
-    """Claims whose lease ran out (the worker died mid-step) count as a failed attempt."""
+def sweep_lost(rt: Runtime, *, limit: int | None = None) -> int:
+    """Claims whose lease ran out (the worker died mid-step) count as a failed attempt. With
+    `limit`, at most that many per call: one transaction holds the row locks of all it sweeps."""
     now = clock.now()
     lost = 0
     with rt.db.begin() as conn:
-        rows = conn.execute(
-            select(enrollments).where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.lease_until < now)
-        ).all()
+        query = (select(enrollments).where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.lease_until < now)
+                 .order_by(enrollments.c.lease_until, enrollments.c.id))
+        rows = conn.execute(query.limit(limit) if limit is not None else query).all()
         for row in rows:
             if _fail(conn, row, now, reason="claim_expired", kind=_node_type(conn, row), llm_calls=0, params={}):
                 lost += 1
@@ -159,9 +168,11 @@ def _record_stale(conn: Connection, row: Any, revision: int, *, llm_calls: int) 
 
 
 def _cas(row: Any, revision: int) -> tuple[Any, ...]:
+    # No lease predicate: every write that drops a lease bumps the revision, so the revision says
+    # the claim still holds; `lease_until IS NOT NULL` made PostgreSQL pick the partial
+    # `enrollments_leased` index (its statistics say few rows are leased) and scan every claim.
     return (enrollments.c.org_id == row.org_id, enrollments.c.id == row.id, enrollments.c.revision == revision,
-            enrollments.c.status == row.status, enrollments.c.current_node_id == row.current_node_id,
-            enrollments.c.lease_until.is_not(None))
+            enrollments.c.status == row.status, enrollments.c.current_node_id == row.current_node_id)
 
 
 def _apply(conn: Connection, rt: Runtime, snap: nodes.Snapshot, revision: int, decision: nodes.Decision,
@@ -243,9 +254,8 @@ def _fail(conn: Connection, row: Any, now: datetime, *, reason: str, kind: str, 
           params: dict[str, Any], revision: int | None = None) -> bool:
     """A failed attempt: back off, or `dead` with a Pendências item after the last one."""
     attempts = row.attempts + 1
-    where = _cas(row, revision) if revision is not None else (
-        enrollments.c.org_id == row.org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
-        enrollments.c.lease_until == row.lease_until)
+    where = _cas(row, revision) if revision is not None else (  # the revision says which lease (see _cas)
+        enrollments.c.org_id == row.org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision)
     common = {"attempts": attempts, "last_error": reason, "lease_until": None, "updated_at": now,
               "llm_calls": enrollments.c.llm_calls + llm_calls, "revision": enrollments.c.revision + 1}
     if attempts > len(BACKOFF) or attempts > row.max_attempts:

@@ -543,3 +543,15 @@ def test_the_fake_runs_its_own_server_too():
             classify(ai, "sim", ["confirm"])
         ai.close()
     assert raised.value.code == "rate_limited" and len(fake.calls) == 2
+
+
+def test_one_client_per_agent_configuration(keyring):
+    # Building a client costs an SSL context; a step must not pay it again for the same settings,
+    # and a changed key, URL or model must never reuse the old client.
+    row = agent_row(keyring, "http://llm.local/v1")
+    first = ai_for(row, keyring, egress=LOOPBACK)
+    assert ai_for(row, keyring, egress=LOOPBACK) is first
+    assert ai_for(agent_row(keyring, "http://llm.local/v1"), keyring, egress=LOOPBACK) is not first  # re-sealed key
+    assert ai_for(SimpleNamespace(**{**vars(row), "llm_model": "other"}), keyring, egress=LOOPBACK) is not first
+    assert ai_for(SimpleNamespace(**{**vars(row), "llm_base_url": "http://llm2.local/v1"}), keyring,
+                  egress=LOOPBACK) is not first

@@ -216,6 +216,26 @@ def test_a_claim_lost_with_its_worker_counts_as_a_failed_attempt(world, flows, r
     assert len(world.sandbox()) == 1
 
 
+def test_claims_in_flight_are_capped_and_lost_ones_are_swept_in_batches(world, flows, rt, clock):
+    """A claim waits in the broker while its lease runs: the scheduler leases no more than
+    `max_in_flight` at once, and the sweep takes lost claims `limit` at a time, oldest first."""
+    pointer = flows.flow(classify_graph())
+    ids = [flows.enroll(pointer, world.contact()) for _ in range(5)]
+    first = runtime.claim_due(rt, limit=10, max_in_flight=3)
+    assert len(first) == 3
+    assert runtime.claim_due(rt, limit=10, max_in_flight=3) == []  # three already in flight
+    assert len(runtime.claim_due(rt, limit=10, max_in_flight=4)) == 1
+
+    clock.advance(rt.settings.lease + timedelta(seconds=1))  # every worker holding them died
+    assert runtime.sweep_lost(rt, limit=3) == 3
+    assert runtime.sweep_lost(rt, limit=3) == 1
+    assert runtime.sweep_lost(rt, limit=3) == 0
+    runs = {i: flows.enrollment(i) for i in ids}
+    lost = {i for i, run in runs.items() if run.last_error == "claim_expired"}
+    assert len(lost) == 4 and all(runs[i].attempts == 1 and runs[i].lease_until is None for i in lost)
+    assert [r.attempts for i, r in runs.items() if i not in lost] == [0]
+
+
 def test_after_downtime_each_run_fires_once_and_re_anchors(world, flows, clock):
     contact = world.contact()
     flow = flows.flow(linear(node("inicio", "trigger"), node("d1", "wait", mode="fixed", minutes=1440),

@@ -7,6 +7,7 @@ agent's row, so a key copied to another agent or org does not decrypt.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,10 @@ from gateway.egress import STRICT, EgressPolicy
 __all__ = ["UnavailableAI", "ai_for", "seal_api_key"]
 
 _TABLE = "agents"
+#: One client per agent configuration and process (see `ai_for`).
+_clients: dict[tuple[Any, ...], AI] = {}
+_clients_lock = threading.Lock()
+_MAX_CLIENTS = 64
 
 
 def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0, egress: EgressPolicy = STRICT) -> AI:
@@ -33,11 +38,23 @@ def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0, egress
     model = (getattr(agent, "llm_model", None) or "").strip()
     if agent is None or not base_url or not model:
         return BuiltinAI()
+    # Building a client loads the CA bundle into a new SSL context (~50 ms of CPU): once per agent
+    # configuration and process, not once per step. The key is part of it, so a new key is a new client.
+    sealed = bytes(agent.llm_api_key) if agent.llm_api_key is not None else None
+    key = (agent.org_id, agent.id, base_url, model, sealed, agent.key_version, timeout, egress)
+    with _clients_lock:
+        cached = _clients.get(key)
+    if cached is not None:
+        return cached
     try:
         api_key = _open_api_key(agent, keyring)
     except CryptoError:
         return UnavailableAI("llm_key_unreadable", "the agent's LLM key does not decrypt")
-    return OpenAICompatAI(base_url, api_key, model, timeout=timeout, egress=egress)
+    ai = OpenAICompatAI(base_url, api_key, model, timeout=timeout, egress=egress)
+    with _clients_lock:
+        if len(_clients) >= _MAX_CLIENTS:
+            _clients.pop(next(iter(_clients)))  # the oldest; a thread still using it keeps it alive
+        return _clients.setdefault(key, ai)
 
 
 def seal_api_key(keyring: Keyring, *, org_id: int, agent_id: int, api_key: str) -> tuple[bytes, int]:
