@@ -6,9 +6,9 @@ turns are the recent messages both ways, for the AI writer's context (never logg
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
-from sqlalchemy import select
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.engine import Connection
 
 from engine.models import contact_events, inbound_messages, messages
@@ -27,13 +27,22 @@ def contact_stage(conn: Connection, org_id: int, contact_id: int) -> str | None:
 
 def human_holds(conn: Connection, org_id: int, contact_id: int) -> bool:
     """Whether a person has taken the conversation over (a hand-off started and not ended)."""
-    last = conn.execute(
-        select(contact_events.c.type).where(contact_events.c.org_id == org_id,
-                                            contact_events.c.contact_id == contact_id,
-                                            contact_events.c.type.in_(("handoff_started", "handoff_ended")))
-        .order_by(contact_events.c.id.desc()).limit(1)
-    ).scalar()
-    return last == "handoff_started"
+    return (org_id, contact_id) in humans_holding(conn, [(org_id, contact_id)])
+
+
+def humans_holding(conn: Connection, contacts: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Of these (org, contact) pairs, those whose latest hand-off event is a start: one query for a
+    whole claim of enrollments."""
+    pairs = sorted(set(contacts))
+    if not pairs:
+        return set()
+    handoff = (contact_events.c.type.in_(("handoff_started", "handoff_ended")),
+               tuple_(contact_events.c.org_id, contact_events.c.contact_id).in_(pairs))
+    latest = (select(func.max(contact_events.c.id)).where(*handoff)
+              .group_by(contact_events.c.org_id, contact_events.c.contact_id))
+    rows = conn.execute(select(contact_events.c.org_id, contact_events.c.contact_id)
+                        .where(contact_events.c.id.in_(latest), contact_events.c.type == "handoff_started"))
+    return {(row.org_id, row.contact_id) for row in rows}
 
 
 def gather(conn: Connection, org_id: int, *, contact: Any, appointment: Any = None, enrollment: Any = None) -> dict[str, Any]:

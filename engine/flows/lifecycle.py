@@ -33,14 +33,38 @@ def record_event(
     node_id: str | None = None, payload: Mapping[str, Any] | None = None, at: datetime | None = None,
 ) -> bool:
     """Append one event, once per (enrollment, key); False when the key was already there."""
-    row = conn.execute(
-        insert_ignore(conn, enrollment_events, ("enrollment_id", "idempotency_key")).values(
-            org_id=org_id, enrollment_id=enrollment_id, node_id=node_id, event_type=event_type,
-            payload=dict(payload) if payload else None, idempotency_key=key, created_at=at or clock.now(),
-        ).returning(enrollment_events.c.id)
-    ).first()
-    metrics.enrollment_event(event_type, payload, stored=row is not None)
-    return row is not None
+    journal = Journal()
+    journal.add(org_id, enrollment_id, event_type, key, node_id=node_id, payload=payload, at=at)
+    return journal.flush(conn) == 1
+
+
+class Journal:
+    """Events of several enrollments appended together: a claim's steps are one multi-row
+    `INSERT`, not one statement per enrollment. Each event is still written once per
+    (enrollment, key)."""
+
+    def __init__(self) -> None:
+        self._rows: list[dict[str, Any]] = []
+
+    def add(self, org_id: int, enrollment_id: int, event_type: str, key: str, *, node_id: str | None = None,
+            payload: Mapping[str, Any] | None = None, at: datetime | None = None) -> None:
+        """Queue one event for `flush`."""
+        self._rows.append({"org_id": org_id, "enrollment_id": enrollment_id, "node_id": node_id,
+                           "event_type": event_type, "payload": dict(payload) if payload else None,
+                           "idempotency_key": key, "created_at": at or clock.now()})
+
+    def flush(self, conn: Connection) -> int:
+        """Write the queued events in the connection's transaction; returns how many were new."""
+        rows, self._rows = self._rows, []
+        if not rows:
+            return 0
+        stored = {(r.enrollment_id, r.idempotency_key) for r in conn.execute(
+            insert_ignore(conn, enrollment_events, ("enrollment_id", "idempotency_key")).values(rows)
+            .returning(enrollment_events.c.enrollment_id, enrollment_events.c.idempotency_key))}
+        for row in rows:
+            metrics.enrollment_event(row["event_type"], row["payload"],
+                                     stored=(row["enrollment_id"], row["idempotency_key"]) in stored)
+        return len(stored)
 
 
 def step_payload(

@@ -1,14 +1,15 @@
 """The follow-up runtime: claim due enrollments, sweep lost claims, and `advance()`, the one
-function that moves an enrollment.
+function that moves enrollments.
 
-The life of a step: the scheduler claims an enrollment whose `next_eval_at` has come (a lease,
-the revision bumped) and hands `[id, revision]` to the `advance_enrollments` actor. `advance`
-reads the enrollment, runs its current node (`nodes.decide`, which may call the AI) and then, in
-one transaction guarded by a compare-and-set on (id, revision, status, node), writes the next
-node, its clock, the counters, the step's event and the follow-up's outbox row. An actor that
-runs twice, or a claim overtaken by a reply, finds the revision moved on: a stale wake,
-recorded and otherwise ignored. A worker killed mid-step leaves its lease to expire, which the
-sweep counts as a failed attempt.
+The life of a step: the scheduler claims enrollments whose `next_eval_at` has come (a lease,
+the revision bumped) and hands `[id, revision]` pairs, a claim at a time, to the
+`advance_enrollments` actor. `advance` reads the claim's enrollments and everything their nodes
+read (one query per table), runs each current node (`nodes.decide`, which may call the AI) and
+then, in one transaction, writes each enrollment's next node, clock, counters and follow-up
+outbox row, each guarded by its own compare-and-set on (id, revision, status, node), and the
+steps' events in one insert. An actor that runs twice, or a claim overtaken by a reply, finds
+the revision moved on: a stale wake, recorded and otherwise ignored. A worker killed mid-step
+leaves its lease to expire, which the sweep counts as a failed attempt.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.flows import lifecycle, nodes
 from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for
-from engine.flows.facts import human_holds
+from engine.flows.facts import humans_holding
 from engine.flows.versions import graph_of
 from engine.inbox import open_inbox_item
 from engine.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
@@ -97,9 +98,12 @@ def sweep_lost(rt: Runtime, *, limit: int | None = None) -> int:
         query = (select(enrollments).where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.lease_until < now)
                  .order_by(enrollments.c.lease_until, enrollments.c.id))
         rows = conn.execute(query.limit(limit) if limit is not None else query).all()
+        journal = lifecycle.Journal()
         for row in rows:
-            if _fail(conn, row, now, reason="claim_expired", kind=_node_type(conn, row), llm_calls=0, params={}):
+            if _fail(conn, journal, row, now, reason="claim_expired", kind=_node_type(conn, row), llm_calls=0,
+                     params={}):
                 lost += 1
+        journal.flush(conn)
     if lost:
         log.warning("lost enrollment claims swept", extra={"count": lost})
     return lost
@@ -109,62 +113,115 @@ def _node_type(conn: Connection, row: Any) -> str:
     return graph_of(conn, row.org_id, row.version_id).type(row.current_node_id)
 
 
-def _snapshot(conn: Connection, row: Any, now: datetime) -> nodes.Snapshot:
-    org_id = row.org_id
-    org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
-    contact = conn.execute(select(contacts).where(contacts.c.org_id == org_id, contacts.c.id == row.contact_id)).one()
-    appointment = None
-    if row.appointment_id is not None:
-        appointment = conn.execute(select(appointments).where(appointments.c.org_id == org_id,
-                                                              appointments.c.id == row.appointment_id)).first()
-    reply = None
-    if row.pending_inbound_id is not None:
-        reply = conn.execute(select(inbound_messages).where(inbound_messages.c.org_id == org_id,
-                                                            inbound_messages.c.id == row.pending_inbound_id)).first()
-    agent = None
-    if row.agent_id is not None:
-        agent = conn.execute(select(agents).where(agents.c.org_id == org_id, agents.c.id == row.agent_id)).first()
-    pointer = conn.execute(select(flow_pointers).where(flow_pointers.c.org_id == org_id,
-                                                       flow_pointers.c.id == row.pointer_id)).one()
-    return nodes.Snapshot(enrollment=row, graph=graph_of(conn, org_id, row.version_id), pointer=pointer, org=org,
-                          contact=contact, appointment=appointment, reply=reply, agent=agent, now=now,
-                          human=human_holds(conn, org_id, row.contact_id))
+def _by_key(conn: Connection, table: Any, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Any]:
+    """Rows of an org-scoped table by (org_id, id), in one query for the whole claim."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    rows = conn.execute(select(table).where(tuple_(table.c.org_id, table.c.id).in_(wanted)))
+    return {(row.org_id, row.id): row for row in rows}
 
 
-def advance(rt: Runtime, enrollment_id: int, revision: int, *, ai: Callable[[Any], AI] | None = None) -> Step:
-    """Move one claimed enrollment one node, at most once for this claim."""
+def _snapshots(conn: Connection, rows: Sequence[Any], now: datetime) -> dict[int, nodes.Snapshot]:
+    """What the nodes read for each claimed enrollment: one query per table for all of them, not
+    five per enrollment (the round trips were most of a step's cost, see docs/benchmarks.md)."""
+    def keys(column: str) -> list[tuple[int, int]]:
+        return [(row.org_id, getattr(row, column)) for row in rows if getattr(row, column) is not None]
+
+    org_rows = {row.id: row for row in conn.execute(select(orgs).where(orgs.c.id.in_({r.org_id for r in rows})))}
+    people = _by_key(conn, contacts, keys("contact_id"))
+    pointers = _by_key(conn, flow_pointers, keys("pointer_id"))
+    booked = _by_key(conn, appointments, keys("appointment_id"))
+    replies = _by_key(conn, inbound_messages, keys("pending_inbound_id"))
+    staff = _by_key(conn, agents, keys("agent_id"))
+    held = humans_holding(conn, keys("contact_id"))
+    out = {}
+    for row in rows:
+        org_id = row.org_id
+        out[row.id] = nodes.Snapshot(
+            enrollment=row, graph=graph_of(conn, org_id, row.version_id), pointer=pointers[(org_id, row.pointer_id)],
+            org=org_rows[org_id], contact=people[(org_id, row.contact_id)],
+            appointment=booked.get((org_id, row.appointment_id)), reply=replies.get((org_id, row.pending_inbound_id)),
+            agent=staff.get((org_id, row.agent_id)), now=now, human=(org_id, row.contact_id) in held)
+    return out
+
+
+def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
+            ai: Callable[[Any], AI] | None = None) -> dict[int, Step]:
+    """Move each claimed enrollment (id, revision) one node, at most once for its claim.
+
+    The reads for the whole claim come first (one query per table), then each node decides (the
+    AI may be called), then one transaction writes every step, each guarded by its own
+    compare-and-set. If that transaction fails, the steps are written again one by one, so one
+    enrollment's bad write never costs the others theirs; a step that fails alone leaves its
+    lease to expire (the sweep counts a failed attempt)."""
     now = clock.now()
     make_ai = ai or (lambda agent: ai_for(agent, rt.keyring, egress=rt.settings.egress))
+    steps: dict[int, Step] = {}
+    stale: list[tuple[Any, int]] = []
+    decided: list[tuple[nodes.Snapshot, int, nodes.Decision]] = []
     with rt.db.connect() as conn:
-        row = conn.execute(select(enrollments).where(enrollments.c.id == enrollment_id)).first()
-        if row is None:
-            return Step("stale", "stale_wake")
-        if row.revision != revision or row.lease_until is None or row.status not in lifecycle.CLOCKED:
-            stale = True
-        else:
-            stale = False
-            snap = _snapshot(conn, row, now)
+        ids = sorted({int(enrollment_id) for enrollment_id, _ in claims})
+        found = {row.id: row for row in conn.execute(select(enrollments).where(enrollments.c.id.in_(ids)))}
+        live = []
+        for enrollment_id, revision in claims:
+            row = found.get(enrollment_id)
+            if row is None:
+                steps[enrollment_id] = Step("stale", "stale_wake")
+            elif row.revision != revision or row.lease_until is None or row.status not in lifecycle.CLOCKED:
+                stale.append((row, revision))
+            else:
+                live.append((row, revision))
+        snaps = _snapshots(conn, [row for row, _ in live], now) if live else {}
+        for row, revision in live:
+            snap = snaps[row.id]
             try:
                 decision = nodes.decide(conn, snap, make_ai(snap.agent))
             except Exception as exc:  # a bug in a node must back off like any failure, not wedge the run
-                log.error("flow node crashed", extra={"enrollment_id": enrollment_id, "error": type(exc).__name__})
+                log.error("flow node crashed", extra={"enrollment_id": row.id, "error": type(exc).__name__})
                 decision = nodes.Decision("failed", "node_error", failed=True, params={"error": type(exc).__name__})
+            decided.append((snap, revision, decision))
         conn.rollback()
-    if stale:
+
+    def write(conn: Connection, stale: Sequence[tuple[Any, int]],
+              items: Sequence[tuple[nodes.Snapshot, int, nodes.Decision]]) -> dict[int, Step]:
+        journal = lifecycle.Journal()
+        written: dict[int, Step] = {}
+        for row, revision in stale:
+            _record_stale(conn, journal, row, revision, llm_calls=0)
+            written[row.id] = Step("stale", "stale_wake")
+        for snap, revision, decision in items:
+            written[snap.enrollment.id] = _apply(conn, journal, rt, snap, revision, decision, now)
+        journal.flush(conn)
+        # The planner places every new outbox row of the org: once per org and claim.
+        for org_id in sorted({snap.enrollment.org_id for snap, _, decision in items if decision.send is not None}):
+            plan_new(conn, org_id)
+        return written
+
+    try:
         with rt.db.begin() as conn:
-            _record_stale(conn, row, revision, llm_calls=0)
-        return Step("stale", "stale_wake")
-    with rt.db.begin() as conn:
-        return _apply(conn, rt, snap, revision, decision, now)
+            steps.update(write(conn, stale, decided))
+    except Exception:
+        # (The metrics already counted the rolled-back events; the retry below counts them again.)
+        log.exception("advancing a claim together failed; writing its steps one by one",
+                      extra={"enrollments": len(claims)})
+        alone = [(row.id, [(row, revision)], []) for row, revision in stale]
+        alone += [(item[0].enrollment.id, [], [item]) for item in decided]
+        for enrollment_id, one_stale, one in alone:
+            try:
+                with rt.db.begin() as conn:
+                    steps.update(write(conn, one_stale, one))
+            except Exception:  # its lease expires and the sweep counts a failed attempt
+                log.exception("advance crashed", extra={"enrollment_id": enrollment_id})
+    return steps
 
 
-def _record_stale(conn: Connection, row: Any, revision: int, *, llm_calls: int) -> None:
+def _record_stale(conn: Connection, journal: lifecycle.Journal, row: Any, revision: int, *, llm_calls: int) -> None:
     if llm_calls:
         conn.execute(update(enrollments).where(enrollments.c.org_id == row.org_id, enrollments.c.id == row.id)
                      .values(llm_calls=enrollments.c.llm_calls + llm_calls))
-    lifecycle.record_event(conn, row.org_id, row.id, "step", f"stale:{revision}", node_id=row.current_node_id,
-                           payload=lifecycle.step_payload(kind="wake", status="stale", reason="stale_wake",
-                                                          llm_calls=llm_calls))
+    journal.add(row.org_id, row.id, "step", f"stale:{revision}", node_id=row.current_node_id,
+                payload=lifecycle.step_payload(kind="wake", status="stale", reason="stale_wake", llm_calls=llm_calls))
 
 
 def _cas(row: Any, revision: int) -> tuple[Any, ...]:
@@ -175,14 +232,14 @@ def _cas(row: Any, revision: int) -> tuple[Any, ...]:
             enrollments.c.status == row.status, enrollments.c.current_node_id == row.current_node_id)
 
 
-def _apply(conn: Connection, rt: Runtime, snap: nodes.Snapshot, revision: int, decision: nodes.Decision,
-           now: datetime) -> Step:
+def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: nodes.Snapshot, revision: int,
+           decision: nodes.Decision, now: datetime) -> Step:
     row = snap.enrollment
     kind = snap.graph.type(row.current_node_id)
     if decision.failed:
-        if not _fail(conn, row, now, reason=decision.reason, kind=kind, llm_calls=decision.llm_calls,
+        if not _fail(conn, journal, row, now, reason=decision.reason, kind=kind, llm_calls=decision.llm_calls,
                      params=decision.params, revision=revision):
-            _record_stale(conn, row, revision, llm_calls=decision.llm_calls)
+            _record_stale(conn, journal, row, revision, llm_calls=decision.llm_calls)
             return Step("stale", "stale_wake")
         return Step("failed", decision.reason)
     values: dict[str, Any] = {
@@ -224,15 +281,14 @@ def _apply(conn: Connection, rt: Runtime, snap: nodes.Snapshot, revision: int, d
         values.update(messages_sent=enrollments.c.messages_sent + 1, last_outbound_at=now)
     moved = conn.execute(update(enrollments).where(*_cas(row, revision)).values(**values)).rowcount
     if not moved:
-        _record_stale(conn, row, revision, llm_calls=decision.llm_calls)
+        _record_stale(conn, journal, row, revision, llm_calls=decision.llm_calls)
         return Step("stale", "stale_wake")
     if decision.send is not None:
         _enqueue(conn, snap, decision.send, now)
-    lifecycle.record_event(
-        conn, row.org_id, row.id, "step", f"step:{revision}", node_id=row.current_node_id, at=now,
-        payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
-                                       next_node=target if ended is None else None, until=until,
-                                       llm_calls=decision.llm_calls, params=decision.params))
+    journal.add(row.org_id, row.id, "step", f"step:{revision}", node_id=row.current_node_id, at=now,
+                payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
+                                               next_node=target if ended is None else None, until=until,
+                                               llm_calls=decision.llm_calls, params=decision.params))
     if ended is not None and ended[0] == "dead":
         _open_dead_item(conn, row, decision.reason)
     return Step(decision.status, decision.reason, continue_with)
@@ -247,10 +303,10 @@ def _enqueue(conn: Connection, snap: nodes.Snapshot, send: nodes.Send, now: date
         template_key=send.template_key, payload=payload, appointment_id=row.appointment_id, enrollment_id=row.id,
         respect_window=True, expires_at=now + FOLLOWUP_TTL,
     )
-    plan_new(conn, row.org_id)
 
 
-def _fail(conn: Connection, row: Any, now: datetime, *, reason: str, kind: str, llm_calls: int,
+def _fail(conn: Connection, journal: lifecycle.Journal, row: Any, now: datetime, *, reason: str, kind: str,
+          llm_calls: int,
           params: dict[str, Any], revision: int | None = None) -> bool:
     """A failed attempt: back off, or `dead` with a Pendências item after the last one."""
     attempts = row.attempts + 1
@@ -267,10 +323,10 @@ def _fail(conn: Connection, row: Any, now: datetime, *, reason: str, kind: str, 
     if not conn.execute(update(enrollments).where(*where).values(**values)).rowcount:
         return False
     key_revision = revision if revision is not None else f"lost:{row.revision}"
-    lifecycle.record_event(
-        conn, row.org_id, row.id, "step", f"step:{key_revision}", node_id=row.current_node_id, at=now,
-        payload=lifecycle.step_payload(kind=kind, status="failed" if until is None else "deferred", reason=reason,
-                                       until=until, llm_calls=llm_calls, params={**params, "attempt": attempts}))
+    journal.add(row.org_id, row.id, "step", f"step:{key_revision}", node_id=row.current_node_id, at=now,
+                payload=lifecycle.step_payload(kind=kind, status="failed" if until is None else "deferred",
+                                               reason=reason, until=until, llm_calls=llm_calls,
+                                               params={**params, "attempt": attempts}))
     if until is None:
         _open_dead_item(conn, row, reason)
     return True
@@ -282,23 +338,20 @@ def _open_dead_item(conn: Connection, row: Any, reason: str) -> None:
 
 
 def advance_claimed(rt: Runtime, pairs: Sequence[Sequence[int]], *, ai: Callable[[Any], AI] | None = None) -> int:
-    """The actor's body: advance each claimed enrollment, chaining steps that are due at once.
-    One enrollment's failure never stops the others. Returns the steps taken."""
-    steps = 0
-    for pair in pairs:
-        enrollment_id, revision = int(pair[0]), int(pair[1])
-        try:
-            for _hop in range(MAX_HOPS):
-                step = advance(rt, enrollment_id, revision, ai=ai)
-                steps += 1
-                if step.continue_with is None:
-                    break
-                revision = step.continue_with
-            else:
-                _release(rt, enrollment_id, revision)
-        except Exception:  # the lease expires and the sweep counts a failed attempt
-            log.exception("advance crashed", extra={"enrollment_id": enrollment_id})
-    return steps
+    """The actor's body: advance the claimed enrollments together, chaining the steps that are
+    due at once (up to MAX_HOPS per enrollment). Returns the steps taken."""
+    claims = [(int(pair[0]), int(pair[1])) for pair in pairs]
+    taken = 0
+    for _hop in range(MAX_HOPS):
+        if not claims:
+            return taken
+        done = advance(rt, claims, ai=ai)
+        taken += len(done)
+        claims = [(enrollment_id, step.continue_with) for enrollment_id, step in done.items()
+                  if step.continue_with is not None]
+    for enrollment_id, revision in claims:
+        _release(rt, enrollment_id, revision)
+    return taken
 
 
 def _release(rt: Runtime, enrollment_id: int, revision: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from engine.api_events import record_contact_event
 from engine.flows import runtime, triggers, versions
@@ -144,14 +144,14 @@ def test_a_wake_overtaken_by_a_reply_is_stale_and_recorded(world, flows, rt, clo
     clock.advance(timedelta(minutes=60))
     [(claimed_id, revision)] = runtime.claim_due(rt, limit=10)  # the grace timer fires…
     flows.reply("confirmo")  # …and the reply lands before the actor runs
-    step = runtime.advance(rt, claimed_id, revision)
+    step = runtime.advance(rt, [(claimed_id, revision)])[claimed_id]
     assert step.status == "stale"
     assert flows.enrollment(enrollment_id).current_node_id == "resposta"
     flows.run()
     assert flows.enrollment(enrollment_id).current_node_id == "confirmou"
     assert ("resposta", "stale", "stale_wake") in statuses(flows.steps(enrollment_id))
     # The same claim delivered again (a redelivered actor message) changes nothing either.
-    assert runtime.advance(rt, claimed_id, revision).status == "stale"
+    assert runtime.advance(rt, [(claimed_id, revision)])[claimed_id].status == "stale"
 
 
 def test_an_actor_that_runs_twice_advances_once(world, flows, rt, clock):
@@ -160,9 +160,62 @@ def test_an_actor_that_runs_twice_advances_once(world, flows, rt, clock):
                              node("fim", "end", outcome="exhausted")))
     enrollment_id = flows.enroll(flow, contact)
     pairs = runtime.claim_due(rt, limit=10)
-    assert runtime.advance(rt, *pairs[0]).status == "ok"
-    assert runtime.advance(rt, *pairs[0]).status == "stale"
+    assert runtime.advance(rt, pairs)[enrollment_id].status == "ok"
+    assert runtime.advance(rt, pairs)[enrollment_id].status == "stale"
     assert flows.enrollment(enrollment_id).steps == 1
+
+
+def test_one_claim_advances_each_org_with_its_own_rows(world, flows, rt, clock):
+    """A claim mixes orgs (the scheduler claims for all of them): each enrollment reads its own
+    org's contact and sends to it, and each follow-up lands in its own org's outbox."""
+    other = World(rt, slug="outra", quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
+    other.channel("whatsapp")
+    other_flows = Flows(other)
+    graph = linear(node("inicio", "trigger"), node("oi", "action", mode="template", template="followup_checkin"),
+                   node("fim", "end", outcome="exhausted"))
+    mine = [flows.enroll(flows.flow(graph), world.contact(phone="+5511988880001"))]
+    theirs = [other_flows.enroll(other_flows.flow(graph), other.contact(phone="+5511988880002"))]
+    taken = runtime.advance_claimed(rt, runtime.claim_due(rt, limit=10))
+    assert taken == 4  # trigger and action of each, chained in one claim
+    assert [m.contact_id for m in flows.followups()] == [flows.enrollment(mine[0]).contact_id]
+    assert [m.contact_id for m in other_flows.followups()] == [other_flows.enrollment(theirs[0]).contact_id]
+    assert {m.org_id for m in flows.followups()} == {world.org_id}
+    assert {m.org_id for m in other_flows.followups()} == {other.org_id}
+
+
+def _fail_updates_of(rt, enrollment_id: int) -> None:
+    """A real write failure for one enrollment: the database refuses every update of its row."""
+    with rt.db.begin() as conn:
+        if rt.db.dialect == "postgresql":
+            conn.execute(text("CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                              "RAISE EXCEPTION 'refused'; END $$"))
+            conn.execute(text(f"CREATE TRIGGER test_refuse BEFORE UPDATE ON enrollments FOR EACH ROW "
+                              f"WHEN (OLD.id = {int(enrollment_id)}) EXECUTE FUNCTION test_refuse()"))
+        else:
+            conn.execute(text(f"CREATE TRIGGER test_refuse BEFORE UPDATE ON enrollments "
+                              f"WHEN OLD.id = {int(enrollment_id)} BEGIN SELECT RAISE(ABORT, 'refused'); END"))
+
+
+def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, flows, rt, clock):
+    """The claim's steps are written together; when that fails they are written one by one: the
+    others advance, and the one that fails keeps its lease until the sweep backs it off."""
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=10),
+                             node("fim", "end", outcome="exhausted")))
+    ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
+    pairs = runtime.claim_due(rt, limit=10)
+    assert len(pairs) == 3
+    _fail_updates_of(rt, ids[1])
+    runtime.advance_claimed(rt, pairs)
+    runs = [flows.enrollment(i) for i in ids]
+    assert [(r.current_node_id, r.steps) for r in (runs[0], runs[2])] == [("espera", 1), ("espera", 1)]
+    assert (runs[1].current_node_id, runs[1].steps) == ("inicio", 0) and runs[1].lease_until is not None
+    with rt.db.begin() as conn:
+        conn.execute(text("DROP TRIGGER test_refuse" + (" ON enrollments" if rt.db.dialect == "postgresql" else "")))
+        if rt.db.dialect == "postgresql":
+            conn.execute(text("DROP FUNCTION test_refuse()"))
+    clock.advance(rt.settings.lease + timedelta(seconds=1))
+    assert runtime.sweep_lost(rt) == 1
+    assert (flows.enrollment(ids[1]).attempts, flows.enrollment(ids[1]).last_error) == (1, "claim_expired")
 
 
 class FailingAI(BuiltinAI):
