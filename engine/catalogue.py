@@ -145,8 +145,9 @@ class UnknownCode(KeyError):
     """A code that the catalogue does not hold: a bug, caught by tests/test_catalogue.py."""
 
 
-def describe(code: str, **params: Any) -> Text:
-    """The sentence for `code` with its parameters bound; unknown codes raise UnknownCode."""
+def describe(code: str, /, **params: Any) -> Text:
+    """The sentence for `code` with its parameters bound (a parameter may itself be called
+    `code`); unknown codes raise UnknownCode."""
     try:
         entry = CATALOGUE[code]
     except KeyError:

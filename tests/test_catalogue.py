@@ -42,3 +42,13 @@ def test_a_sentence_binds_its_parameters_and_an_unknown_code_is_a_bug() -> None:
         "A resposta do paciente foi entendida como reschedule."
     with pytest.raises(UnknownCode):
         describe("no_such_code")
+
+
+def test_a_code_inside_a_sentence_reads_as_its_own_sentence():
+    # An AI error is recorded as `ai_unavailable` with {"code": "timeout"}: the parameter's name is
+    # the describe() argument's too, and its value is a code a person must not see raw.
+    from engine.flows.queries import sentence
+
+    text = str(sentence("ai_unavailable", {"code": "timeout"}))
+    assert "tempo esgotado" in text and "timeout" not in text
+    assert "(http_599)" in str(sentence("ai_unavailable", {"code": "http_599"}))  # not a code: kept as given

@@ -93,7 +93,11 @@ def sentence(code: str | None, params: Mapping[str, Any] | None = None) -> Text 
     sentence does not use are fine; one whose params were not recorded falls back to its msgid."""
     if not code or not known(code):
         return None
-    text = describe(code, **dict(params or {}))
+    # A parameter that is itself a code (the AI error inside `ai_unavailable`) reads as its own
+    # sentence, never as the raw code.
+    bound = {key: describe(value) if key == "code" and isinstance(value, str) and known(value) else value
+             for key, value in (params or {}).items()}
+    text = describe(code, **bound)
     try:
         str(text)
     except (KeyError, ValueError, TypeError):
