@@ -17,6 +17,19 @@ from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone
 
 
+class ExternalIdTaken(DomainError):
+    """Another contact of the org already has that external id."""
+
+
+def external_id_taken(conn: Connection, org_id: int, external_id: str, *, other_than: int | None = None) -> bool:
+    """Whether another contact of the org has this external id. The clinic's system names one
+    patient by it: a second row would make every upsert ambiguous (the unique index refuses it
+    too, but as a database error, which the console would answer with a 500)."""
+    query = select(contacts.c.id).where(contacts.c.org_id == org_id, contacts.c.external_id == external_id)
+    if other_than is not None:
+        query = query.where(contacts.c.id != other_than)
+    return conn.execute(query.limit(1)).first() is not None
+
 
 def create_contact(
     conn: Connection,
@@ -44,6 +57,8 @@ def create_contact(
     for kind in consent:  # validated before anything is written
         if kind not in CHANNEL_KINDS:
             raise DomainError(f"kind must be one of {', '.join(CHANNEL_KINDS)}")
+    if external_id is not None and external_id_taken(conn, org_id, external_id):
+        raise ExternalIdTaken("external_id is already used by another contact")
     now = clock.now()
     email = email.strip().lower() if email else None
     contact_id = int(conn.execute(

@@ -17,7 +17,7 @@ from admin.api.core import ApiError
 from admin.i18n import translate_to
 from engine import appointments as appointment_ops
 from engine import clock
-from engine.contacts import create_contact, set_consent
+from engine.contacts import ExternalIdTaken, create_contact, set_consent
 from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue
 from engine.models import appointments, contacts, enrollments, messages, preferences
@@ -77,7 +77,7 @@ def upsert_contact(conn: Connection, org_id: int, data: dict[str, Any]) -> tuple
                     external_id=data["external_id"], locale=data.get("locale"), consent=data.get("consent") or (),
                     consent_source="api",
                 )
-        except IntegrityError:  # a concurrent request created it first: update that one
+        except (IntegrityError, ExternalIdTaken):  # a concurrent request created it first: update that one
             existing = _contact_by_external_id(conn, org_id, data["external_id"])
             if existing is None:
                 raise

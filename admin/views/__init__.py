@@ -29,13 +29,18 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.access import ApiKeyView, UserView
     from admin.views.audit import AuditView
     from admin.views.dashboard import DashboardView
+    from admin.views.followup.agents import AgentView
+    from admin.views.followup.builder import FlowBuilderView
+    from admin.views.followup.flows import FlowListView
+    from admin.views.followup.queue import FollowupQueueView
+    from admin.views.followup.runs import RunsView
     from admin.views.inbox import InboxView
     from admin.views.messaging import ChannelView, TemplateView
     from admin.views.outbox import LogView, QueueView
     from admin.views.rules import ReminderRuleView
     from admin.views.sandbox import SandboxView
     from admin.views.scheduling import AppointmentView, ContactView
-    from engine.models import ApiKey, InboxItem, User
+    from engine.models import Agent, ApiKey, Enrollment, InboxItem, User
 
     factory = sessionmaker(bind=rt.db.engine)
     Session: scoped_session[Any] = scoped_session(factory)
@@ -70,6 +75,14 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     admin.add_view(LogView(Message, s, name=_l("Registros"), endpoint="logs"))
     admin.add_view(InboxView(InboxItem, s, name=_l("Pendências"), endpoint="inbox"))
     admin.add_view(SandboxView(name=_l("Caixa do sandbox"), endpoint="sandbox"))
+    admin.add_view(FlowListView(name=_l("Fluxos de follow-up"), endpoint="followup_flows", url="followup/flows",
+                                category=_l("Acompanhamento")))
+    admin.add_view(FlowBuilderView(name=_l("Construtor de fluxos"), endpoint="flow_builder", url="followup/builder",
+                                   category=_l("Acompanhamento")))
+    admin.add_view(FollowupQueueView(Enrollment, s, name=_l("Fila de follow-ups"), endpoint="followup_queue",
+                                     category=_l("Acompanhamento")))
+    admin.add_view(RunsView(name=_l("Execuções"), endpoint="followup_runs", category=_l("Acompanhamento")))
+    admin.add_view(AgentView(Agent, s, name=_l("Agentes"), endpoint="followup_agents", category=_l("Acompanhamento")))
     admin.add_view(AuditView(AuditLog, s, name=_l("Auditoria"), endpoint="audit"))
     return admin
 

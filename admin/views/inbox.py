@@ -21,7 +21,9 @@ from sqlalchemy import case, func
 
 from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, db_session, ids_of, org_id, write_audit
+from admin.views.followup.queue import reason_text, run_reason
 from engine import clock
+from engine.flows import queries
 from engine.inbox import resolve_inbox_item
 from engine.models import Channel, InboxItem, User
 
@@ -31,6 +33,7 @@ KIND_LABELS = {
     "message_unknown": _l("Envio incerto"),
     "channel_broken": _l("Canal com problema"),
     "appointment_cancelled_by_patient": _l("Cancelado pelo paciente"),
+    "enrollment_dead": _l("Follow-up parado"),
 }
 #: What to do about each kind (the engine's `detail` is a short technical note, in English).
 KIND_HINTS = {
@@ -41,6 +44,9 @@ KIND_HINTS = {
     "channel_broken": _l("O canal parou de enviar. Abra o canal, confira as credenciais ou reconecte o número."),
     "appointment_cancelled_by_patient": _l("O paciente respondeu CANCELAR. Libere o horário na agenda e, se for o "
                                            "caso, ofereça outro."),
+    "enrollment_dead": _l("O Lembra desistiu desta etapa do follow-up depois de várias tentativas. Abra a execução "
+                          "para ver o motivo, corrija o fluxo ou o agente e, se fizer sentido, inclua o paciente de "
+                          "novo."),
 }
 
 
@@ -87,6 +93,16 @@ def _kind(view: Any, context: Any, model: Any, name: str) -> str:
     return str(KIND_LABELS.get(model.kind, model.kind))
 
 
+def _detail(view: Any, context: Any, model: Any, name: str) -> str:
+    """The engine's note; a follow-up's is a catalogue code, shown as its sentence."""
+    if model.kind == "enrollment_dead":
+        run = queries.find_enrollment(view.session.connection(), org_id(), model.enrollment_id) \
+            if model.enrollment_id else None
+        text = run_reason(view.session.connection(), org_id(), run) if run is not None else None
+        return text or reason_text(model.detail) or ""  # an unknown code is never shown raw
+    return model.detail or ""
+
+
 def _hint(view: Any, context: Any, model: Any, name: str) -> str:
     return str(KIND_HINTS.get(model.kind, ""))
 
@@ -115,8 +131,9 @@ def _related(view: Any, context: Any, model: Any, name: str) -> Markup:
     if model.channel_id:
         links.append(link.format(url_for("channels.details_view", id=model.channel_id),
                                  _channel_name(view, model.channel_id)))
-    if model.enrollment_id:  # the follow-up queue has no details page to link to yet
-        links.append(Markup("{}").format(_("Inscrição #%(id)s", id=model.enrollment_id)))
+    if model.enrollment_id:  # the run's timeline (Execuções), org-scoped like the others
+        links.append(link.format(url_for("followup_runs.index", enrollment=model.enrollment_id),
+                                 _("Execução #%(id)s", id=model.enrollment_id)))
     return Markup(" · ").join(links) if links else Markup("—")
 
 
@@ -149,9 +166,9 @@ class InboxView(TenantModelView):
                      "related": _l("Sobre"), "created_at": _l("Aberta em"), "resolved_at": _l("Resolvida em"),
                      "resolved_by": _l("Resolvida por")}
     column_formatters = {"state": _state, "kind": _kind, "hint": _hint, "related": _related,
-                         "resolved_by": _resolved_by}
+                         "resolved_by": _resolved_by, "detail": _detail}
     column_formatters_detail = column_formatters
-    column_formatters_export = {"kind": lambda v, c, m, n: m.kind, "related": _related_text,
+    column_formatters_export = {"kind": lambda v, c, m, n: m.kind, "related": _related_text, "detail": _detail,
                                 "resolved_by": lambda v, c, m, n: _resolver_email(v, m)}
     column_filters = (StateFilter(),)
     column_sortable_list = ("created_at", "resolved_at")

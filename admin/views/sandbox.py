@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 from admin.i18n import _, _l, current_locale
 from admin.ids import valid_id
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, STATUS_LABELS, badge, db_session, is_editor, local_dt, org_id
+from admin.views.followup.handoff import handoff_state
 from admin.webhooks import deliver
 from engine import clock
 from engine.channels import sandbox_webhook_secret
@@ -301,12 +302,14 @@ class SandboxView(BaseView):
         target = next((e for e in reversed(entries) if e.replyable), None)
         has_sandbox = conn.execute(select(channels.c.id).where(
             channels.c.org_id == oid, channels.c.provider == "sandbox").limit(1)).first() is not None
+        # Whether a person holds this conversation (its hand-off button posts to the contact's page).
+        handoff = handoff_state(conn, oid, contact.id) if contact is not None else None
         session.rollback()  # read only; the scoped session is reused by the next request
         return self.render(
             "admin/sandbox.html", conversations=convs, selected=selected, addresses=addresses, entries=entries,
             target=target, has_sandbox=has_sandbox, can_configure=is_editor(), local_dt=local_dt, short_dt=short_dt,
             badge=badge, kind_labels=KIND_LABELS, purpose_labels=PURPOSE_LABELS, outcome_label=outcome_label,
-            max_reply=MAX_REPLY,
+            max_reply=MAX_REPLY, handoff=handoff,
         )
 
     @expose("/reply/", methods=("POST",))

@@ -43,11 +43,12 @@ from admin.views.base import (
     write_audit,
 )
 from admin.views.filters import OrgDateTimeBetweenFilter
+from admin.views.followup.handoff import ContactFollowupMixin
 from admin.views.privacy import ContactPrivacyMixin
 from engine import appointments as appts
 from engine import clock
 from engine import imports as csv_import
-from engine.contacts import create_contact
+from engine.contacts import ExternalIdTaken, create_contact, external_id_taken
 from engine.models import (
     APPOINTMENT_STATUSES,
     CHANNEL_KINDS,
@@ -322,8 +323,14 @@ def _consent_text(view: Any, model: Any) -> str:
                      for p in rows)
 
 
-class ContactView(ContactPrivacyMixin, TenantModelView):
-    """Contacts; consent and opt-out history are shown, never edited here."""
+def _external_id_taken_message() -> str:
+    return _("Não foi possível salvar: outro contato desta clínica já usa este identificador externo. "
+             "Cada paciente do sistema da clínica tem o seu.")
+
+
+class ContactView(ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
+    """Contacts; consent and opt-out history are shown, never edited here. Follow-up (hand-off,
+    enrolling by hand) comes from ContactFollowupMixin (admin/views/followup/handoff.py)."""
 
     column_list = ("name", "phone", "email", "external_id", "consent", "created_at")
     column_details_list = ("name", "phone", "email", "external_id", "locale", "consent_history", "created_at",
@@ -388,6 +395,10 @@ class ContactView(ContactPrivacyMixin, TenantModelView):
             )
             write_audit(conn, "create", "contacts", contact_id, {"consent": form.consent.data})
             self.session.commit()
+        except ExternalIdTaken:
+            self.session.rollback()
+            flash(_external_id_taken_message(), "error")
+            return False
         except DomainError as exc:
             self.session.rollback()
             flash(_("Não foi possível salvar: %(erro)s", erro=exc), "error")
@@ -400,9 +411,18 @@ class ContactView(ContactPrivacyMixin, TenantModelView):
                   "email": form.email.data.strip().lower() if form.email.data else None,
                   "external_id": form.external_id.data or None, "locale": form.locale.data or None}
         diff = {k: v for k, v in values.items() if getattr(model, k) != v}
+        if diff.get("external_id") and external_id_taken(conn, org_id(), diff["external_id"], other_than=model.id):
+            self.session.rollback()
+            flash(_external_id_taken_message(), "error")
+            return False
         if diff:
             conn.execute(update(contacts).where(contacts.c.org_id == org_id(), contacts.c.id == model.id)
                          .values(**diff, updated_at=clock.now()))
             write_audit(conn, "update", "contacts", model.id, {k: "(alterado)" for k in diff})  # no PII in the log
         self.session.commit()
         return True
+
+    @action("enroll", _l("Incluir em fluxo de follow-up"))
+    def action_enroll(self, ids: Any) -> Any:
+        """List action: on to the page that asks which published flow (ContactFollowupMixin)."""
+        return self.enroll_action(ids)

@@ -91,7 +91,7 @@ def _check_page(response, path: str) -> _Inline:
     return page
 
 
-def _crawl(client, start: list[str], limit: int = 120) -> list[str]:
+def _crawl(client, start: list[str], limit: int = 160) -> list[str]:
     """Console pages reachable from `start` by plain links (GET only, no exports, no sign-out)."""
     seen: list[str] = []
     queue = list(start)

@@ -1,0 +1,644 @@
+// The builder: a toolbar (save state, Salvar rascunho, Publicar, Desativar), the palette of the six
+// step types, the React Flow canvas and a side panel (the selected step's or the flow's settings,
+// the publish problems, the version history, "Testar").
+import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
+import {
+  Background, MiniMap, ReactFlow, applyEdgeChanges, applyNodeChanges, useReactFlow,
+} from '@xyflow/react';
+import { RequestFailed, postJSON } from './api.js';
+import { Duration, Field, SchemaForm } from './forms.jsx';
+import {
+  NODE_TYPES, decorateEdge, defaultConfig, edgeText, fromFlow, newEdgeId, newNodeId, outputsOf, toFlow,
+} from './graph.js';
+import { BuilderContext, FlowNode } from './nodes.jsx';
+
+const NODE_COMPONENTS = { lembra: FlowNode };
+const AUTOSAVE_MS = 1200;
+const SETTINGS = ['name', 'trigger_config', 'handoff_policy', 'cancel_on_reply', 'max_steps', 'resume_grace_minutes'];
+
+/** "%(name)s" placeholders, as the server's gettext strings write them. */
+export function fill(text, params) {
+  return String(text).replace(/%\((\w+)\)s/g, (_m, key) => (params[key] !== undefined ? params[key] : ''));
+}
+
+function settingsOf(flow) {
+  const out = {};
+  for (const key of SETTINGS) out[key] = flow[key];
+  return out;
+}
+
+function errorText(error, strings) {
+  if (error instanceof RequestFailed && error.body && error.body.error) return error.body.error;
+  return strings.ui.error;
+}
+
+function ariaConfig(aria) {
+  return {
+    ...aria,
+    'node.a11yDescription.ariaLiveMessage': ({ direction, x, y }) => fill(aria.move, {
+      direction: (aria.directions && aria.directions[direction]) || direction, x, y,
+    }),
+  };
+}
+
+export function App({ boot }) {
+  const strings = boot.strings;
+  const ui = strings.ui;
+  const canEdit = boot.can_edit;
+  const urls = boot.urls;
+  const initial = useMemo(() => toFlow(boot.flow.draft_graph || { nodes: [], edges: [] }, strings), []);
+  const [nodes, setNodes] = useState(initial.nodes);
+  const [edges, setEdges] = useState(initial.edges);
+  const [settings, setSettings] = useState(() => settingsOf(boot.flow));
+  const [flow, setFlow] = useState(boot.flow);
+  const [versions, setVersions] = useState(boot.versions);
+  const [selection, setSelection] = useState(null); // {kind: 'node'|'edge', id}
+  const [tab, setTab] = useState('config');
+  const [issues, setIssues] = useState([]);
+  const [revision, setRevision] = useState(0);
+  const [savedRevision, setSavedRevision] = useState(0);
+  const [saveState, setSaveState] = useState({ kind: 'saved', at: boot.flow.updated_at_text });
+  const [notice, setNotice] = useState(null); // {kind: 'success'|'danger'|'info', text, links?}
+  const [busy, setBusy] = useState(false);
+  const [confirmDisable, setConfirmDisable] = useState(false);
+  const wrapper = useRef(null);
+  const saving = useRef(null);
+  // The last revision the server has (set as soon as a save returns, before React renders again).
+  const savedRef = useRef(0);
+  const { screenToFlowPosition, setCenter, getNode, fitView, zoomIn, zoomOut } = useReactFlow();
+  const dirty = revision !== savedRevision;
+
+  const touch = useCallback(() => setRevision((r) => r + 1), []);
+
+  // --- saving --------------------------------------------------------------------------------------
+  const latest = useRef({});
+  latest.current = { nodes, edges, settings, revision };
+
+  const save = useCallback(async () => {
+    if (!canEdit) return true;
+    if (saving.current) return saving.current;
+    const { nodes: n, edges: e, settings: s, revision: sent } = latest.current;
+    const body = { ...s, draft_graph: fromFlow(n, e) };
+    setSaveState({ kind: 'saving' });
+    const request = (async () => {
+      try {
+        const data = await postJSON(urls.save, body);
+        setFlow(data.flow);
+        setVersions(data.versions);
+        savedRef.current = sent;
+        setSavedRevision(sent);
+        setSaveState({ kind: 'saved', at: data.flow.updated_at_text });
+        setIssues((old) => old.filter((i) => i.source === 'publish'));
+        return true;
+      } catch (error) {
+        setSaveState({ kind: 'failed', text: errorText(error, strings) });
+        if (error instanceof RequestFailed && error.body.issues) {
+          setIssues(error.body.issues.map((i) => ({ ...i, source: 'save' })));
+          setTab('issues');
+        }
+        return false;
+      } finally {
+        saving.current = null;
+      }
+    })();
+    saving.current = request;
+    return request;
+  }, [canEdit, urls.save, strings]);
+
+  // Auto-save a moment after the last change; a save that returns with newer changes pending
+  // (savedRevision moves, revision does not) schedules the next one.
+  useEffect(() => {
+    if (!dirty || !canEdit) return undefined;
+    const timer = setTimeout(() => { save(); }, AUTOSAVE_MS);
+    return () => clearTimeout(timer);
+  }, [revision, savedRevision, dirty, canEdit, save]);
+
+  /** Every change saved (waiting for a save in flight first); false when the server refused one. */
+  const flush = useCallback(async () => {
+    for (let round = 0; round < 5; round += 1) {
+      if (saving.current) {
+        await saving.current;
+      } else if (latest.current.revision !== savedRef.current) {
+        if (!(await save())) return false;
+      } else {
+        return true;
+      }
+    }
+    return latest.current.revision === savedRef.current;
+  }, [save]);
+
+  useEffect(() => {
+    const warn = (event) => {
+      if (latest.current.revision !== savedRef.current) {
+        event.preventDefault();
+        event.returnValue = ui.leave;
+        return ui.leave;
+      }
+      return undefined;
+    };
+    window.addEventListener('beforeunload', warn);
+    return () => window.removeEventListener('beforeunload', warn);
+  }, []);
+  // --- canvas changes ------------------------------------------------------------------------------
+  const onNodesChange = useCallback((changes) => {
+    setNodes((current) => applyNodeChanges(changes, current));
+    if (changes.some((c) => c.type === 'remove' || (c.type === 'position' && c.dragging === false) || c.type === 'add')) {
+      touch();
+    }
+  }, [touch]);
+
+  const onEdgesChange = useCallback((changes) => {
+    setEdges((current) => applyEdgeChanges(changes, current));
+    if (changes.some((c) => c.type === 'remove' || c.type === 'add')) touch();
+  }, [touch]);
+
+  const onConnect = useCallback((connection) => {
+    if (!canEdit || connection.source === connection.target) return;
+    const source = latest.current.nodes.find((n) => n.id === connection.source);
+    if (!source) return;
+    const output = outputsOf(source.data.type, source.data.config).find((o) => o.handle === connection.sourceHandle);
+    if (!output) return;
+    setEdges((current) => {
+      // One edge per output: connecting an output again moves its edge.
+      const kept = current.filter((e) => !(e.source === connection.source && e.sourceHandle === connection.sourceHandle));
+      const id = newEdgeId(new Set(current.map((e) => e.id)));
+      const edge = decorateEdge({
+        id, source: connection.source, target: connection.target, sourceHandle: connection.sourceHandle,
+        data: { condition: { ...output.condition } },
+      }, source.data.type, strings);
+      return [...kept, edge];
+    });
+    touch();
+  }, [canEdit, strings, touch]);
+
+  const onDragOver = useCallback((event) => {
+    event.preventDefault();
+    event.dataTransfer.dropEffect = 'move';
+  }, []);
+
+  const addNode = useCallback((type, position) => {
+    const id = newNodeId(type, new Set(latest.current.nodes.map((n) => n.id)));
+    const node = { id, type: 'lembra', position, selected: true, data: { type, config: defaultConfig(type) } };
+    setNodes((current) => [...current.map((n) => (n.selected ? { ...n, selected: false } : n)), node]);
+    setEdges((current) => current.map((e) => (e.selected ? { ...e, selected: false } : e)));
+    setSelection({ kind: 'node', id });
+    setTab('config');
+    touch();
+  }, [touch]);
+
+  const onDrop = useCallback((event) => {
+    event.preventDefault();
+    const type = event.dataTransfer.getData('application/x-lembra-node');
+    if (!canEdit || !NODE_TYPES.includes(type)) return;
+    const point = screenToFlowPosition({ x: event.clientX, y: event.clientY });
+    addNode(type, { x: Math.round(point.x - 90), y: Math.round(point.y - 30) });
+  }, [canEdit, screenToFlowPosition, addNode]);
+
+  const onSelectionChange = useCallback(({ nodes: picked, edges: pickedEdges }) => {
+    if (picked.length === 1) setSelection({ kind: 'node', id: picked[0].id });
+    else if (pickedEdges.length === 1 && !picked.length) setSelection({ kind: 'edge', id: pickedEdges[0].id });
+    else if (!picked.length && !pickedEdges.length) setSelection(null);
+  }, []);
+
+  const focusNode = useCallback((id) => {
+    const node = getNode(id);
+    if (!node) return;
+    setNodes((current) => current.map((n) => ({ ...n, selected: n.id === id })));
+    setEdges((current) => current.map((e) => (e.selected ? { ...e, selected: false } : e)));
+    setSelection({ kind: 'node', id });
+    setTab('config');
+    const width = (node.measured && node.measured.width) || 180;
+    const height = (node.measured && node.measured.height) || 80;
+    setCenter(node.position.x + width / 2, node.position.y + height / 2, { zoom: 1, duration: 300 });
+  }, [getNode, setCenter]);
+
+  // --- editing the selected step -------------------------------------------------------------------
+  const updateNode = useCallback((id, change) => {
+    setNodes((current) => current.map((n) => (n.id === id ? { ...n, data: change(n.data) } : n)));
+    if (change) touch();
+  }, [touch]);
+
+  const setConfig = useCallback((id, config) => {
+    const node = latest.current.nodes.find((n) => n.id === id);
+    if (!node) return;
+    let next = config;
+    if (node.data.type === 'ai_classify') {
+      // Keywords are only for declared classes, and a removed class takes its output's edge along.
+      const classes = Array.isArray(next.classes) ? next.classes : [];
+      if (next.keywords) {
+        const kept = Object.fromEntries(Object.entries(next.keywords).filter(([k]) => classes.includes(k)));
+        next = { ...next, keywords: kept };
+      }
+      setEdges((current) => current.filter((e) => !(e.source === id && e.data.condition
+        && e.data.condition.type === 'class_match' && !classes.includes(e.data.condition.value))));
+    }
+    updateNode(id, (data) => ({ ...data, config: next }));
+  }, [updateNode]);
+
+  const setLabel = useCallback((id, label) => {
+    updateNode(id, (data) => {
+      const out = { ...data };
+      if (label === '') delete out.label; else out.label = label;
+      return out;
+    });
+  }, [updateNode]);
+
+  const deleteSelected = useCallback(() => {
+    if (!selection || !canEdit) return;
+    if (selection.kind === 'node') {
+      setNodes((current) => current.filter((n) => n.id !== selection.id));
+      setEdges((current) => current.filter((e) => e.source !== selection.id && e.target !== selection.id));
+    } else {
+      setEdges((current) => current.filter((e) => e.id !== selection.id));
+    }
+    setSelection(null);
+    touch();
+  }, [selection, canEdit, touch]);
+
+  const changeSettings = useCallback((next) => {
+    setSettings(next);
+    touch();
+  }, [touch]);
+
+  // --- publish, disable, rollback, test ------------------------------------------------------------
+  const applyState = (data) => {
+    setFlow(data.flow);
+    setVersions(data.versions);
+  };
+
+  const publish = async () => {
+    setBusy(true);
+    setNotice(null);
+    try {
+      if (!(await flush())) return;
+      const data = await postJSON(urls.publish, {});
+      applyState(data);
+      setIssues([]);
+      setNotice({ kind: 'success', text: fill(ui.published, { versao: data.published }) });
+    } catch (error) {
+      setNotice({ kind: 'danger', text: errorText(error, strings) });
+      if (error instanceof RequestFailed && error.body.issues) {
+        setIssues(error.body.issues.map((i) => ({ ...i, source: 'publish' })));
+        setTab('issues');
+      }
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  const simple = async (url, body, message) => {
+    setBusy(true);
+    setNotice(null);
+    try {
+      const data = await postJSON(url, body);
+      applyState(data);
+      setNotice({ kind: 'success', text: message(data) });
+    } catch (error) {
+      setNotice({ kind: 'danger', text: errorText(error, strings) });
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  const disable = (live) => {
+    setConfirmDisable(false);
+    simple(urls.disable, { live }, () => ui.disabled);
+  };
+
+  const rollback = (version) => {
+    if (!window.confirm(fill(ui.rollback_confirm, { versao: version }))) return;
+    simple(urls.rollback, { version }, (data) => fill(ui.rolled_back, { versao: data.rolled_back }));
+  };
+
+  // --- what the canvas shows ------------------------------------------------------------------------
+  const issuesByNode = useMemo(() => {
+    const map = new Map();
+    const ids = new Set(nodes.map((n) => n.id));
+    for (const issue of issues) {
+      if (issue.node_id && ids.has(issue.node_id)) {
+        if (!map.has(issue.node_id)) map.set(issue.node_id, []);
+        map.get(issue.node_id).push(issue);
+      }
+    }
+    return map;
+  }, [issues, nodes]);
+
+  const context = useMemo(() => ({ strings, issues: issuesByNode }), [strings, issuesByNode]);
+  const aria = useMemo(() => ariaConfig(strings.aria), [strings]);
+  const formCtx = {
+    defs: boot.schema.$defs, strings, templates: boot.templates, disabled: !canEdit, idPrefix: 'lf',
+  };
+  const selectedNode = selection && selection.kind === 'node' ? nodes.find((n) => n.id === selection.id) : null;
+  const selectedEdge = selection && selection.kind === 'edge' ? edges.find((e) => e.id === selection.id) : null;
+  const status = flow.status;
+  const activeVersion = flow.active_version;
+
+  let saveText;
+  if (!canEdit) saveText = ui.read_only;
+  else if (saveState.kind === 'saving') saveText = ui.saving;
+  else if (saveState.kind === 'failed') saveText = `${ui.save_failed} ${saveState.text || ''}`;
+  else if (dirty) saveText = ui.unsaved;
+  else saveText = fill(ui.saved, { hora: saveState.at || '' });
+
+  return (
+    <BuilderContext.Provider value={context}>
+      <div className="lf-builder" data-dirty={dirty ? 'true' : 'false'} data-status={status}>
+        <div className="lf-toolbar">
+          <a className="btn btn-sm btn-link" href={boot.flows_url}>← {ui.back}</a>
+          <strong className="lf-flow-name">{settings.name}</strong>
+          <span className={`badge lf-status lf-status-${status}`} data-status={status}>
+            {strings.status[status] || status}
+            {activeVersion ? ` · ${fill(ui.version_short, { versao: activeVersion })}` : ''}
+          </span>
+          <span className={`lf-save-state lf-save-${dirty ? 'dirty' : saveState.kind}`} role="status">{saveText}</span>
+          <span className="lf-spacer" />
+          {canEdit && (
+            <>
+              <button type="button" className="btn btn-sm btn-outline-secondary" disabled={busy}
+                      onClick={() => flush()}>{ui.save}</button>
+              <button type="button" className="btn btn-sm btn-primary" disabled={busy}
+                      onClick={publish}>{ui.publish}</button>
+              {status === 'active' && (
+                <button type="button" className="btn btn-sm btn-outline-danger" disabled={busy}
+                        onClick={() => setConfirmDisable(true)}>{ui.disable}</button>
+              )}
+            </>
+          )}
+        </div>
+        {notice && (
+          <div className={`alert alert-${notice.kind} lf-notice`} role="alert">
+            {notice.text}
+            {notice.links && notice.links.map((link) => (
+              <a key={link.href} className="ml-2" href={link.href}>{link.text}</a>
+            ))}
+            <button type="button" className="close" aria-label={ui.close} onClick={() => setNotice(null)}>×</button>
+          </div>
+        )}
+        {confirmDisable && (
+          <div className="alert alert-warning lf-notice" role="dialog" aria-label={ui.disable_title}>
+            <strong>{ui.disable_title}.</strong> {ui.disable_help}
+            <button type="button" className="btn btn-sm btn-outline-secondary ml-2" onClick={() => disable('finish')}>
+              {ui.disable_finish}
+            </button>
+            <button type="button" className="btn btn-sm btn-danger ml-2" onClick={() => disable('cancel')}>
+              {ui.disable_cancel}
+            </button>
+            <button type="button" className="btn btn-sm btn-link" onClick={() => setConfirmDisable(false)}>
+              {ui.cancel}
+            </button>
+          </div>
+        )}
+        <div className="lf-main">
+          {canEdit && (
+            <aside className="lf-palette" aria-label={ui.palette}>
+              <h6>{ui.palette}</h6>
+              <p className="lf-help">{ui.palette_help}</p>
+              {NODE_TYPES.map((type) => (
+                <div key={type} className={`lf-palette-item lf-node-${type}`} draggable data-palette={type}
+                     onDragStart={(event) => {
+                       event.dataTransfer.setData('application/x-lembra-node', type);
+                       event.dataTransfer.effectAllowed = 'move';
+                     }}>
+                  <strong>{strings.node_types[type].name}</strong>
+                  <small>{strings.node_types[type].help}</small>
+                </div>
+              ))}
+            </aside>
+          )}
+          <div className="lf-canvas" ref={wrapper} onDragOver={onDragOver} onDrop={onDrop}>
+            <ReactFlow
+              nodes={nodes} edges={edges} nodeTypes={NODE_COMPONENTS}
+              onNodesChange={onNodesChange} onEdgesChange={onEdgesChange} onConnect={onConnect}
+              onSelectionChange={onSelectionChange}
+              nodesDraggable={canEdit} nodesConnectable={canEdit} elementsSelectable
+              deleteKeyCode={canEdit ? ['Backspace', 'Delete'] : null}
+              fitView={initial.nodes.length > 0} fitViewOptions={{ padding: 0.2, maxZoom: 1 }}
+              minZoom={0.2} maxZoom={2}
+              ariaLabelConfig={aria}
+            >
+              <Background gap={20} />
+              <MiniMap pannable zoomable ariaLabel={strings.aria['minimap.ariaLabel']} />
+            </ReactFlow>
+            <div className="lf-zoom">
+              <button type="button" className="btn btn-sm btn-light" title={strings.aria['controls.zoomIn.ariaLabel']}
+                      aria-label={strings.aria['controls.zoomIn.ariaLabel']} onClick={() => zoomIn()}>+</button>
+              <button type="button" className="btn btn-sm btn-light" title={strings.aria['controls.zoomOut.ariaLabel']}
+                      aria-label={strings.aria['controls.zoomOut.ariaLabel']} onClick={() => zoomOut()}>−</button>
+              <button type="button" className="btn btn-sm btn-light" title={ui.zoom_fit}
+                      onClick={() => fitView({ padding: 0.2, maxZoom: 1 })}>{ui.zoom_fit}</button>
+            </div>
+          </div>
+          <aside className="lf-side">
+            <ul className="nav nav-tabs lf-tabs" role="tablist">
+              {[['config', selectedNode ? ui.node : selectedEdge ? ui.edge : ui.settings],
+                ['issues', `${ui.tab_problems}${issues.length ? ` (${issues.length})` : ''}`],
+                ['history', ui.tab_history], ['test', ui.test]].map(([key, text]) => (
+                <li key={key} className="nav-item">
+                  <button type="button" role="tab" aria-selected={tab === key} data-tab={key}
+                          className={`nav-link${tab === key ? ' active' : ''}`} onClick={() => setTab(key)}>{text}</button>
+                </li>
+              ))}
+            </ul>
+            <div className="lf-side-body">
+              {tab === 'config' && selectedNode && (
+                <NodePanel node={selectedNode} ctx={formCtx} strings={strings} canEdit={canEdit}
+                           issues={issuesByNode.get(selectedNode.id) || []}
+                           onConfig={(config) => setConfig(selectedNode.id, config)}
+                           onLabel={(label) => setLabel(selectedNode.id, label)} onDelete={deleteSelected} />
+              )}
+              {tab === 'config' && selectedEdge && (
+                <EdgePanel edge={selectedEdge} nodes={nodes} strings={strings} canEdit={canEdit} onDelete={deleteSelected} />
+              )}
+              {tab === 'config' && !selectedNode && !selectedEdge && (
+                <SettingsPanel settings={settings} onChange={changeSettings} ctx={formCtx} strings={strings}
+                               issues={issues.filter((i) => !i.node_id)} />
+              )}
+              {tab === 'issues' && (
+                <>
+                  <h6>{ui.problems}</h6>
+                  <IssueList issues={issues} nodes={nodes} strings={strings} onPick={focusNode} />
+                </>
+              )}
+              {tab === 'history' && <h6>{ui.history}</h6>}
+              {tab === 'history' && (
+                <History versions={versions} active={activeVersion} strings={strings} canEdit={canEdit} busy={busy}
+                         onRollback={rollback} />
+              )}
+              {tab === 'test' && (
+                <TestPanel boot={boot} status={status} strings={strings} canEdit={canEdit} />
+              )}
+            </div>
+          </aside>
+        </div>
+      </div>
+    </BuilderContext.Provider>
+  );
+}
+
+function NodePanel({ node, ctx, strings, canEdit, issues, onConfig, onLabel, onDelete }) {
+  const kind = strings.node_types[node.data.type];
+  const schema = { $ref: `#/$defs/config_${node.data.type}` };
+  return (
+    <div className="lf-panel" data-panel="node" data-node-id={node.id}>
+      <h6>{kind.name}</h6>
+      <p className="lf-help">{kind.help}</p>
+      {issues.length > 0 && (
+        <ul className="lf-node-issues">
+          {issues.map((issue, index) => <li key={index} className="text-danger">{issue.message}</li>)}
+        </ul>
+      )}
+      <Field name="label" schema={{ type: 'string', maxLength: 120 }} value={node.data.label} ctx={ctx}
+             onChange={(value) => onLabel(value || '')} />
+      <SchemaForm schema={schema} value={node.data.config} onChange={onConfig}
+                  ctx={{ ...ctx, idPrefix: `lf-${node.id}` }} />
+      <small className="text-muted d-block mt-2">{fill(strings.ui.node_id, { id: node.id })}</small>
+      {canEdit && (
+        <button type="button" className="btn btn-sm btn-outline-danger mt-2" onClick={onDelete}>{strings.ui.delete_node}</button>
+      )}
+    </div>
+  );
+}
+
+function EdgePanel({ edge, nodes, strings, canEdit, onDelete }) {
+  const source = nodes.find((n) => n.id === edge.source);
+  const target = nodes.find((n) => n.id === edge.target);
+  const name = (node) => (node ? node.data.label || node.id : '?');
+  return (
+    <div className="lf-panel" data-panel="edge">
+      <h6>{strings.ui.edge}: {edgeText(edge.data.condition, source && source.data.type, strings)}</h6>
+      <p>{name(source)} → {name(target)}</p>
+      {canEdit && (
+        <button type="button" className="btn btn-sm btn-outline-danger" onClick={onDelete}>{strings.ui.delete_edge}</button>
+      )}
+    </div>
+  );
+}
+
+function SettingsPanel({ settings, onChange, ctx, strings, issues }) {
+  const set = (key, value) => onChange({ ...settings, [key]: value });
+  const choices = strings.choices.handoff_policy;
+  return (
+    <div className="lf-panel" data-panel="settings">
+      <h6>{strings.ui.settings}</h6>
+      <p className="lf-help">{strings.ui.select_hint}</p>
+      {issues.length > 0 && (
+        <ul className="lf-node-issues">
+          {issues.map((issue, index) => <li key={index} className="text-danger">{issue.message}</li>)}
+        </ul>
+      )}
+      <Field name="name" schema={{ type: 'string', maxLength: 120 }} value={settings.name} ctx={{ ...ctx, idPrefix: 'lf-flow' }}
+             onChange={(value) => set('name', value || '')} />
+      <fieldset className="lf-fieldset">
+        <legend>{strings.node_types.trigger.name}</legend>
+        <SchemaForm schema={{ $ref: '#/$defs/trigger_config' }} value={settings.trigger_config}
+                    onChange={(value) => set('trigger_config', value)} ctx={{ ...ctx, idPrefix: 'lf-trigger' }} />
+      </fieldset>
+      <Field name="cancel_on_reply" schema={{ type: 'boolean' }} value={settings.cancel_on_reply}
+             ctx={{ ...ctx, idPrefix: 'lf-flow' }} onChange={(value) => set('cancel_on_reply', value)} />
+      <div className="lf-field" data-field="handoff_policy">
+        <label htmlFor="lf-flow-handoff_policy">{strings.fields.handoff_policy}</label>
+        <select id="lf-flow-handoff_policy" className="form-control form-control-sm" disabled={ctx.disabled}
+                value={settings.handoff_policy} onChange={(e) => set('handoff_policy', e.target.value)}>
+          {Object.entries(choices).map(([value, text]) => <option key={value} value={value}>{text}</option>)}
+        </select>
+      </div>
+      <div className="lf-field" data-field="resume_grace_minutes">
+        <label htmlFor="lf-flow-resume">{strings.fields.resume_grace_minutes}</label>
+        <Duration id="lf-flow-resume" value={settings.resume_grace_minutes} ctx={ctx} disabled={ctx.disabled}
+                  onChange={(value) => set('resume_grace_minutes', value ?? 0)} />
+      </div>
+      <Field name="max_steps" schema={{ type: 'integer', minimum: 1, maximum: 200 }} value={settings.max_steps}
+             ctx={{ ...ctx, idPrefix: 'lf-flow' }} onChange={(value) => set('max_steps', value)} />
+    </div>
+  );
+}
+
+function IssueList({ issues, nodes, strings, onPick }) {
+  if (!issues.length) return <p className="text-muted">{strings.ui.no_problems}</p>;
+  const names = new Map(nodes.map((n) => [n.id, n.data.label || n.id]));
+  return (
+    <ul className="list-group lf-issues">
+      {issues.map((issue, index) => {
+        const known = issue.node_id && names.has(issue.node_id);
+        return (
+          <li key={index} className="list-group-item list-group-item-action" data-issue-node={issue.node_id || ''}
+              data-issue-code={issue.code}>
+            {known ? (
+              <button type="button" className="btn btn-link p-0 text-left" onClick={() => onPick(issue.node_id)}>
+                <strong>{names.get(issue.node_id)}</strong>: {issue.message}
+              </button>
+            ) : (
+              <span><strong>{strings.ui.flow_problem}</strong>: {issue.message}</span>
+            )}
+          </li>
+        );
+      })}
+    </ul>
+  );
+}
+
+function History({ versions, active, strings, canEdit, busy, onRollback }) {
+  const ui = strings.ui;
+  if (!versions.length) return <p className="text-muted">{ui.no_versions}</p>;
+  return (
+    <ul className="list-group lf-history">
+      {versions.map((v) => (
+        <li key={v.id} className="list-group-item" data-version={v.version}>
+          <strong>{fill(ui.version, { versao: v.version })}</strong>
+          {v.version === active && <span className="badge badge-success ml-2">{ui.active_version}</span>}
+          <div className="small text-muted">
+            {fill(ui.by_on, { quem: v.created_by_email || ui.unknown_user, quando: v.created_at_text })}
+          </div>
+          {canEdit && v.version !== active && (
+            <button type="button" className="btn btn-sm btn-outline-secondary mt-1" disabled={busy}
+                    onClick={() => onRollback(v.version)}>{fill(ui.rollback, { versao: v.version })}</button>
+          )}
+        </li>
+      ))}
+    </ul>
+  );
+}
+
+function TestPanel({ boot, status, strings, canEdit }) {
+  const ui = strings.ui;
+  const contacts = boot.test_contacts;
+  const [contact, setContact] = useState(contacts.length ? String(contacts[0].id) : '');
+  const [result, setResult] = useState(null);
+  const [running, setRunning] = useState(false);
+  if (status !== 'active') return <p className="text-muted">{ui.test_needs_publish}</p>;
+  if (!canEdit) return <p className="text-muted">{ui.read_only}</p>;
+  if (!contacts.length) return <p className="text-muted">{ui.test_none}</p>;
+  const run = async () => {
+    setRunning(true);
+    setResult(null);
+    try {
+      const data = await postJSON(boot.urls.test, { contact_id: Number(contact) });
+      setResult({ ok: true, links: data.links });
+    } catch (error) {
+      setResult({ ok: false, text: errorText(error, strings) });
+    } finally {
+      setRunning(false);
+    }
+  };
+  return (
+    <div className="lf-panel" data-panel="test">
+      <p className="lf-help">{ui.test_help}</p>
+      <div className="lf-field">
+        <label htmlFor="lf-test-contact">{ui.test_contact}</label>
+        <select id="lf-test-contact" className="form-control form-control-sm" value={contact}
+                onChange={(e) => setContact(e.target.value)}>
+          {contacts.map((c) => <option key={c.id} value={c.id}>{c.name}</option>)}
+        </select>
+      </div>
+      <button type="button" className="btn btn-sm btn-primary" disabled={running} onClick={run}>{ui.test_run}</button>
+      {result && result.ok && (
+        <div className="alert alert-success mt-2" role="status">
+          {ui.test_started}
+          <div><a href={result.links.sandbox}>{ui.open_sandbox}</a></div>
+          {result.links.run && <div><a href={result.links.run}>{ui.open_run}</a></div>}
+        </div>
+      )}
+      {result && !result.ok && <div className="alert alert-danger mt-2" role="alert">{result.text}</div>}
+    </div>
+  );
+}

@@ -1,0 +1,108 @@
+"""Fluxos de follow-up: the org's flows (status, active version, live enrollments, last published
+by whom and when) with a way into the builder, and "Novo fluxo" for owners and managers.
+
+The rows are the REST API's (`queries.flows_query` + `services.flows_out`), so the list, the API
+and the CLI count live enrollments the same way. Every query is scoped by the signed-in user's org.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import flash, g, redirect, request, url_for
+from flask_admin import BaseView, expose
+from flask_login import current_user
+from markupsafe import Markup
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from admin.api import services
+from admin.i18n import _, translate
+from admin.views.base import db_session, local_dt, org_id, write_audit
+from admin.views.followup.builder import FLOW_STATUS_COLORS, FLOW_STATUS_LABELS
+from engine.flows import queries, versions
+from engine.models import flow_pointers, flow_versions, users
+
+#: Flows shown on the page (a clinic has a handful; past this the list says so).
+MAX_FLOWS = 500
+
+
+def flow_badge(status: str) -> Markup:
+    """A coloured badge for a flow's status."""
+    return Markup('<span class="badge badge-{}" data-status="{}">{}</span>').format(
+        FLOW_STATUS_COLORS.get(status, "light"), status, FLOW_STATUS_LABELS.get(status, status))
+
+
+def last_published(conn: Connection, oid: int, flow_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Per flow, its newest version: number, when it was published and by whom (an e-mail, or None
+    for a publish through the API or by a user since removed)."""
+    if not flow_ids:
+        return {}
+    rows = conn.execute(
+        select(flow_versions.c.pointer_id, flow_versions.c.version, flow_versions.c.created_at, users.c.email)
+        .outerjoin(users, (users.c.id == flow_versions.c.created_by) & (users.c.org_id == oid))
+        .where(flow_versions.c.org_id == oid, flow_versions.c.pointer_id.in_(flow_ids))
+        .order_by(flow_versions.c.pointer_id, flow_versions.c.version.desc()))
+    out: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        out.setdefault(int(row.pointer_id), {"version": row.version, "at": row.created_at, "by": row.email})
+    return out
+
+
+def list_page(view: BaseView) -> Any:
+    """The list of the org's flows, newest first, rendered by `view` (the list, or the builder when
+    it is opened without a flow)."""
+    oid = org_id()
+    session = db_session()
+    conn = session.connection()
+    rows = list(conn.execute(queries.flows_query(oid).order_by(flow_pointers.c.id.desc()).limit(MAX_FLOWS + 1)))
+    more = len(rows) > MAX_FLOWS
+    rows = rows[:MAX_FLOWS]
+    flows = services.flows_out(conn, oid, rows)
+    published = last_published(conn, oid, [row.id for row in rows])
+    session.rollback()  # read only
+    return view.render("admin/followup/flows.html", flows=flows, published=published, more=more,
+                       max_flows=MAX_FLOWS, flow_badge=flow_badge, local_dt=local_dt,
+                       can_edit=bool(current_user.can_edit))
+
+
+class FlowListView(BaseView):
+    """Fluxos (endpoint `followup_flows`, /admin/followup/flows/): every role reads, owners and
+    managers create (the builder is where a flow is changed)."""
+
+    def is_accessible(self) -> bool:
+        if not current_user.is_authenticated:
+            return False
+        g.lembra_org_id = int(current_user.org_id)  # row-level security on PostgreSQL
+        return True
+
+    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
+        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
+
+    @expose("/")
+    def index(self) -> Any:
+        """The list, newest flow first."""
+        return list_page(self)
+
+    @expose("/new/", methods=("POST",))
+    def create(self) -> Any:
+        """Create an empty draft and open it in the builder (the app's CSRFProtect checked the token)."""
+        if not current_user.can_edit:
+            return _("Apenas proprietários e gestores alteram fluxos."), 403
+        name = (request.form.get("name") or "").strip()
+        session = db_session()
+        conn = session.connection()
+        try:
+            flow_id = versions.create_flow(conn, org_id(), name=name)
+        except versions.FlowRejected as exc:
+            session.rollback()
+            for issue in exc.issues:
+                flash(translate(issue.message), "error")
+            return redirect(url_for(".index"))
+        except versions.FlowNameTaken:
+            session.rollback()
+            flash(_("Já existe um fluxo com esse nome."), "error")
+            return redirect(url_for(".index"))
+        write_audit(conn, "create", "flow_pointers", flow_id, {"name": name})
+        session.commit()
+        return redirect(url_for("flow_builder.page", flow_id=flow_id))

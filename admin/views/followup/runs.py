@@ -1,0 +1,158 @@
+"""Execuções (endpoint `followup_runs`): a run's timeline — every event of the enrollment, oldest
+first, with what happened, why (the catalogue's sentence), when (in the org's time zone), where
+it went next and the LLM calls it made — and a contact's runs. Reached from the follow-up queue,
+the contact page and Pendências (a run that failed for good).
+
+The timeline is `engine.flows.queries.run_steps`, the same the REST API serves: codes, node ids,
+counters and instants, never a patient's text. Every role reads it; Cancelar (owners and
+managers) posts to the queue's cancel, the one cancel path of the console.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flask import abort, g, redirect, request, url_for
+from flask_admin import BaseView, expose
+from flask_login import current_user
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from admin.i18n import _l
+from admin.ids import valid_id
+from admin.views.base import db_session, is_editor, local_dt, org_id
+from admin.views.followup.queue import (
+    ENROLLMENT_STATUS_COLORS,
+    ENROLLMENT_STATUS_LABELS,
+    contact_name,
+    enrollment_badge,
+    flow_names,
+    next_run,
+    node_label,
+    reason_text,
+    run_reason,
+)
+from engine.flows import lifecycle, queries
+from engine.models import contacts, enrollments
+
+#: What each event of a run is, in the receptionist's words.
+EVENT_LABELS = {
+    "enrolled": _l("Entrou no fluxo"), "step": _l("Etapa executada"), "reply": _l("O paciente respondeu"),
+    "paused": _l("Pausado"), "resumed": _l("Retomado"), "ended": _l("Encerrado"),
+    "handoff_allowed": _l("Atendimento humano (o fluxo segue)"),
+}
+#: How a step went (lifecycle.STEP_STATUSES).
+STEP_STATUS_LABELS = {
+    "ok": _l("Feito"), "skipped": _l("Pulado"), "failed": _l("Falhou"), "waiting": _l("Aguardando"),
+    "deferred": _l("Adiado: nova tentativa"), "stale": _l("Ignorado"),
+}
+STEP_STATUS_COLORS = {"ok": "success", "skipped": "secondary", "failed": "danger", "waiting": "warning",
+                      "deferred": "warning", "stale": "light"}
+#: Runs listed on a contact's (or the org's) page, the latest ones.
+LIST_ROWS = 100
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the timeline, ready to show."""
+
+    at: str
+    event: str
+    node: str
+    status: str | None
+    status_color: str
+    reason: str | None
+    next: str | None
+    until: str | None
+    llm_calls: int
+
+
+def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
+    """The run's events as the page shows them (labels, sentences, local instants)."""
+    lines = []
+    for step in queries.run_steps(conn, oid, run.id):
+        status_code = step.status
+        if status_code in STEP_STATUS_LABELS:
+            status, color = str(STEP_STATUS_LABELS[status_code]), STEP_STATUS_COLORS[status_code]
+        elif status_code in ENROLLMENT_STATUS_LABELS:  # an `ended` event carries the run's final status
+            status, color = str(ENROLLMENT_STATUS_LABELS[status_code]), ENROLLMENT_STATUS_COLORS[status_code]
+        else:
+            status, color = None, ""
+        reason = reason_text(step.reason, step.params) if step.reason else reason_text(step.event)
+        lines.append(Line(
+            at=local_dt(step.at, seconds=True), event=str(EVENT_LABELS.get(step.event, step.event)),
+            node=node_label(conn, oid, int(run.version_id), step.node_id), status=status, status_color=color,
+            reason=reason, next=node_label(conn, oid, int(run.version_id), step.next) if step.next else None,
+            until=local_dt(step.until) if step.until else None, llm_calls=step.llm_calls,
+        ))
+    return lines
+
+
+def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str]) -> dict[str, Any]:
+    return {
+        "id": row.id, "flow": flows.get(int(row.pointer_id), f"#{row.pointer_id}"), "version": row.version_number,
+        "contact_id": row.contact_id, "contact": contact_name(conn, oid, row.contact_id),
+        "status": row.status, "badge": enrollment_badge(row.status), "live": row.status in lifecycle.LIVE,
+        "node": node_label(conn, oid, int(row.version_id), row.current_node_id), "next_run": next_run(row.next_eval_at),
+        "reason": run_reason(conn, oid, row), "created_at": local_dt(row.created_at),
+        "ended_at": local_dt(row.ended_at) if row.ended_at else None, "steps": row.steps, "llm_calls": row.llm_calls,
+        "messages_sent": row.messages_sent, "replies": row.replies, "attempts": row.attempts,
+    }
+
+
+class RunsView(BaseView):
+    """Execuções: `?enrollment=<id>` a run's timeline, `?contact=<id>` a contact's runs, neither
+    the org's latest runs. Another org's id (or one that cannot be an id) answers 404."""
+
+    def is_accessible(self) -> bool:
+        if not current_user.is_authenticated:
+            return False
+        g.lembra_org_id = int(current_user.org_id)  # row-level security on PostgreSQL
+        return True
+
+    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
+        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
+
+    @expose("/")
+    def index(self) -> Any:
+        """One run, one contact's runs, or the latest runs."""
+        oid = org_id()
+        session = db_session()
+        conn = session.connection()
+        flows = flow_names(conn, oid)
+        raw_run, raw_contact = request.args.get("enrollment"), request.args.get("contact")
+        if raw_run is not None:
+            if not valid_id(raw_run):
+                abort(404)
+            row = queries.find_enrollment(conn, oid, int(raw_run))
+            if row is None:
+                abort(404)
+            run = _summary(conn, oid, row, flows)
+            lines = timeline(conn, oid, row)
+            session.rollback()  # read only; the scoped session is reused by the next request
+            return self.render("admin/followup/run.html", run=run, lines=lines, can_cancel=is_editor() and run["live"])
+        contact = None
+        query = queries.enrollments_query(oid)
+        if raw_contact is not None:
+            if not valid_id(raw_contact):
+                abort(404)
+            contact = conn.execute(select(contacts.c.id, contacts.c.name).where(
+                contacts.c.org_id == oid, contacts.c.id == int(raw_contact), contacts.c.erased_at.is_(None))).first()
+            if contact is None:
+                abort(404)
+            query = queries.enrollments_query(oid, contact_id=contact.id)
+        rows = conn.execute(query.order_by(enrollments.c.id.desc()).limit(LIST_ROWS)).all()
+        runs = [_summary(conn, oid, r, flows) for r in rows]
+        contact_label = (contact.name or contact_name(conn, oid, contact.id)) if contact is not None else None
+        session.rollback()
+        return self.render("admin/followup/runs.html", runs=runs, contact=contact, contact_label=contact_label,
+                           list_rows=LIST_ROWS)
+
+
+def run_url(enrollment_id: int) -> str:
+    """Where a run's timeline is."""
+    return url_for("followup_runs.index", enrollment=enrollment_id)
+
+
+__all__ = ["EVENT_LABELS", "Line", "RunsView", "run_url", "timeline"]

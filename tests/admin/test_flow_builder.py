@@ -1,0 +1,391 @@
+"""The flow builder's page and JSON endpoints (admin/views/followup/builder.py) and the Fluxos list:
+a saved draft reloads exactly, a draft the engine refuses is not written at all, publish issues come
+back on their node, every write needs the session's CSRF token and an owner or manager, and another
+org's ids answer 404 as if they did not exist."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+from sqlalchemy import func, select
+
+from engine.channels import create_channel
+from engine.flows import versions
+from engine.models import audit_log, enrollments, flow_pointers, flow_versions, users
+from tests.admin.conftest import csrf, login
+
+GOOD_GRAPH = {
+    "nodes": [
+        {"id": "gatilho_1", "type": "trigger", "label": "Início", "position": {"x": 12.5, "y": -40}, "config": {}},
+        {"id": "espera_1", "type": "wait", "position": {"x": 260, "y": 0.25}, "config": {"mode": "fixed", "minutes": 180}},
+        {"id": "mensagem_1", "type": "action", "label": "Lembrete", "position": {"x": 520, "y": 10},
+         "config": {"mode": "template", "template": "session_reminder", "channel_kinds": ["whatsapp"]}},
+        {"id": "fim_1", "type": "end", "position": {"x": 800, "y": 10}, "config": {"outcome": "converted", "note": ""}},
+    ],
+    "edges": [
+        {"id": "ligacao_1", "source": "gatilho_1", "target": "espera_1", "condition": {"type": "always"}},
+        {"source": "espera_1", "target": "mensagem_1", "condition": {"type": "always"}, "priority": 2},
+        {"id": "ligacao_3", "source": "mensagem_1", "target": "fim_1", "condition": {"type": "always", "value": None}},
+    ],
+}
+
+
+def _flow(rt, org_id: int, name: str, graph: dict | None = None) -> int:
+    with rt.db.begin() as conn:
+        return versions.create_flow(conn, org_id, name=name, draft_graph=graph)
+
+
+def _url(flow_id: int, action: str = "") -> str:
+    return f"/admin/followup/builder/{flow_id}/{action}"
+
+
+def _token(client, flow_id: int) -> str:
+    page = client.get(_url(flow_id))
+    assert page.status_code == 200, page.text
+    match = re.search(r'<meta name="csrf-token" content="([^"]+)"', page.text)
+    assert match, "no CSRF meta tag on the builder page"
+    return match.group(1)
+
+
+def _post(client, flow_id: int, action: str, body: dict, token: str | None):
+    headers = {"X-CSRFToken": token} if token else {}
+    return client.post(_url(flow_id, action), json=body, headers=headers)
+
+
+def _boot(html: str) -> dict:
+    match = re.search(r'<script type="application/json" id="lembra-builder-boot">(.*?)</script>', html, re.S)
+    assert match, "no boot blob"
+    return json.loads(match.group(1))
+
+
+def _pointer(rt, flow_id: int):
+    with rt.db.connect() as conn:
+        return conn.execute(select(flow_pointers).where(flow_pointers.c.id == flow_id)).one()
+
+
+@pytest.fixture
+def flows(rt, tenants):
+    a, b = tenants
+    return _flow(rt, a.world.org_id, "Pós-consulta"), _flow(rt, b.world.org_id, "Fluxo só da B")
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+def test_the_page_loads_the_bundle_with_the_nonce_and_hands_over_schema_strings_and_templates(owner, flows):
+    mine, _ = flows
+    page = owner.get(_url(mine))
+    assert page.status_code == 200
+    html = page.text
+    nonce = re.search(r"'nonce-([^']+)'", page.headers["Content-Security-Policy"]).group(1)
+    assert re.search(rf'<script nonce="{re.escape(nonce)}" src="/static/flows/builder\.js\?v=[0-9a-f]{{16}}">', html)
+    assert '<link rel="stylesheet" href="/static/flows/builder.css?v=' in html
+    boot = _boot(html)
+    assert boot["can_edit"] is True
+    assert boot["flow"]["id"] == mine and boot["flow"]["name"] == "Pós-consulta" and boot["flow"]["status"] == "draft"
+    assert set(boot["schema"]["$defs"]) >= {"config_wait", "config_action", "trigger_config", "check"}
+    assert boot["strings"]["node_types"]["ai_classify"]["name"] == "Classificar resposta (IA)"
+    assert boot["strings"]["edges"]["cond_true"] == "Sim" and boot["strings"]["edges"]["no_reply"] == "Sem resposta"
+    reminder = next(t for t in boot["templates"] if t["key"] == "session_reminder")
+    previews = reminder["previews"]
+    assert reminder["label"] == "Lembrete de sessão" and "Dra. Beatriz Costa" in json.dumps(previews)  # sample data
+    assert previews["sms"]["text"] == "Modelo da clinica-a: Ana"  # the org's own template wins over the default
+    assert "Paciente Da A" not in json.dumps(boot["templates"])
+    assert boot["urls"]["save"] == _url(mine, "draft")
+    # The bundle is served (static) and only the builder page loads it.
+    assert owner.get("/static/flows/builder.js").status_code == 200
+    assert "builder.js" not in owner.get("/admin/followup/flows/").text
+    assert "builder.js" not in owner.get("/admin/").text
+
+
+def test_the_page_and_data_need_a_session(app, flows):
+    mine, _ = flows
+    anonymous = app.test_client()
+    page = anonymous.get(_url(mine))
+    assert page.status_code == 302 and "/login" in page.headers["Location"]
+    assert anonymous.get(_url(mine, "data")).status_code == 401
+
+
+# --- saving and reloading -----------------------------------------------------------------------------
+
+def test_a_saved_draft_reloads_exactly_positions_configs_and_edges(owner, rt, flows):
+    mine, _ = flows
+    token = _token(owner, mine)
+    body = {"draft_graph": GOOD_GRAPH, "name": "Pós-consulta 2", "handoff_policy": "cancel", "cancel_on_reply": True,
+            "max_steps": 12, "resume_grace_minutes": 45,
+            "trigger_config": {"kind": "appointment", "appointment_event": "completed", "repeat": "cooldown",
+                               "cooldown_minutes": 10080}}
+    saved = _post(owner, mine, "draft", body, token)
+    assert saved.status_code == 200, saved.text
+    reloaded = owner.get(_url(mine, "data")).get_json()["flow"]
+    assert reloaded["draft_graph"] == GOOD_GRAPH  # key for key: positions, labels, configs, edge ids, priority
+    assert json.dumps(reloaded["draft_graph"], sort_keys=True) == json.dumps(GOOD_GRAPH, sort_keys=True)
+    for key in ("name", "handoff_policy", "cancel_on_reply", "max_steps", "resume_grace_minutes", "trigger_config"):
+        assert reloaded[key] == body[key], key
+    # And the page a reload opens carries the same draft.
+    assert _boot(owner.get(_url(mine)).text)["flow"]["draft_graph"] == GOOD_GRAPH
+    with rt.db.connect() as conn:
+        row = conn.execute(select(audit_log).where(audit_log.c.entity == "flow_pointers",
+                                                   audit_log.c.entity_id == mine)).one()
+    assert row.action == "update" and "draft_graph_sha256" in row.changes and "draft_graph" not in row.changes
+
+
+def test_a_draft_the_engine_refuses_is_not_written_at_all(owner, rt, flows):
+    mine, _ = flows
+    token = _token(owner, mine)
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
+    before = _pointer(rt, mine)
+
+    broken = copy.deepcopy(GOOD_GRAPH)
+    broken["nodes"][1]["selected"] = True  # React Flow's own key: the schema refuses unknown keys
+    broken["nodes"][2]["id"] = "não vale"
+    response = _post(owner, mine, "draft", {"draft_graph": broken, "name": "Outro nome", "max_steps": 50}, token)
+    assert response.status_code == 422
+    answer = response.get_json()
+    assert answer["error"] == "O rascunho não foi salvo: corrija os problemas apontados."
+    by_node = {(i["node_id"], i["code"]) for i in answer["issues"]}
+    assert ("espera_1", "invalid_node") in by_node
+    assert any(i["code"] == "invalid_node" and "campo desconhecido" in i["message"] for i in answer["issues"])
+    assert all("_" not in i["message"].split(" ")[0] for i in answer["issues"])  # sentences, not codes
+    after = _pointer(rt, mine)
+    assert (after.name, after.max_steps, after.draft_graph, after.updated_at) == \
+        (before.name, before.max_steps, before.draft_graph, before.updated_at)
+
+    # A bad trigger with a fine graph: the graph is not saved either.
+    other = copy.deepcopy(GOOD_GRAPH)
+    other["nodes"][0]["position"] = {"x": 999, "y": 999}
+    refused = _post(owner, mine, "draft", {"draft_graph": other, "trigger_config": {"kind": "silence"}}, token)
+    assert refused.status_code == 422
+    assert refused.get_json()["issues"][0]["code"] == "invalid_trigger"
+    assert _pointer(rt, mine).draft_graph == GOOD_GRAPH
+
+    # Malformed bodies are refused before anything is looked at.
+    for bad in ([1, 2], {"selected": True}, {"cancel_on_reply": "sim"}, {"status": "active"}):
+        assert _post(owner, mine, "draft", bad, token).status_code == 400, bad
+    assert _pointer(rt, mine).draft_graph == GOOD_GRAPH
+
+
+def test_every_write_needs_the_csrf_token(owner, rt, flows):
+    mine, _ = flows
+    _token(owner, mine)  # a session exists, but the request does not carry its token
+    for action, body in (("draft", {"name": "sem token"}), ("publish", {}), ("disable", {"live": "finish"}),
+                         ("rollback", {"version": 1}), ("test", {"contact_id": 1})):
+        assert _post(owner, mine, action, body, None).status_code == 400, action
+        assert _post(owner, mine, action, body, "not-the-token").status_code == 400, action
+    assert _pointer(rt, mine).name == "Pós-consulta"
+    response = owner.post("/admin/followup/flows/new/", data={"name": "Sem token"})
+    assert response.status_code == 400
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(flow_pointers)
+                            .where(flow_pointers.c.name == "Sem token")).scalar() == 0
+
+
+# --- publish, history, rollback, disable ------------------------------------------------------------------
+
+def test_publish_issues_come_back_on_their_node_and_a_fixed_draft_publishes(owner, rt, tenants, flows):
+    a, _ = tenants
+    mine, _ = flows
+    token = _token(owner, mine)
+    graph = copy.deepcopy(GOOD_GRAPH)
+    del graph["nodes"][2]["config"]["template"]  # the message step has no template yet
+    graph["edges"] = graph["edges"][:2]  # and no way out
+    assert _post(owner, mine, "draft", {"draft_graph": graph}, token).status_code == 200
+    refused = _post(owner, mine, "publish", {}, token)
+    assert refused.status_code == 422
+    answer = refused.get_json()
+    assert answer["error"] == "O fluxo não foi publicado: corrija os problemas apontados."
+    codes = {(i["node_id"], i["code"]) for i in answer["issues"]}
+    assert ("mensagem_1", "invalid_config") in codes and ("mensagem_1", "dead_end") in codes
+    message = next(i["message"] for i in answer["issues"] if i["code"] == "dead_end")
+    assert message.startswith("Esta etapa não tem saída.")
+    assert _pointer(rt, mine).status == "draft"
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(flow_versions)).scalar() == 0
+
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
+    published = _post(owner, mine, "publish", {}, token)
+    assert published.status_code == 200, published.text
+    state = published.get_json()
+    assert state["published"] == 1 and state["flow"]["status"] == "active" and state["flow"]["active_version"] == 1
+    [version] = state["versions"]
+    assert version["created_by_email"] == "owner@a.com.br" and re.fullmatch(r"\d\d/\d\d/\d{4} \d\d:\d\d",
+                                                                            version["created_at_text"])
+    # 12:00 UTC is 09:00 in São Paulo: the history shows the org's time.
+    assert version["created_at_text"].endswith("09:00")
+    with rt.db.connect() as conn:
+        owner_id = conn.execute(select(users.c.id).where(users.c.email == "owner@a.com.br")).scalar_one()
+        assert conn.execute(select(flow_versions.c.created_by)).scalar_one() == owner_id
+
+
+def test_rollback_to_an_earlier_version_and_disable(owner, rt, flows, clock):
+    mine, _ = flows
+    token = _token(owner, mine)
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
+    assert _post(owner, mine, "publish", {}, token).status_code == 200
+    second = copy.deepcopy(GOOD_GRAPH)
+    second["nodes"][1]["config"]["minutes"] = 60
+    assert _post(owner, mine, "draft", {"draft_graph": second}, token).status_code == 200
+    assert _post(owner, mine, "publish", {}, token).get_json()["published"] == 2
+
+    back = _post(owner, mine, "rollback", {"version": 1}, token)
+    assert back.status_code == 200 and back.get_json()["flow"]["active_version"] == 1
+    assert back.get_json()["flow"]["draft_graph"] == second  # the draft stays as it was
+    assert _post(owner, mine, "rollback", {"version": 7}, token).status_code == 404
+    assert _post(owner, mine, "rollback", {"version": "1"}, token).status_code == 400
+    assert _post(owner, mine, "disable", {"live": "everything"}, token).status_code == 400
+    off = _post(owner, mine, "disable", {"live": "cancel"}, token)
+    assert off.status_code == 200 and off.get_json()["flow"]["status"] == "disabled"
+    with rt.db.connect() as conn:
+        actions = [r.action for r in conn.execute(select(audit_log.c.action).where(
+            audit_log.c.entity == "flow_pointers").order_by(audit_log.c.id))]
+    assert actions == ["update", "publish", "update", "publish", "rollback", "disable"]
+
+
+# --- roles and tenants ------------------------------------------------------------------------------------
+
+def test_an_agent_reads_the_builder_but_changes_nothing(agent, owner, rt, flows):
+    mine, _ = flows
+    owner_token = _token(owner, mine)
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, owner_token).status_code == 200
+    assert _post(owner, mine, "publish", {}, owner_token).status_code == 200
+    before = _pointer(rt, mine)
+
+    page = agent.get(_url(mine))
+    assert page.status_code == 200
+    boot = _boot(page.text)
+    assert boot["can_edit"] is False and boot["flow"]["draft_graph"] == GOOD_GRAPH
+    assert agent.get(_url(mine, "data")).status_code == 200
+    token = _token(agent, mine)
+    for action, body in (("draft", {"name": "do atendente"}), ("publish", {}), ("disable", {"live": "cancel"}),
+                         ("rollback", {"version": 1}), ("test", {"contact_id": 1})):
+        response = _post(agent, mine, action, body, token)
+        assert response.status_code == 403, action
+        assert response.get_json()["error"] == "Apenas proprietários e gestores alteram fluxos."
+    after = _pointer(rt, mine)
+    assert (after.name, after.status, after.updated_at) == (before.name, before.status, before.updated_at)
+    listing = agent.get("/admin/followup/flows/").text
+    assert "Pós-consulta" in listing and "Ver no construtor" in listing and "Novo fluxo" not in listing
+    assert agent.post("/admin/followup/flows/new/", data={"name": "x", "csrf_token": csrf(listing)}).status_code == 403
+
+
+def test_the_other_orgs_flow_answers_404_everywhere(owner, rt, tenants, flows):
+    _, b = tenants
+    mine, theirs = flows
+    token = _token(owner, mine)
+    before = _pointer(rt, theirs)
+    assert owner.get(_url(theirs)).status_code == 404
+    assert owner.get(_url(theirs, "data")).status_code == 404
+    for action, body in (("draft", {"name": "roubado"}), ("publish", {}), ("disable", {"live": "cancel"}),
+                         ("rollback", {"version": 1}), ("test", {"contact_id": b.contact_id})):
+        assert _post(owner, theirs, action, body, token).status_code == 404, action
+    after = _pointer(rt, theirs)
+    assert (after.name, after.status, after.updated_at) == (before.name, before.status, before.updated_at)
+    for bad in ("0", "abc", "99999999999999999999", str(2 ** 63)):
+        assert owner.get(f"/admin/followup/builder/{bad}/").status_code == 404, bad
+        assert owner.get(f"/admin/followup/builder/{bad}/data").status_code == 404, bad
+    listing = owner.get("/admin/followup/flows/").text
+    assert "Pós-consulta" in listing and "Fluxo só da B" not in listing
+
+
+# --- Testar ---------------------------------------------------------------------------------------------
+
+def test_testar_enrolls_a_sandbox_contact_and_links_to_the_chat_and_the_run(owner, rt, tenants, flows):
+    a, b = tenants
+    mine, _ = flows
+    token = _token(owner, mine)
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
+    not_yet = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
+    assert not_yet.status_code == 409
+    assert not_yet.get_json()["error"].startswith("O fluxo não está publicado")
+    assert _post(owner, mine, "publish", {}, token).status_code == 200
+
+    # Neither a contact only SMS could reach (the org has no SMS channel) nor one without a phone.
+    sms_only = a.world.contact(name="Só SMS", phone="+5516988887777", email=None, consent=("sms",))
+    no_phone = a.world.contact(name="Sem telefone", phone=None, email="sem@exemplo.com", consent=("whatsapp",))
+    boot = _boot(owner.get(_url(mine)).text)
+    assert [c["id"] for c in boot["test_contacts"]] == [a.contact_id]
+    for other in (sms_only, no_phone):
+        assert _post(owner, mine, "test", {"contact_id": other}, token).status_code == 409
+    assert boot["test_contacts"][0]["name"] == "Paciente Da A"
+
+    started = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
+    assert started.status_code == 200, started.text
+    answer = started.get_json()
+    assert answer["links"]["sandbox"] == f"/admin/sandbox/?contact={a.contact_id}"
+    if "run" in answer["links"]:  # the Execuções page, once it exists
+        assert str(answer["enrollment_id"]) in answer["links"]["run"]
+    with rt.db.connect() as conn:
+        row = conn.execute(select(enrollments).where(enrollments.c.id == answer["enrollment_id"])).one()
+    assert (row.org_id, row.pointer_id, row.contact_id, row.trigger_kind) == (a.world.org_id, mine, a.contact_id,
+                                                                               "manual")
+    again = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
+    assert again.status_code == 409 and again.get_json()["error"] == "O paciente já está neste fluxo."
+    assert _post(owner, mine, "test", {"contact_id": b.contact_id}, token).status_code == 404
+    assert _post(owner, mine, "test", {"contact_id": "1"}, token).status_code == 400
+
+
+def test_testar_refuses_a_contact_a_real_channel_would_reach(owner, rt, tenants, flows):
+    a, _ = tenants
+    mine, _ = flows
+    with rt.db.begin() as conn:
+        create_channel(conn, rt.keyring, org_id=a.world.org_id, kind="email", provider="smtp", name="E-mail real",
+                       credentials={"host": "127.0.0.1", "port": "2525", "security": "none",
+                                    "from_email": "clinica@a.com.br"})
+    token = _token(owner, mine)
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
+    assert _post(owner, mine, "publish", {}, token).status_code == 200
+    assert _boot(owner.get(_url(mine)).text)["test_contacts"] == []  # the contact consented to e-mail too
+    refused = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
+    assert refused.status_code == 409 and "sandbox" in refused.get_json()["error"]
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(enrollments)).scalar() == 0
+
+
+# --- the list ------------------------------------------------------------------------------------------
+
+def test_the_list_shows_status_version_live_runs_and_who_published(owner, rt, tenants, flows):
+    a, _ = tenants
+    mine, _ = flows
+    token = _token(owner, mine)
+    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
+    assert _post(owner, mine, "publish", {}, token).status_code == 200
+    assert _post(owner, mine, "test", {"contact_id": a.contact_id}, token).status_code == 200
+    draft = _flow(rt, a.world.org_id, "Ainda em rascunho")
+    page = owner.get("/admin/followup/flows/").text
+    row = re.search(rf'<tr data-flow-id="{mine}">(.*?)</tr>', page, re.S).group(1)
+    assert "Publicado" in row and "v1" in row and "owner@a.com.br" in row and "01/12/2026 09:00" in row
+    assert re.search(r"<td>1</td>", row)  # one live enrollment
+    assert f'href="/admin/followup/builder/{mine}/"' in row and "Editar no construtor" in row
+    other = re.search(rf'<tr data-flow-id="{draft}">(.*?)</tr>', page, re.S).group(1)
+    assert "Rascunho" in other and "<td>0</td>" in other
+    # The builder opened without a flow shows the same list to pick one from.
+    picker = owner.get("/admin/followup/builder/")
+    assert picker.status_code == 200 and f'<tr data-flow-id="{mine}">' in picker.text
+    assert "Fluxo só da B" not in picker.text
+
+
+def test_an_owner_creates_a_flow_from_the_list_and_lands_in_the_builder(owner, rt, tenants):
+    page = owner.get("/admin/followup/flows/").text
+    assert "Nenhum fluxo ainda." in page
+    created = owner.post("/admin/followup/flows/new/", data={"name": "  Reativação  ", "csrf_token": csrf(page)})
+    assert created.status_code == 302
+    flow_id = int(re.search(r"/admin/followup/builder/(\d+)/$", created.headers["Location"]).group(1))
+    assert _pointer(rt, flow_id).name == "Reativação"
+    again = owner.post("/admin/followup/flows/new/", data={"name": "Reativação", "csrf_token": csrf(page)},
+                       follow_redirects=True)
+    assert "Já existe um fluxo com esse nome." in again.text
+    empty = owner.post("/admin/followup/flows/new/", data={"name": " ", "csrf_token": csrf(page)},
+                       follow_redirects=True)
+    assert "Dê ao fluxo um nome de 1 a 120 caracteres." in empty.text
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(flow_pointers)).scalar() == 1
+
+
+def test_a_manager_edits_flows_too(app, rt, tenants, flows):
+    mine, _ = flows
+    manager = login(app.test_client(), "manager@a.com.br")
+    token = _token(manager, mine)
+    assert _post(manager, mine, "draft", {"name": "Do gestor"}, token).status_code == 200
+    assert _pointer(rt, mine).name == "Do gestor"
