@@ -15,6 +15,7 @@ from wtforms import BooleanField, PasswordField, SelectField, StringField, TextA
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from admin.i18n import _, _l, ngettext, translate
+from admin.ids import parse_id
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -173,9 +174,10 @@ class TemplateView(TenantModelView):
 
     def create_form(self, obj: Any = None) -> Any:
         form = super().create_form(obj)
-        source = request.args.get("from", "")
-        if request.method == "GET" and source.isdigit():
-            row = self.get_query().filter(Template.id == int(source)).one_or_none()
+        # An id no row can have ("²", past bigint) is no template to copy, not a database error.
+        source = parse_id(request.args.get("from", ""))
+        if request.method == "GET" and source is not None:
+            row = self.get_query().filter(Template.id == source).one_or_none()
             if row is not None:
                 for name in ("key", "channel_kind", "locale", "subject", "body", "body_html"):
                     getattr(form, name).data = getattr(row, name)
