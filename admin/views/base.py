@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping
 from zoneinfo import ZoneInfo
 
 from flask import abort, current_app, flash, g, redirect, request, url_for
+from flask_admin import BaseView
 from flask_admin.contrib.sqla import ModelView
 from flask_admin.form import SecureForm
 from flask_babel.speaklater import LazyString
@@ -195,6 +196,21 @@ def changed_fields(model: Any) -> dict[str, Any]:
         if history.has_changes():
             out[attr.key] = history.added[0] if history.added else None
     return out
+
+
+class TenantPageView(BaseView):
+    """A console page that is not a table of one model (sandbox chat, runs, flows, builder): every
+    signed-in role opens it, bound to the user's org (row-level security on PostgreSQL too); the
+    page says itself who may change what."""
+
+    def is_accessible(self) -> bool:
+        if not current_user.is_authenticated:
+            return False
+        g.lembra_org_id = int(current_user.org_id)
+        return True
+
+    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
+        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
 
 
 class TenantModelView(ModelView):

@@ -21,15 +21,24 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from flask import abort, current_app, flash, g, redirect, request, url_for
-from flask_admin import BaseView, expose
-from flask_login import current_user
+from flask import abort, current_app, flash, redirect, request, url_for
+from flask_admin import expose
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from admin.i18n import _, _l, current_locale
 from admin.ids import valid_id
-from admin.views.base import KIND_LABELS, PURPOSE_LABELS, STATUS_LABELS, badge, db_session, is_editor, local_dt, org_id
+from admin.views.base import (
+    KIND_LABELS,
+    PURPOSE_LABELS,
+    STATUS_LABELS,
+    TenantPageView,
+    badge,
+    db_session,
+    is_editor,
+    local_dt,
+    org_id,
+)
 from admin.views.followup.handoff import handoff_state
 from admin.webhooks import deliver
 from engine import clock
@@ -257,17 +266,8 @@ def reply_as_patient(rt: Runtime, original: Any, *, text: str | None = None, but
     return deliver(rt, "sandbox", original.channel_id, req)
 
 
-class SandboxView(BaseView):
+class SandboxView(TenantPageView):
     """Caixa do sandbox (endpoint `sandbox`, /admin/sandbox/): read by every role, replies too."""
-
-    def is_accessible(self) -> bool:
-        if not current_user.is_authenticated:
-            return False
-        g.lembra_org_id = int(current_user.org_id)  # row-level security on PostgreSQL
-        return True
-
-    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
-        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
 
     @expose("/")
     def index(self) -> Any:

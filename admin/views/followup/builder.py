@@ -25,8 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
-from flask import abort, g, jsonify, redirect, request, url_for
-from flask_admin import BaseView, expose
+from flask import abort, jsonify, redirect, request, url_for
+from flask_admin import expose
 from flask_login import current_user
 from sqlalchemy import and_, exists, false, or_, select
 from sqlalchemy.engine import Connection
@@ -36,7 +36,7 @@ from admin.api import services
 from admin.api.core import ApiError
 from admin.i18n import _, _l, current_locale, translate
 from admin.ids import parse_id
-from admin.views.base import KIND_LABELS, PURPOSE_LABELS, db_session, local_dt, org_id, write_audit
+from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
 from admin.views.messaging import preview
 from engine.channels import default_channel
 from engine.flows import queries, triggers, versions
@@ -337,18 +337,12 @@ def issues_out(issues: list[Any]) -> list[dict[str, Any]]:
 
 # --- the view -------------------------------------------------------------------------------------
 
-class FlowBuilderView(BaseView):
+class FlowBuilderView(TenantPageView):
     """The builder (endpoint `flow_builder`, /admin/followup/builder/<id>/), reached from the Fluxos
     list; not in the menu. Every role opens it, owners and managers change it."""
 
     def is_visible(self) -> bool:
         return False
-
-    def is_accessible(self) -> bool:
-        if not current_user.is_authenticated:
-            return False
-        g.lembra_org_id = int(current_user.org_id)  # row-level security on PostgreSQL
-        return True
 
     def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
         if name == "page":

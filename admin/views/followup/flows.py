@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import flash, g, redirect, request, url_for
-from flask_admin import BaseView, expose
+from flask import flash, redirect, request, url_for
+from flask_admin import expose
 from flask_login import current_user
 from markupsafe import Markup
 from sqlalchemy import select
@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from admin.api import services
 from admin.i18n import _, translate
-from admin.views.base import db_session, local_dt, org_id, write_audit
+from admin.views.base import TenantPageView, db_session, local_dt, org_id, write_audit
 from admin.views.followup.builder import FLOW_STATUS_COLORS, FLOW_STATUS_LABELS
 from engine.flows import queries, versions
 from engine.models import flow_pointers, flow_versions, users
@@ -49,7 +49,7 @@ def last_published(conn: Connection, oid: int, flow_ids: list[int]) -> dict[int,
     return out
 
 
-def list_page(view: BaseView) -> Any:
+def list_page(view: TenantPageView) -> Any:
     """The list of the org's flows, newest first, rendered by `view` (the list, or the builder when
     it is opened without a flow)."""
     oid = org_id()
@@ -66,18 +66,9 @@ def list_page(view: BaseView) -> Any:
                        can_edit=bool(current_user.can_edit))
 
 
-class FlowListView(BaseView):
+class FlowListView(TenantPageView):
     """Fluxos (endpoint `followup_flows`, /admin/followup/flows/): every role reads, owners and
     managers create (the builder is where a flow is changed)."""
-
-    def is_accessible(self) -> bool:
-        if not current_user.is_authenticated:
-            return False
-        g.lembra_org_id = int(current_user.org_id)  # row-level security on PostgreSQL
-        return True
-
-    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
-        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
 
     @expose("/")
     def index(self) -> Any:

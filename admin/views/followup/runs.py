@@ -13,15 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flask import abort, g, redirect, request, url_for
-from flask_admin import BaseView, expose
-from flask_login import current_user
+from flask import abort, request, url_for
+from flask_admin import expose
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from admin.i18n import _l
 from admin.ids import valid_id
-from admin.views.base import db_session, is_editor, local_dt, org_id
+from admin.views.base import TenantPageView, db_session, is_editor, local_dt, org_id
 from admin.views.followup.queue import (
     ENROLLMENT_STATUS_COLORS,
     ENROLLMENT_STATUS_LABELS,
@@ -101,18 +100,9 @@ def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str]) -> dic
     }
 
 
-class RunsView(BaseView):
+class RunsView(TenantPageView):
     """Execuções: `?enrollment=<id>` a run's timeline, `?contact=<id>` a contact's runs, neither
     the org's latest runs. Another org's id (or one that cannot be an id) answers 404."""
-
-    def is_accessible(self) -> bool:
-        if not current_user.is_authenticated:
-            return False
-        g.lembra_org_id = int(current_user.org_id)  # row-level security on PostgreSQL
-        return True
-
-    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
-        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
 
     @expose("/")
     def index(self) -> Any:
