@@ -14,6 +14,8 @@ from pathlib import Path
 from tests.processes import child_pids, wait_until
 
 #: A child that notes each SIGTERM in DIR/<pid>.term and stops 0.2 s after the first (or never: "stubborn").
+#: It writes DIR/<pid>.ready once its handler is installed: a signal sent before that would kill the
+#: interpreter still starting up, which is not what these tests are about.
 CHILD = r"""
 import os, signal, sys, time
 folder, mode = sys.argv[1], sys.argv[2]
@@ -23,6 +25,7 @@ def term(*_):
         f.write("x")
     stopping.append(time.monotonic())
 signal.signal(signal.SIGTERM, term)
+open(os.path.join(folder, f"{os.getpid()}.ready"), "w").close()
 while not (mode == "polite" and stopping and time.monotonic() - stopping[0] > 0.2):
     time.sleep(0.05)
 """
@@ -36,6 +39,11 @@ def _supervise(tmp_path: Path, child: list[str], count: int, **options: object) 
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def _children_ready(tmp_path: Path, sup: subprocess.Popen[str], count: int) -> bool:
+    pids = child_pids(sup.pid)
+    return len(pids) == count and all((tmp_path / f"{pid}.ready").exists() for pid in pids)
+
+
 def _terms(tmp_path: Path, pid: int) -> int:
     path = tmp_path / f"{pid}.term"
     return len(path.read_text()) if path.exists() else 0
@@ -44,11 +52,11 @@ def _terms(tmp_path: Path, pid: int) -> int:
 def test_a_dead_child_is_replaced_and_a_stop_is_one_sigterm_each(tmp_path):
     sup = _supervise(tmp_path, [sys.executable, "-c", CHILD, str(tmp_path), "polite"], 2)
     try:
-        wait_until(lambda: len(child_pids(sup.pid)) == 2, timeout=30, what="two children")
+        wait_until(lambda: _children_ready(tmp_path, sup, 2), timeout=30, what="two children ready")
         first, second = child_pids(sup.pid)
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: len(child_pids(sup.pid)) == 2 and first not in child_pids(sup.pid), timeout=30,
-                   what="a replacement child")
+        wait_until(lambda: _children_ready(tmp_path, sup, 2) and first not in child_pids(sup.pid), timeout=30,
+                   what="a replacement child ready")
         assert second in child_pids(sup.pid), "the sibling was restarted too"
         assert sup.poll() is None
         children = child_pids(sup.pid)
@@ -66,7 +74,7 @@ def test_a_dead_child_is_replaced_and_a_stop_is_one_sigterm_each(tmp_path):
 def test_a_second_signal_kills_children_that_do_not_stop(tmp_path):
     sup = _supervise(tmp_path, [sys.executable, "-c", CHILD, str(tmp_path), "stubborn"], 2)
     try:
-        wait_until(lambda: len(child_pids(sup.pid)) == 2, timeout=30, what="two children")
+        wait_until(lambda: _children_ready(tmp_path, sup, 2), timeout=30, what="two children ready")
         children = child_pids(sup.pid)
         sup.send_signal(signal.SIGINT)
         wait_until(lambda: all(_terms(tmp_path, pid) == 1 for pid in children), timeout=30,
