@@ -198,10 +198,10 @@ def changed_fields(model: Any) -> dict[str, Any]:
     return out
 
 
-class TenantPageView(BaseView):
-    """A console page that is not a table of one model (sandbox chat, runs, flows, builder): every
-    signed-in role opens it, bound to the user's org (row-level security on PostgreSQL too); the
-    page says itself who may change what."""
+class SignedInOrgAccess:
+    """Access shared by every console view: a signed-in user of any role, bound to their org for
+    the request (`g.lembra_org_id`, which row-level security on PostgreSQL reads too); anyone else
+    goes to the login page and comes back after it."""
 
     def is_accessible(self) -> bool:
         if not current_user.is_authenticated:
@@ -213,7 +213,12 @@ class TenantPageView(BaseView):
         return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
 
 
-class TenantModelView(ModelView):
+class TenantPageView(SignedInOrgAccess, BaseView):
+    """A console page that is not a table of one model (sandbox chat, runs, flows, builder); the
+    page says itself who may change what."""
+
+
+class TenantModelView(SignedInOrgAccess, ModelView):
     """Every console view inherits this; see the module docstring for what it guarantees."""
 
     form_base_class = TenantSecureForm
@@ -267,16 +272,6 @@ class TenantModelView(ModelView):
 
     def is_action_allowed(self, name: str) -> bool:
         return is_editor() and super().is_action_allowed(name)
-
-    # --- access -------------------------------------------------------------------------------
-    def is_accessible(self) -> bool:
-        if not current_user.is_authenticated:
-            return False
-        g.lembra_org_id = int(current_user.org_id)
-        return True
-
-    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
-        return redirect(url_for("auth.login", next=request.full_path if request.method == "GET" else None))
 
     # --- scoping ------------------------------------------------------------------------------
     def scope(self, query: Any) -> Any:

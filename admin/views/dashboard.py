@@ -13,13 +13,11 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from flask import g, redirect, request, url_for
 from flask_admin import AdminIndexView, expose
-from flask_login import current_user
 from sqlalchemy import func, or_, select
 
 from admin.i18n import _, _l
-from admin.views.base import KIND_LABELS, STATUS_LABELS, org_id, org_timezone
+from admin.views.base import KIND_LABELS, STATUS_LABELS, SignedInOrgAccess, org_id, org_timezone
 from engine import clock
 from engine.models import Org, messages
 
@@ -65,17 +63,8 @@ def tally(rows: Iterable[Any], start: datetime, tz: ZoneInfo) -> tuple[dict[str,
     return dict(per_day), dict(by_kind)
 
 
-class DashboardView(AdminIndexView):
+class DashboardView(SignedInOrgAccess, AdminIndexView):
     """The console's index page (endpoint `admin`)."""
-
-    def is_accessible(self) -> bool:
-        if not current_user.is_authenticated:
-            return False
-        g.lembra_org_id = int(current_user.org_id)
-        return True
-
-    def inaccessible_callback(self, name: str, **kwargs: Any) -> Any:
-        return redirect(url_for("auth.login", next=request.full_path))
 
     @expose("/")
     def index(self) -> Any:

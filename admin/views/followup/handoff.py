@@ -28,7 +28,15 @@ from sqlalchemy.engine import Connection
 from admin.i18n import _, ngettext
 from admin.ids import valid_id
 from admin.views.base import ids_of, is_editor, org_id, write_audit
-from admin.views.followup.queue import enrollment_badge, flow_names, next_run, node_label, reason_text, run_reason
+from admin.views.followup.queue import (
+    enrollment_badge,
+    flow_names,
+    next_run,
+    node_label,
+    reason_params,
+    reason_text,
+    run_reason,
+)
 from engine.api_events import record_contact_event
 from engine.flows import facts, lifecycle, queries, triggers
 from engine.models import Contact, enrollments, flow_pointers
@@ -78,9 +86,10 @@ def followup_context(conn: Connection, oid: int, contact_id: int) -> dict[str, A
     flows = flow_names(conn, oid)
     rows = conn.execute(queries.enrollments_query(oid, contact_id=contact_id)
                         .where(enrollments.c.status.in_(lifecycle.LIVE)).order_by(enrollments.c.id)).all()
+    reasons = reason_params(conn, oid, rows)
     live = [{"id": r.id, "flow": flows.get(int(r.pointer_id), f"#{r.pointer_id}"), "badge": enrollment_badge(r.status),
              "node": node_label(conn, oid, int(r.version_id), r.current_node_id), "next_run": next_run(r.next_eval_at),
-             "reason": run_reason(conn, oid, r)} for r in rows]
+             "reason": run_reason(conn, oid, r, reasons.get(int(r.id), {}))} for r in rows]
     return {"handoff": handoff_state(conn, oid, contact_id), "live_runs": live,
             "published_flows": published_flows(conn, oid), "form_key": new_form_key()}
 

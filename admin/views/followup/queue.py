@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from flask import abort, flash, has_request_context, redirect, request, url_for
 from flask_admin import expose
@@ -31,7 +31,7 @@ from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter
 from engine import clock
 from engine.flows import lifecycle, queries
 from engine.flows.versions import FlowNotFound, graph_of
-from engine.models import Contact, Enrollment, FlowPointer, contacts, enrollment_events, flow_pointers
+from engine.models import Enrollment, FlowPointer, contacts, enrollment_events, flow_pointers
 
 #: An enrollment's status in the receptionist's words (masculine: "o acompanhamento").
 ENROLLMENT_STATUS_LABELS = {
@@ -77,20 +77,34 @@ def reason_text(code: str | None, params: Mapping[str, Any] | None = None) -> st
     return _UNFILLED.sub("—", out)
 
 
-def run_reason(conn: Connection, oid: int, row: Any) -> str | None:
-    """Why a run ended, or why its last step failed, with the parameters its event recorded."""
+def reason_params(conn: Connection, oid: int, rows: Iterable[Any]) -> dict[int, Mapping[str, Any]]:
+    """For each run that has a reason, the parameters its latest event with that reason recorded
+    (what the sentence binds), in one query for all the runs of a page."""
+    wanted = {int(row.id): code for row in rows if (code := queries.reason_code(row))}
+    if not wanted:
+        return {}
+    found: dict[int, Mapping[str, Any]] = {}
+    events = conn.execute(select(enrollment_events.c.enrollment_id, enrollment_events.c.payload).where(
+        enrollment_events.c.org_id == oid, enrollment_events.c.enrollment_id.in_(sorted(wanted)))
+        .order_by(enrollment_events.c.id.desc()))
+    for enrollment_id, payload in events:
+        if enrollment_id in found or not isinstance(payload, Mapping) or payload.get("reason") != wanted[enrollment_id]:
+            continue
+        params = payload.get("params")
+        found[enrollment_id] = params if isinstance(params, Mapping) else {}
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def run_reason(conn: Connection, oid: int, row: Any, params: Mapping[str, Any] | None = None) -> str | None:
+    """Why a run ended, or why its last step failed, with the parameters its event recorded
+    (looked up unless the caller already has them, see `reason_params`)."""
     code = queries.reason_code(row)
     if not code:
         return None
-    payloads = conn.execute(select(enrollment_events.c.payload).where(
-        enrollment_events.c.org_id == oid, enrollment_events.c.enrollment_id == row.id)
-        .order_by(enrollment_events.c.id.desc()).limit(20)).scalars()
-    params: Mapping[str, Any] = {}
-    for payload in payloads:
-        if isinstance(payload, Mapping) and payload.get("reason") == code:
-            found = payload.get("params")
-            params = found if isinstance(found, Mapping) else {}
-            break
+    if params is None:
+        params = reason_params(conn, oid, [row]).get(int(row.id), {})
     return reason_text(code, params)
 
 
@@ -142,10 +156,19 @@ def flow_names(conn: Connection, oid: int) -> dict[int, str]:
         select(flow_pointers.c.id, flow_pointers.c.name).where(flow_pointers.c.org_id == oid))}
 
 
+def contact_names(conn: Connection, oid: int, contact_ids: Iterable[int]) -> dict[int, str]:
+    """The contacts' names in one query (or "Contato N": an erased contact has none)."""
+    wanted = sorted({int(cid) for cid in contact_ids})
+    if not wanted:
+        return {}
+    names = dict(conn.execute(select(contacts.c.id, contacts.c.name)
+                              .where(contacts.c.org_id == oid, contacts.c.id.in_(wanted))).all())
+    return {cid: names.get(cid) or _("Contato %(id)s", id=cid) for cid in wanted}
+
+
 def contact_name(conn: Connection, oid: int, contact_id: int) -> str:
     """The contact's name (or "Contato N": an erased contact has none)."""
-    row = conn.execute(select(contacts.c.name).where(contacts.c.org_id == oid, contacts.c.id == contact_id)).first()
-    return row.name if row is not None and row.name else _("Contato %(id)s", id=contact_id)
+    return contact_names(conn, oid, [contact_id])[int(contact_id)]
 
 
 def cancel_run(conn: Connection, oid: int, enrollment_id: int) -> bool:
@@ -196,6 +219,7 @@ class _Row:
     def __init__(self) -> None:
         self.flows: dict[int, str] | None = None
         self.contacts: dict[int, str] = {}
+        self.reasons: dict[int, Mapping[str, Any]] | None = None
 
 
 def _lookups(view: Any) -> _Row:
@@ -218,8 +242,7 @@ def _contact(view: Any, model: Any) -> str:
     rows = _lookups(view)
     cid = int(model.contact_id)
     if cid not in rows.contacts:
-        row = view.session.query(Contact.name).filter(Contact.org_id == org_id(), Contact.id == cid).first()
-        rows.contacts[cid] = row.name if row is not None and row.name else _("Contato %(id)s", id=cid)
+        rows.contacts[cid] = contact_name(view.session.connection(), org_id(), cid)
     return rows.contacts[cid]
 
 
@@ -228,7 +251,18 @@ def _node(view: Any, model: Any) -> str:
 
 
 def _reason(view: Any, model: Any) -> str:
-    return run_reason(view.session.connection(), org_id(), model) or ""
+    reasons = _lookups(view).reasons
+    params = reasons.get(int(model.id), {}) if reasons is not None else None
+    return run_reason(view.session.connection(), org_id(), model, params) or ""
+
+
+def _prefetch(view: Any, rows: Sequence[Any]) -> None:
+    """A page's contact names and reason parameters in two queries, not two per row."""
+    lookups = _lookups(view)
+    conn = view.session.connection()
+    oid = org_id()
+    lookups.contacts.update(contact_names(conn, oid, {int(r.contact_id) for r in rows} - set(lookups.contacts)))
+    lookups.reasons = reason_params(conn, oid, rows)
 
 
 def _contact_link(view: Any, context: Any, model: Any, name: str) -> Markup:
@@ -299,6 +333,11 @@ class FollowupQueueView(TenantModelView):
     def get_count_query(self) -> Any:
         query = super().get_count_query()
         return query.filter(Enrollment.status.in_(lifecycle.LIVE)) if self._live_only() else query
+
+    def get_list(self, *args: Any, **kwargs: Any) -> Any:
+        count, rows = super().get_list(*args, **kwargs)
+        _prefetch(self, list(rows))
+        return count, rows
 
     def _apply_sorting(self, query: Any, joins: Any, sort_column: Any, sort_desc: bool) -> Any:
         if sort_column is not None:

@@ -11,7 +11,7 @@ managers) posts to the queue's cancel, the one cancel path of the console.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from flask import abort, request, url_for
 from flask_admin import expose
@@ -25,11 +25,13 @@ from admin.views.followup.queue import (
     ENROLLMENT_STATUS_COLORS,
     ENROLLMENT_STATUS_LABELS,
     contact_name,
+    contact_names,
     enrollment_badge,
     flow_names,
     next_run,
     node_label,
     reason_text,
+    reason_params,
     run_reason,
 )
 from engine.flows import lifecycle, queries
@@ -88,13 +90,16 @@ def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
     return lines
 
 
-def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str]) -> dict[str, Any]:
+def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str],
+             reasons: Mapping[int, Mapping[str, Any]] | None = None,
+             names: Mapping[int, str] | None = None) -> dict[str, Any]:
     return {
         "id": row.id, "flow": flows.get(int(row.pointer_id), f"#{row.pointer_id}"), "version": row.version_number,
-        "contact_id": row.contact_id, "contact": contact_name(conn, oid, row.contact_id),
+        "contact_id": row.contact_id, "contact": names[int(row.contact_id)] if names is not None else contact_name(conn, oid, row.contact_id),
         "status": row.status, "badge": enrollment_badge(row.status), "live": row.status in lifecycle.LIVE,
         "node": node_label(conn, oid, int(row.version_id), row.current_node_id), "next_run": next_run(row.next_eval_at),
-        "reason": run_reason(conn, oid, row), "created_at": local_dt(row.created_at),
+        "reason": run_reason(conn, oid, row, None if reasons is None else reasons.get(int(row.id), {})),
+        "created_at": local_dt(row.created_at),
         "ended_at": local_dt(row.ended_at) if row.ended_at else None, "steps": row.steps, "llm_calls": row.llm_calls,
         "messages_sent": row.messages_sent, "replies": row.replies, "attempts": row.attempts,
     }
@@ -133,7 +138,9 @@ class RunsView(TenantPageView):
                 abort(404)
             query = queries.enrollments_query(oid, contact_id=contact.id)
         rows = conn.execute(query.order_by(enrollments.c.id.desc()).limit(LIST_ROWS)).all()
-        runs = [_summary(conn, oid, r, flows) for r in rows]
+        reasons = reason_params(conn, oid, rows)
+        names = contact_names(conn, oid, [r.contact_id for r in rows])
+        runs = [_summary(conn, oid, r, flows, reasons, names) for r in rows]
         contact_label = (contact.name or contact_name(conn, oid, contact.id)) if contact is not None else None
         session.rollback()
         return self.render("admin/followup/runs.html", runs=runs, contact=contact, contact_label=contact_label,
