@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -215,6 +216,25 @@ def apply_status(conn: Connection, org_id: int, channel_id: int, event: StatusEv
         values["error_code"] = None
     return transition(conn, org_id, msg.id, (msg.status,), event.status, event.status,
                       values=values, provider_status=event.status)
+
+
+#: How old an unprocessed patient message must be before the scheduler pokes the workers again.
+#: Well past a normal poke's round trip, so a busy queue is not doubled.
+REPOKE_AFTER = timedelta(minutes=1)
+
+
+def unprocessed(rt: Runtime, *, limit: int) -> list[int]:
+    """Ids of patient messages stored but still not acted on after REPOKE_AFTER, oldest first.
+
+    The webhook pokes the workers once; a poke lost with the broker, or retries that ran out on
+    a database error, would otherwise leave a SAIR unread for ever (the row is the truth)."""
+    with rt.db.connect() as conn:
+        return [int(i) for i in conn.execute(
+            select(inbound_messages.c.id)
+            .where(inbound_messages.c.processed_at.is_(None),
+                   inbound_messages.c.received_at < clock.now() - REPOKE_AFTER)
+            .order_by(inbound_messages.c.received_at).limit(limit)
+        ).scalars()]
 
 
 def process_inbound(rt: Runtime, inbound_id: int) -> str | None:

@@ -262,6 +262,7 @@ def _record_pass(result: str, seconds: float, tick: Any) -> None:
     if tick is not None:
         _metric("scheduler_claimed").labels("messages").inc(int(getattr(tick, "claimed", 0) or 0))
         _metric("scheduler_claimed").labels("enrollments").inc(int(getattr(tick, "advanced", 0) or 0))
+        _metric("scheduler_claimed").labels("inbound_repoked").inc(int(getattr(tick, "repoked", 0) or 0))
         _metric("scheduler_last_pass").set(time.time())
 
 

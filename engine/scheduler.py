@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from engine import dispatch, metrics
+from engine import dispatch, inbound, metrics
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
 from engine.populate import PopulateResult, populate
@@ -41,18 +41,23 @@ class Tick:
     lost_claims: int = 0
     enrolled: int = 0
     retained: int = 0
+    repoked: int = 0
 
 
 class Scheduler:
     """One scheduler loop. `enqueue` hands a list of message ids to the workers, `enqueue_flows`
-    a list of [enrollment id, revision] claims."""
+    a list of [enrollment id, revision] claims, `enqueue_inbound` a list of patient messages
+    whose first poke was lost."""
 
     def __init__(self, rt: Runtime, enqueue: Callable[[Sequence[int]], None],
-                 enqueue_flows: Callable[[Sequence[Sequence[int]]], None] | None = None) -> None:
+                 enqueue_flows: Callable[[Sequence[Sequence[int]]], None] | None = None,
+                 enqueue_inbound: Callable[[Sequence[int]], None] | None = None) -> None:
         self.rt = rt
         self.enqueue = enqueue
         self.enqueue_flows = enqueue_flows
+        self.enqueue_inbound = enqueue_inbound
         self._last_populate = 0.0
+        self._last_repoke = 0.0
         # Once a day per org (a retention_runs row claims the day; the leader lock keeps one active).
         self.retention = DailyRetention(rt.db)
 
@@ -77,9 +82,26 @@ class Scheduler:
             if len(ids) < settings.claim_batch:
                 break
         lost, advanced = self._tick_flows()
+        repoked = self._repoke_inbound()
         retained = self.retention.maybe_run()
         return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
-                    advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained)
+                    advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained, repoked=repoked)
+
+    def _repoke_inbound(self) -> int:
+        """Hand the workers again, once per REPOKE_AFTER, the patient messages nobody acted on.
+
+        Acting is a compare-and-set on `processed_at`, so a poke that was only slow, not lost,
+        makes the second one a no-op."""
+        interval = inbound.REPOKE_AFTER.total_seconds()
+        if self.enqueue_inbound is None or time.monotonic() - self._last_repoke < interval:
+            return 0
+        self._last_repoke = time.monotonic()
+        ids = inbound.unprocessed(self.rt, limit=self.rt.settings.claim_batch)
+        for start in range(0, len(ids), self.rt.settings.send_batch):
+            self.enqueue_inbound(ids[start:start + self.rt.settings.send_batch])
+        if ids:
+            log.warning("patient messages handed to the workers again", extra={"count": len(ids)})
+        return len(ids)
 
     def _tick_flows(self) -> tuple[int, int]:
         """Sweep lost enrollment claims, then claim and hand out every due enrollment."""

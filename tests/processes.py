@@ -100,9 +100,14 @@ class Processes:
             proc.wait(timeout=30)
 
     def stop_all(self) -> None:
+        """Stop every group, also one whose leader a test already killed: its children would
+        otherwise go on consuming from the shared test broker during later tests."""
         for proc in self.children:
-            if proc.poll() is None:
-                self.kill(proc, signal.SIGTERM)
+            self.kill(proc, signal.SIGTERM)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group outlived its leader
+            except ProcessLookupError:
+                pass
 
     def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
         """Wait until a started process logs that it is ready to work (needs LEMBRA_LOG_LEVEL=INFO)."""

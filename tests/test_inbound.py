@@ -560,3 +560,31 @@ def test_connection_updates_break_and_restore_the_channel(rt, clock):
     with rt.db.begin() as conn:
         apply_connection(conn, channel(), ConnectionEvent(state="open"))
     assert channel().status == "active"
+
+
+# --- a lost poke -------------------------------------------------------------------------------
+
+
+def test_a_sair_whose_poke_was_lost_is_handed_to_the_workers_again_once(rt, clock):
+    """The webhook stores the message and pokes the workers; if that poke is lost (a flushed
+    broker, retries that ran out), the scheduler hands the stored message out again."""
+    from engine.scheduler import Scheduler
+
+    world = clinic(rt)
+    contact, _, _ = reminded(rt, clock, world)
+    payload = {"type": "message", "id": "in-lost", "from": PHONE, "timestamp": rt_now_ts(), "text": "SAIR"}
+    [inbound_id] = receive(rt, "sandbox", world.channels["whatsapp"],
+                           request(payload, sandbox_headers(rt, world.channels["whatsapp"]))).inbound_ids
+    pokes: list[list[int]] = []
+    assert Scheduler(rt, lambda ids: None, enqueue_inbound=lambda ids: pokes.append(list(ids))).tick().repoked == 0
+    assert pokes == [], "a fresh message is the webhook's poke's to handle"
+
+    clock.advance(timedelta(minutes=1, seconds=1))
+    assert Scheduler(rt, lambda ids: None, enqueue_inbound=lambda ids: pokes.append(list(ids))).tick().repoked == 1
+    assert pokes == [[inbound_id]]
+    assert [process_inbound(rt, i) for i in pokes[0]] == ["opted_out"]
+    assert prefs(rt, contact)["whatsapp"] == (False, True)
+
+    clock.advance(timedelta(minutes=5))
+    assert Scheduler(rt, lambda ids: None, enqueue_inbound=lambda ids: pokes.append(list(ids))).tick().repoked == 0
+    assert process_inbound(rt, inbound_id) is None, "acted on once"

@@ -277,7 +277,7 @@ def test_the_metrics_page_has_the_queue_the_counters_and_no_personal_data(rt, wo
         "event": set(metrics.MESSAGE_EVENTS) | {"other"}, "result": set(metrics.WEBHOOK_RESULTS) | {"ok", "error"},
         "status": {"new", "pending", "claimed", "sending", "sent", "delivered", "read", "failed", "cancelled",
                    "expired", "dead", "skipped", "unknown", "ok", "waiting", "deferred", "stale", "other"},
-        "what": {"messages", "enrollments"},
+        "what": {"messages", "enrollments", "inbound_repoked"},
     }
     for family in text_string_to_metric_families(text):
         if not family.name.startswith("lembra_"):
