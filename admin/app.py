@@ -9,6 +9,7 @@ from flask_wtf import CSRFProtect
 from prometheus_client import CollectorRegistry
 
 from admin import api, auth, health, optout, webhooks
+from admin.errors import init_error_pages
 from admin.i18n import init_i18n
 from admin.security import init_security_headers
 from admin.throttle import LoginThrottle
@@ -47,6 +48,7 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
 
     csrf.init_app(app)
     init_i18n(app)
+    init_error_pages(app)
     init_security_headers(app)  # CSP (with a nonce per response), no framing, nosniff, no-store
     auth.login_manager.init_app(app)
     warm_dummy_hash()  # an unknown e-mail's sign-in costs one hash from the first attempt on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from datetime import datetime
@@ -48,14 +49,33 @@ def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
     settings = _settings()
     configure(settings.log_level, settings.log_format)
     try:
-        Database(settings.database_url).check()
         if check_broker:
             broker_check(settings)
+        if not migrate:
+            _refuse_to_create_a_database(settings.database_url)
+        database = Database(settings.database_url)
+        database.check()
+        if not migrate and not database.has_schema():
+            fail("the database has no Lembra tables yet: run `lembra db upgrade` (or `lembra up`) first")
+        database.dispose()
         if migrate:
             upgrade(settings.database_url)
         return Runtime.build(settings)
     except ConfigError as exc:
         fail(str(exc))
+
+
+def _refuse_to_create_a_database(database_url: str) -> None:
+    """Only `lembra up` and `lembra db upgrade` may start a new SQLite file: a command run in the
+    wrong folder would otherwise leave an empty lembra.db (and a key) behind and fail on it."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    if not os.path.exists(url.database) and os.path.isdir(os.path.dirname(os.path.abspath(url.database))):
+        fail(f"no Lembra database at {os.path.abspath(url.database)}: run this in the folder where you ran "
+             "`lembra up`, or set DATABASE_URL")
 
 
 def _domain(action: Callable[[], Any]) -> Any:
@@ -91,8 +111,15 @@ def up(host: str, port: int, demo: bool, threads: int) -> None:
         if seeded.created:
             click.echo("Demo clinic created.")
         click.echo(f"Sign in as {seeded.owner_email} / {seeded.owner_password}")
+    embedded = Embedded(rt, worker_threads=threads)
+    try:
+        server = embedded.listen(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            fail(f"port {port} is already in use on {host}: pick another with `lembra up --port 8080`")
+        fail(f"cannot listen on {host}:{port} ({exc.strerror or type(exc).__name__})")
     click.echo(f"Lembra is running on http://{host}:{port}/  (Ctrl+C to stop)")
-    Embedded(rt, worker_threads=threads).serve(host, port)
+    embedded.serve(server)
 
 
 @main.command(help="Run the web console and webhooks under gunicorn.")
@@ -174,7 +201,8 @@ def scheduler(once: bool) -> None:
     import engine.actors as actors
 
     sched = Scheduler(rt, lambda ids: actors.send_messages.send(list(ids)),
-                      lambda pairs: actors.advance_enrollments.send([list(p) for p in pairs]))
+                      lambda pairs: actors.advance_enrollments.send([list(p) for p in pairs]),
+                      lambda ids: actors.process_inbound.send(list(ids)))
     if once:
         tick = sched.tick(force_populate=True)
         click.echo(f"claimed {tick.claimed} message(s)")
@@ -259,11 +287,13 @@ def users_create(org_slug: str, email: str, role: str, password: str | None) -> 
     click.echo(str(user_id))
 
 
-@main.command(help="Show the queue (no message bodies, no phone numbers).")
-@click.option("--status", default=None)
+@main.command(help="Show the queue (no message bodies, no phone numbers). STATUS and REASON are in words; "
+                   "--codes prints the raw codes instead, for scripts.")
+@click.option("--status", default=None, help="Only this status (one of the codes --codes prints).")
 @click.option("--org", "org_slug", default=None)
 @click.option("--limit", default=50, show_default=True, type=int)
-def messages(status: str | None, org_slug: str | None, limit: int) -> None:
+@click.option("--codes", is_flag=True, help="Print status and reason as codes, not sentences.")
+def messages(status: str | None, org_slug: str | None, limit: int, codes: bool) -> None:
     from engine.models import MESSAGE_STATUSES
     from engine.models import messages as messages_table
     from engine.models import orgs as orgs_table
@@ -285,13 +315,26 @@ def messages(status: str | None, org_slug: str | None, limit: int) -> None:
             query = query.where(m.c.status == status)
         rows = conn.execute(query.order_by(m.c.id.desc()).limit(limit)).all()
         totals = conn.execute(counts).all()
-    header = f"{'ID':>7}  {'ORG':<12} {'PURPOSE':<22} {'KIND':<8} {'STATUS':<10} {'DUE (UTC)':<17} {'TRY':>3}  REASON"
+    width = 10 if codes else 34  # the longest status label
+    header = (f"{'ID':>7}  {'ORG':<12} {'PURPOSE':<22} {'KIND':<8} {'STATUS':<{width}} {'DUE (UTC)':<17} "
+              f"{'TRY':>3}  REASON")
     click.echo(header)
     for r in rows:
         due = r.due_at.strftime("%Y-%m-%d %H:%M") if isinstance(r.due_at, datetime) else "-"
-        click.echo(f"{r.id:>7}  {r.slug[:12]:<12} {r.purpose[:22]:<22} {r.channel_kind:<8} {r.status:<10} "
-                   f"{due:<17} {r.attempts:>3}  {r.error_code or r.skip_reason or ''}")
+        shown_status, reason = _message_words(r, codes)
+        click.echo(f"{r.id:>7}  {r.slug[:12]:<12} {r.purpose[:22]:<22} {r.channel_kind:<8} {shown_status:<{width}} "
+                   f"{due:<17} {r.attempts:>3}  {reason}")
     click.echo("totals: " + (", ".join(f"{s}={n}" for s, n in sorted(totals)) or "empty"))
+
+
+def _message_words(row: Any, codes: bool) -> tuple[str, str]:
+    """A queue row's status and reason: the catalogue's pt-BR words, or the raw codes."""
+    from engine.reasons import row_reason, status_label
+
+    if codes:
+        return row.status, row.error_code or row.skip_reason or ""
+    reason = row_reason(row.error_code, row.skip_reason, kind=row.channel_kind)
+    return str(status_label(row.status)), str(reason) if reason is not None else ""
 
 
 @main.group(help="Provider accounts (channels).")

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from typing import Sequence
 
 import dramatiq
-from werkzeug.serving import make_server
+from werkzeug.serving import BaseWSGIServer, make_server
 
 from admin.app import create_app
 from engine.broker import setup_broker
@@ -29,7 +30,7 @@ class Embedded:
 
         self.actors = actors
         self.worker = dramatiq.Worker(self.broker, worker_threads=worker_threads)
-        self.scheduler = Scheduler(rt, self.enqueue_send, self.enqueue_flows)
+        self.scheduler = Scheduler(rt, self.enqueue_send, self.enqueue_flows, self.enqueue_inbound)
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -62,10 +63,19 @@ class Embedded:
             thread.join(timeout=10)
         self.worker.stop()
 
-    def serve(self, host: str, port: int) -> None:
-        """Run the web console until interrupted, with scheduler and workers alongside."""
+    def listen(self, host: str, port: int) -> BaseWSGIServer:
+        """Bind the web console's socket (an OSError when the port is taken), not yet serving."""
+        # Werkzeug prints its own advice and exits on a taken port; try the port first so the
+        # CLI can say it in one line.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
         app = create_app(self.rt, enqueue_inbound=self.enqueue_inbound)
-        server = make_server(host, port, app, threaded=True)
+        return make_server(host, port, app, threaded=True)
+
+    def serve(self, server: BaseWSGIServer) -> None:
+        """Run the web console until interrupted, with scheduler and workers alongside."""
         self.start()
         try:
             server.serve_forever()

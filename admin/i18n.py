@@ -14,6 +14,7 @@ import io
 from pathlib import Path
 
 from babel.messages.mofile import write_mo
+from babel.numbers import format_decimal, format_percent
 from babel.messages.pofile import read_po
 from babel.support import NullTranslations, Translations
 from flask import Flask, has_request_context, request
@@ -23,7 +24,7 @@ from flask_login import current_user
 from engine.texts import Text
 
 #: The console's languages, the first the default.
-LOCALES: dict[str, str] = {"pt_BR": "Português (Brasil)", "en": "English"}
+LOCALES: dict[str, str] = {"pt_BR": "Português (BR)", "en": "English"}
 DEFAULT_LOCALE = "pt_BR"
 CATALOGS = Path(__file__).parent / "translations"
 
@@ -109,9 +110,21 @@ def init_i18n(app: Flask) -> None:
     app.jinja_env.globals["lembra_locales"] = LOCALES
     app.jinja_env.globals["lembra_locale"] = current_locale
     app.jinja_env.filters["translate"] = translate
+    app.jinja_env.filters["lembra_percent"] = format_percent_local
+    app.jinja_env.filters["lembra_number"] = format_number_local
 
 
 def current_locale() -> str:
     return str(get_locale() or DEFAULT_LOCALE)
 
 
+
+
+def format_percent_local(value: float) -> str:
+    """A share in the reader's notation ("12,5 %" in Portuguese, "12.5%" in English)."""
+    return format_percent(value, format="#,##0.#%", locale=current_locale())
+
+
+def format_number_local(value: float) -> str:
+    """A count or amount with the reader's separators ("1.234" in Portuguese, "1,234" in English)."""
+    return format_decimal(value, locale=current_locale())

@@ -3,7 +3,8 @@ re-populates that appointment's reminders at once (SPEC §4)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -11,8 +12,19 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.models import APPOINTMENT_STATUSES, appointments, contacts, orgs
+from engine.models import (
+    APPOINTMENT_STATUSES,
+    appointments,
+    channels,
+    contacts,
+    messages,
+    orgs,
+    preferences,
+    reminder_rule_kinds,
+    reminder_rules,
+)
 from engine.orgs import DomainError
+from engine.privacy import addresses
 
 LIVE = ("scheduled", "confirmed")
 
@@ -137,3 +149,95 @@ def set_status(conn: Connection, org_id: int, appointment_id: int, current: str,
     else:  # completed, no_show
         conn.execute(update(appointments).where(where).values(status=target, updated_at=now))
         _event(conn, org_id, appointment_id, target)
+
+
+# --- what an appointment's reminders will do -------------------------------------------------
+#: Rules whose reminder is expected as soon as the appointment is booked (after-start and
+#: cancellation notices are about later events).
+_BOOKING_TRIGGERS = ("before_start", "on_create")
+#: Messages of a rule that mean "this reminder goes (or went)".
+_GOING = ("new", "pending", "claimed", "sending", "sent", "delivered", "read", "unknown")
+
+
+@dataclass(frozen=True)
+class SkippedReminder:
+    """An active rule that sends nothing for the appointment's current time, and why
+    (`reason` is a code of engine/catalogue.py)."""
+
+    rule_id: int
+    rule_name: str
+    trigger: str
+    offset_minutes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReminderOutlook:
+    """What the appointment's reminders will do, for the person who just booked or moved it."""
+
+    queued: int
+    skipped: list[SkippedReminder]
+    in_past: bool
+
+
+def reminder_outlook(conn: Connection, org_id: int, appointment_id: int, *, horizon: timedelta) -> ReminderOutlook:
+    """After a populate of the appointment (engine.populate.refresh_appointment): how many of its
+    reminders for the current time are queued, and each active rule that sends nothing, with
+    the reason — the time it was meant for has passed, no consent, no working channel, no
+    address. A rule whose reminder is simply not due yet (beyond `horizon`) is not skipped."""
+    appt = get(conn, org_id, appointment_id)
+    now = clock.now()
+    in_past = appt.starts_at <= now
+    if appt.status not in LIVE:
+        return ReminderOutlook(0, [], in_past)
+    rules = conn.execute(select(reminder_rules).where(
+        reminder_rules.c.org_id == org_id, reminder_rules.c.active.is_(True)).order_by(reminder_rules.c.id)).all()
+    sent = conn.execute(select(messages.c.rule_id, messages.c.status, messages.c.skip_reason).where(
+        messages.c.org_id == org_id, messages.c.appointment_id == appointment_id,
+        messages.c.appointment_starts_at == appt.starts_at, messages.c.rule_id.is_not(None))
+        .order_by(messages.c.id)).all()
+    going = {m.rule_id for m in sent if m.status in _GOING}
+    skip_reason = {m.rule_id: m.skip_reason for m in sent if m.status == "skipped" and m.skip_reason}
+    why_not = _WhyNot(conn, org_id, appt)
+    skipped: list[SkippedReminder] = []
+    for rule in rules:
+        if rule.id in going:
+            continue
+        reason = skip_reason.get(rule.id)
+        if reason is None and rule.trigger in _BOOKING_TRIGGERS:
+            if in_past:
+                reason = "appointment_in_past"
+            elif appt.starts_at <= now + horizon:
+                reason = why_not.reason(rule.id)
+        if reason is not None:
+            skipped.append(SkippedReminder(rule.id, rule.name, rule.trigger, rule.offset_minutes, reason))
+    return ReminderOutlook(len(going), skipped, in_past)
+
+
+class _WhyNot:
+    """Why populate chose no channel kind for a rule of this appointment (same conditions as
+    engine.populate._insert_reminders, asked one by one to name the one that failed)."""
+
+    def __init__(self, conn: Connection, org_id: int, appt: Any) -> None:
+        self.conn, self.org_id = conn, org_id
+        contact = conn.execute(select(contacts).where(contacts.c.org_id == org_id,
+                                                      contacts.c.id == appt.contact_id)).one()
+        refused = addresses.refused_kinds_for(conn, org_id, addresses.addresses_of(contact.phone, contact.email))
+        self.consented = {p.kind for p in conn.execute(select(preferences.c.kind).where(
+            preferences.c.org_id == org_id, preferences.c.contact_id == contact.id,
+            preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None)))} - refused
+        self.working = set(conn.execute(select(channels.c.kind).where(
+            channels.c.org_id == org_id, channels.c.status == "active")).scalars())
+        self.reachable = {k for k in ("whatsapp", "sms") if contact.phone} | ({"email"} if contact.email else set())
+
+    def reason(self, rule_id: int) -> str | None:
+        kinds = set(self.conn.execute(select(reminder_rule_kinds.c.kind).where(
+            reminder_rule_kinds.c.org_id == self.org_id, reminder_rule_kinds.c.rule_id == rule_id)).scalars())
+        agreed = kinds & self.consented
+        if not agreed:
+            return "reminder_no_consent"
+        if not agreed & self.working:
+            return "reminder_no_channel"
+        if not agreed & self.working & self.reachable:
+            return "reminder_no_address"
+        return None

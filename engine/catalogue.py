@@ -134,10 +134,291 @@ CATALOGUE: dict[str, Text] = {
     "egress_refused": N_("endereço não permitido: ele aponta para a rede interna (localhost, rede privada ou "
                          "link-local); use um endereço público ou peça a quem opera o Lembra para liberá-lo "
                          "em LEMBRA_PROVIDER_ALLOW"),
+    # === messages: statuses, provider errors, skip reasons, reply outcomes ====================
+    # Read through engine/reasons.py (message_reason, status_label, event_label, reply_outcome),
+    # which maps a raw code to its key here; a code the catalogue already gives another meaning
+    # (timeout, connection_error, window_closed, http_*: the AI's and the flow steps') has its
+    # send-side sentence under its own key (send_timeout, ...).
+    # --- message statuses (engine/models.py MESSAGE_STATUSES), as labels
+    "message_status_new": N_("Aguardando o horário de envio"),
+    "message_status_pending": N_("Agendada"),
+    "message_status_claimed": N_("Preparando o envio"),
+    "message_status_sending": N_("Enviando"),
+    "message_status_sent": N_("Enviada"),
+    "message_status_delivered": N_("Entregue"),
+    "message_status_read": N_("Lida"),
+    "message_status_failed": N_("Falhou"),
+    "message_status_unknown": N_("Envio incerto"),
+    "message_status_cancelled": N_("Cancelada"),
+    "message_status_expired": N_("Expirou"),
+    "message_status_dead": N_("Sem sucesso após várias tentativas"),
+    "message_status_skipped": N_("Não enviada"),
+    # --- message events (message_events.event), as labels
+    "message_event_queued": N_("Entrou na fila"),
+    "message_event_planned": N_("Horário de envio recalculado"),
+    "message_event_claimed": N_("Separada para envio"),
+    "message_event_reclaimed": N_("Voltou para a fila"),
+    "message_event_sending": N_("Envio iniciado"),
+    "message_event_sent": N_("Enviada ao provedor"),
+    "message_event_delivered": N_("Entregue"),
+    "message_event_read": N_("Lida"),
+    "message_event_failed": N_("Falhou"),
+    "message_event_retried": N_("Nova tentativa agendada"),
+    "message_event_deferred": N_("Adiada"),
+    "message_event_unknown": N_("Envio incerto"),
+    "message_event_dead": N_("Sem sucesso após várias tentativas"),
+    "message_event_expired": N_("Expirou"),
+    "message_event_cancelled": N_("Cancelada"),
+    "message_event_skipped": N_("Pulada"),
+    # --- why the engine did not send, or postponed, a message (engine/dispatch.py, outbox.py, populate.py,
+    # rules.py, replan.py; the console's Fila); opted_out, address_opted_out, contact_erased,
+    # enrollment_stopped, too_late, no_allowed_instant and the flow reasons above are reused
+    "appointment_changed": N_("O agendamento mudou (outro horário, cancelado ou concluído) antes do envio, então este"
+                              " lembrete foi cancelado; se ainda valer, um novo lembrete foi programado."),
+    "appointment_cancelled": N_("O agendamento foi cancelado antes do envio; o lembrete não saiu."),
+    "appointment_moved": N_("O agendamento mudou de horário antes do envio; este lembrete foi cancelado e outro foi "
+                            "programado para o novo horário."),
+    "outside_sending_window": N_("Fora do horário de envio da clínica; a mensagem sai no próximo horário permitido."),
+    "pacing": N_("Para não parecer spam, este número envia com intervalo; a mensagem sai no próximo horário livre."),
+    "daily_cap": N_("O número atingiu o limite diário de envios; a mensagem sai no próximo dia."),
+    "expired_before_send": N_("O prazo desta mensagem acabou antes que ela saísse, e depois disso ela não faria mais "
+                              "sentido. Nada saiu; se ainda for útil, fale com o paciente por outro meio."),
+    "retry_after_expiry": N_("O envio falhou e a próxima tentativa cairia depois do prazo desta mensagem, então o "
+                             "Lembra desistiu. Nada saiu; se ainda for útil, fale com o paciente por outro meio."),
+    "retry_after_expiry_error": N_("A próxima tentativa cairia depois do prazo desta mensagem, então o Lembra "
+                                   "desistiu; se ainda for útil, fale com o paciente por outro meio. O último "
+                                   "erro foi: %(error)s"),
+    "worker_lost": N_("O processo de envio parou no meio da chamada ao provedor; não dá para saber se a mensagem "
+                      "saiu. Confira com o paciente antes de reenviar."),
+    "lease_expired": N_("O processo de envio parou no meio; como o provedor descarta envios repetidos, o Lembra tenta"
+                        " de novo sem risco de duplicar."),
+    "outcome_unknown": N_("O provedor não confirmou o envio; não dá para saber se a mensagem saiu. Confira com o "
+                          "paciente antes de reenviar."),
+    "unexpected_error": N_("Um erro inesperado aconteceu durante o envio; não dá para saber se a mensagem saiu. "
+                           "Confira com o paciente antes de reenviar e avise quem opera o Lembra."),
+    "cancelled_by_operator": N_("Alguém da equipe cancelou esta mensagem na Fila."),
+    "retried_by_operator": N_("Alguém da equipe pediu um novo envio desta mensagem na Fila."),
+    "no_channel": N_("A clínica não tem um canal deste tipo (WhatsApp, SMS ou e-mail). Configure o canal em "
+                     "Configuração e reenvie."),
+    "channel_unavailable": N_("O canal desta mensagem está desativado ou com problema. O Lembra tenta de novo; "
+                              "confira o canal em Configuração."),
+    "channel_misconfigured": N_("As credenciais guardadas deste canal não puderam ser lidas. O Lembra tenta de novo; "
+                                "salve as credenciais do canal outra vez em Configuração."),
+    "template_error": N_("O modelo de mensagem tem um erro e não pôde ser montado. Corrija o modelo e reenvie."),
+    "no_address": N_("O paciente não tem telefone ou e-mail para este canal. Complete o cadastro e reenvie."),
+    "permanent": N_("O provedor recusou a mensagem de vez, sem dizer o motivo. Confira o contato e o canal antes de "
+                    "reenviar."),
+    "transient": N_("O provedor falhou por enquanto, sem dizer o motivo; o Lembra tenta de novo mais tarde."),
+    "provider_failed": N_("O provedor avisou que a mensagem não foi entregue, sem dizer o motivo. Confira o telefone "
+                          "ou o e-mail do paciente e reenvie."),
+    # --- provider errors (providers/*, gateway/http.py): what the provider answered, and what to do
+    "config_missing": N_("Falta configurar o canal (chave, remetente ou servidor). Complete o canal em Configuração e"
+                         " reenvie."),
+    "config_invalid": N_("A configuração do canal tem um valor inválido (remetente, porta, segurança ou certificado)."
+                         " Corrija o canal em Configuração e reenvie."),
+    "not_configured": N_("O canal não está completamente configurado. Complete-o em Configuração e reenvie."),
+    "misconfigured": N_("Falta no canal do WhatsApp o identificador do número ou o token de acesso. Complete o canal "
+                        "em Configuração e reenvie."),
+    "invalid_number": N_("O telefone do paciente não é um número válido. Corrija o telefone no cadastro e reenvie."),
+    "invalid_address": N_("O e-mail do paciente não é um endereço válido. Corrija o e-mail no cadastro e reenvie."),
+    "empty_text": N_("A mensagem ficou sem texto. Confira o modelo de mensagem e reenvie."),
+    "no_subject": N_("O e-mail ficou sem assunto. Preencha o assunto no modelo de mensagem e reenvie."),
+    "no_text": N_("O e-mail ficou sem texto. Preencha o texto no modelo de mensagem e reenvie."),
+    "bad_header": N_("Um cabeçalho extra do canal de e-mail é inválido. Corrija-o em Configuração e reenvie."),
+    "bad_response": N_("O provedor respondeu de um jeito inesperado; não dá para saber se a mensagem saiu. Confira "
+                       "com o paciente antes de reenviar."),
+    "no_message_id": N_("O provedor aceitou a mensagem mas não devolveu o identificador dela, então não dá para "
+                        "acompanhar a entrega. Confira com o paciente antes de reenviar."),
+    "unsupported": N_("Este provedor não tem esta função."),
+    "connect_failed": N_("Não foi possível iniciar a conexão do WhatsApp. Tente conectar o número de novo em "
+                         "Configuração."),
+    "connection_closed": N_("O WhatsApp do número da clínica está desconectado. Conecte o número de novo (QR code) em"
+                            " Configuração; o Lembra tenta de novo."),
+    "not_on_whatsapp": N_("Este número não tem WhatsApp. Confira o telefone no cadastro ou use SMS ou e-mail."),
+    "bad_request": N_("O provedor recusou o pedido. Confira o telefone do paciente e o texto da mensagem, e reenvie."),
+    "unauthorized": N_("O provedor recusou a chave de acesso do canal. Confira a chave em Configuração e reenvie."),
+    "forbidden": N_("O provedor negou acesso ao canal. Confira a chave e as permissões do canal em Configuração."),
+    "instance_name_in_use": N_("Já existe uma conexão com este nome no servidor do WhatsApp. Dê outro nome ao canal."),
+    "instance_not_found": N_("A conexão do WhatsApp deste canal não existe mais no servidor. Conecte o número de novo"
+                             " em Configuração."),
+    "not_found": N_("O endereço do provedor não foi encontrado. Confira o endereço do servidor em Configuração."),
+    "connect_timeout": N_("Não foi possível falar com o provedor a tempo; nada saiu e o Lembra tenta de novo."),
+    "send_timeout": N_("O provedor não respondeu a tempo; a mensagem pode ter saído ou não. O Lembra só tenta de novo"
+                       " quando não há risco de duplicar; senão, confira com o paciente."),
+    "send_connection_error": N_("Não foi possível conectar ao provedor; nada saiu e o Lembra tenta de novo."),
+    "request_error": N_("O pedido ao provedor falhou no caminho; o Lembra tenta de novo."),
+    "provider_throttled": N_("O provedor pediu para esperar (muitos envios em pouco tempo); o Lembra tenta de novo "
+                             "mais tarde."),
+    "provider_error": N_("O provedor teve um erro interno; o Lembra tenta de novo mais tarde."),
+    "send_http_credentials": N_("O provedor recusou as credenciais do canal (HTTP %(status)s). Confira a chave ou o "
+                                "token em Configuração e reenvie."),
+    "send_http_server": N_("O provedor teve um erro (HTTP %(status)s); o Lembra tenta de novo mais tarde."),
+    "send_http_refused": N_("O provedor recusou o pedido (HTTP %(status)s). Confira o contato e o canal; se "
+                            "continuar, avise quem opera o Lembra."),
+    "provider_code": N_("O provedor recusou ou não entregou a mensagem (código %(code)s do provedor). Confira o "
+                        "contato e o canal; se continuar, avise quem opera o Lembra."),
+    "unknown_code": N_("Aconteceu algo que o Lembra ainda não sabe descrever (código interno %(code)s). Se continuar,"
+                       " avise quem opera o Lembra."),
+    "sandbox_permanent": N_("O sandbox recusou a mensagem de propósito (teste de falha permanente). Nada saiu; num "
+                            "canal real, confira o número e reenvie."),
+    "sandbox_transient": N_("O sandbox simulou de propósito uma falha passageira (teste). Nada saiu; o Lembra tenta "
+                            "de novo, como faria num canal real."),
+    "sandbox_no_recorder": N_("O sandbox não tem onde guardar a mensagem de teste. Avise quem opera o Lembra."),
+    # --- WhatsApp Cloud API (providers/meta: its named codes and Graph error numbers)
+    "template_required": N_("A janela de 24 horas do WhatsApp estava fechada e esta mensagem não tem modelo aprovado."
+                            " Cadastre o nome do modelo aprovado na Meta e reenvie."),
+    "send_window_closed": N_("O paciente não escreve há mais de 24 horas, e fora dessa janela o WhatsApp só aceita "
+                             "modelos aprovados. Envie um modelo aprovado."),
+    "undeliverable": N_("O WhatsApp não conseguiu entregar: o número pode não ter WhatsApp, o aplicativo pode estar "
+                        "desatualizado ou os termos não foram aceitos. Confira o telefone ou use SMS ou e-mail."),
+    "throughput": N_("O WhatsApp está recebendo mensagens deste número rápido demais; o Lembra espera e tenta de "
+                     "novo."),
+    "pair_rate_limit": N_("Muitas mensagens para este paciente em pouco tempo; o Lembra espera e tenta de novo."),
+    "spam_rate_limit": N_("O WhatsApp restringiu o número da clínica por suspeita de spam. Nada saiu; diminua os "
+                          "envios e confira a qualidade do número no gerenciador da Meta."),
+    "marketing_limit": N_("O paciente atingiu o limite de mensagens de marketing do WhatsApp; o Lembra tenta de novo "
+                          "mais tarde."),
+    "unsupported_type": N_("O WhatsApp não aceita este tipo de mensagem. Use texto ou um modelo aprovado."),
+    "generic_error": N_("O WhatsApp teve um erro interno; o Lembra tenta de novo mais tarde."),
+    "experiment": N_("O número do paciente faz parte de um teste da Meta e não recebe esta mensagem. Use SMS ou "
+                     "e-mail."),
+    "media_error": N_("O WhatsApp não conseguiu carregar o anexo da mensagem. Confira o anexo e reenvie."),
+    "token_invalid": N_("O token de acesso da Meta expirou ou é inválido. Gere um token novo e salve-o no canal em "
+                        "Configuração."),
+    "account_restricted": N_("A Meta bloqueou a conta do WhatsApp da clínica por violar as políticas. Confira os "
+                             "avisos no gerenciador da Meta."),
+    "account_locked": N_("A conta do WhatsApp da clínica está trancada. Confira os avisos no gerenciador da Meta."),
+    "waba_rate_limit": N_("A conta do WhatsApp da clínica atingiu o limite de pedidos; o Lembra tenta de novo mais "
+                          "tarde."),
+    "meta_invalid_parameter": N_("A Meta recusou um dado do pedido (parâmetro inválido). Confira o telefone do "
+                                 "paciente e o modelo de mensagem, e reenvie."),
+    "meta_template_params": N_("O número de variáveis não bate com o modelo aprovado na Meta. Corrija o modelo de "
+                               "mensagem e reenvie."),
+    "meta_template_missing": N_("Este modelo não existe na Meta, ou não neste idioma. Confira o nome e o idioma do "
+                                "modelo aprovado."),
+    "meta_template_format": N_("As variáveis não estão no formato que o modelo aprovado na Meta espera. Corrija o "
+                               "modelo de mensagem e reenvie."),
+    "meta_template_paused": N_("A Meta pausou ou desativou este modelo por baixa qualidade. Revise o modelo no "
+                               "gerenciador da Meta ou use outro."),
+    "meta_template": N_("A Meta recusou o modelo de mensagem (erro %(code)s da Meta). Confira o modelo aprovado na "
+                        "Meta e reenvie."),
+    "meta_error": N_("O WhatsApp recusou a mensagem (erro %(code)s da Meta). Confira o telefone e o modelo; se "
+                     "continuar, avise quem opera o Lembra."),
+    # --- e-mail (providers/email: SMTP and Resend)
+    "timeout_after_data": N_("O servidor de e-mail parou de responder depois de receber a mensagem; não dá para saber"
+                             " se ela saiu. Confira com o paciente antes de reenviar."),
+    "disconnected_after_data": N_("O servidor de e-mail desligou depois de receber a mensagem; não dá para saber se "
+                                  "ela saiu. Confira com o paciente antes de reenviar."),
+    "starttls_unsupported": N_("O servidor de e-mail não oferece conexão segura (STARTTLS). Mude a segurança do canal"
+                               " em Configuração ou use outro servidor."),
+    "auth_unsupported": N_("O servidor de e-mail não aceita o tipo de login do Lembra. Confira o servidor e a "
+                           "segurança do canal em Configuração."),
+    "smtp_recipient_refused": N_("O servidor de e-mail recusou o endereço do paciente. Confira o e-mail no cadastro e"
+                                 " reenvie."),
+    "smtp_unsupported": N_("O servidor de e-mail não tem um recurso de que o Lembra precisa. Use outro servidor ou "
+                           "confira o canal em Configuração."),
+    "tls_certificate": N_("O certificado do servidor de e-mail não é válido. Confira o endereço do servidor ou o "
+                          "certificado em Configuração."),
+    "tls_interrupted": N_("A conexão segura com o servidor de e-mail caiu; o Lembra tenta de novo."),
+    "tls_error": N_("A conexão segura com o servidor de e-mail falhou. Confira a segurança e a porta do canal em "
+                    "Configuração."),
+    "disconnected": N_("O servidor de e-mail fechou a conexão; o Lembra tenta de novo."),
+    "connection_refused": N_("O servidor de e-mail recusou a conexão; o Lembra tenta de novo. Se continuar, confira o"
+                             " servidor e a porta em Configuração."),
+    "dns_error": N_("O endereço do servidor de e-mail não foi encontrado; o Lembra tenta de novo. Se continuar, "
+                    "confira o servidor em Configuração."),
+    "smtp_error": N_("O servidor de e-mail teve um erro; o Lembra tenta de novo."),
+    "smtp_deferred": N_("O servidor de e-mail adiou a mensagem (código %(code)s); o Lembra tenta de novo."),
+    "smtp_login_refused": N_("O servidor de e-mail recusou o usuário ou a senha do canal (código %(code)s). Confira o"
+                             " login em Configuração."),
+    "smtp_refused": N_("O servidor de e-mail recusou a mensagem (código %(code)s). Confira o e-mail do paciente e o "
+                       "canal; se continuar, avise quem opera o Lembra."),
+    "hard_bounce": N_("O e-mail voltou: o endereço não existe ou não aceita mensagens. Corrija o e-mail no cadastro."),
+    "soft_bounce": N_("O e-mail voltou por um problema passageiro (caixa cheia ou servidor fora do ar). Reenvie mais "
+                      "tarde."),
+    "complained": N_("O paciente marcou o e-mail como spam; ele não recebe mais e-mails da clínica."),
+    "suppressed": N_("O provedor não enviou porque este e-mail já voltou ou foi marcado como spam antes. Confira o "
+                     "e-mail no cadastro."),
+    "send_failed": N_("O provedor de e-mail não conseguiu enviar. Confira o canal em Configuração e reenvie."),
+    "validation_error": N_("O provedor de e-mail recusou o pedido (dados inválidos). Confira o e-mail do paciente e o"
+                           " remetente do canal, e reenvie."),
+    "email_quota_daily": N_("A cota diária de e-mails do provedor acabou; o Lembra tenta de novo mais tarde."),
+    "monthly_quota_exceeded": N_("A cota mensal de e-mails do provedor acabou e o canal foi pausado. Amplie o plano "
+                                 "no provedor ou espere o próximo mês."),
+    "concurrent_idempotent_requests": N_("O mesmo envio ainda estava em andamento no provedor; o Lembra tenta de "
+                                         "novo."),
+    "invalid_idempotent_request": N_("O provedor já recebeu um pedido diferente com a mesma chave deste envio; nada "
+                                     "saiu. Avise quem opera o Lembra."),
+    "email_api_key_refused": N_("O provedor de e-mail recusou a chave de API do canal. Confira a chave em "
+                                "Configuração."),
+    "invalid_from_address": N_("O remetente do canal de e-mail não é válido ou o domínio não foi verificado no "
+                               "provedor. Confira o remetente em Configuração."),
+    # --- SMS (providers/sms: Twilio error numbers, Zenvia statuses)
+    "sms_stop": N_("O paciente respondeu STOP por SMS e não recebe mais SMS deste número; só volta a receber se "
+                   "responder START."),
+    "sms_not_mobile": N_("O número não é de celular e não recebe SMS. Confira o telefone no cadastro."),
+    "sms_unreachable": N_("O celular do paciente estava desligado ou sem sinal; reenvie mais tarde."),
+    "sms_blocked": N_("O número do paciente bloqueou as mensagens, ou a operadora bloqueou a entrega. Fale com o "
+                      "paciente por outro meio."),
+    "sms_unknown_number": N_("O número não existe ou não está mais ativo. Confira o telefone no cadastro."),
+    "sms_filtered": N_("A operadora bloqueou a mensagem como spam. Revise o texto do modelo de mensagem e reenvie."),
+    "sms_carrier_error": N_("A operadora não entregou, sem dizer o motivo; reenvie mais tarde."),
+    "sms_account_refused": N_("O provedor de SMS recusou a conta ou o token do canal. Confira a conta em "
+                              "Configuração."),
+    "sms_rejected": N_("A operadora ou o provedor recusou a mensagem. Confira o telefone e o texto, e reenvie."),
+    "sms_not_delivered": N_("A operadora não conseguiu entregar (celular desligado ou sem sinal); reenvie mais tarde."),
+    "provider_cancelled": N_("O envio foi cancelado no provedor antes de sair."),
+    # --- what became of a patient's message (inbound_messages.outcome, engine/inbound.py)
+    "reply_pending": N_("Recebida, ainda sendo processada."),
+    "reply_free_text": N_("O paciente escreveu sem usar uma palavra-chave; leia e responda pela conversa, se preciso."),
+    "reply_unknown_contact": N_("A mensagem veio de um número sem cadastro. Cadastre o contato com este telefone para"
+                                " responder."),
+    "reply_no_appointment": N_("O paciente respondeu, mas não há agendamento para confirmar ou cancelar."),
+    "reply_opted_out": N_("O paciente pediu para sair: não recebe mais mensagens e recebeu a confirmação."),
+    "reply_already_opted_out": N_("O paciente pediu para sair de novo; ele já estava descadastrado."),
+    "reply_confirmed": N_("O paciente confirmou o agendamento."),
+    "reply_cancelled": N_("O paciente cancelou o agendamento; veja em Pendências se é preciso remarcar."),
+    "reply_appointment_scheduled": N_("O paciente respondeu, mas o agendamento não pôde mudar; nada mudou."),
+    "reply_appointment_confirmed": N_("O paciente respondeu, mas o agendamento já estava confirmado; nada mudou."),
+    "reply_appointment_cancelled": N_("O paciente respondeu, mas o agendamento já estava cancelado; nada mudou."),
+    "reply_appointment_completed": N_("O paciente respondeu, mas a sessão já tinha acontecido; nada mudou."),
+    "reply_appointment_no_show": N_("O paciente respondeu, mas o agendamento já estava marcado como falta; nada "
+                                    "mudou."),
+    "reply_other": N_("O Lembra recebeu a mensagem, mas não sabe descrever o que fez com ela (código interno "
+                      "%(code)s)."),
     # --- privacy (engine/privacy): refusals that follow the address, erasure, retention -------
     "address_opted_out": N_("Outro cadastro com o mesmo telefone ou e-mail pediu para não receber mensagens por "
                             "este canal; o pedido vale para o endereço, qualquer que seja o cadastro."),
     "contact_erased": N_("Os dados do paciente foram apagados a pedido (LGPD); nada mais é enviado a ele."),
+    # --- conversations (engine/conversations.py): answering a patient from the console ----------
+    "conversation_window_closed": N_("O paciente escreveu há mais de 24 horas; fora dessa janela o WhatsApp só "
+                                     "aceita modelos aprovados. Envie o modelo aprovado para retomar a conversa; "
+                                     "quando o paciente responder, você pode escrever livremente."),
+    "conversation_window_closed_no_template": N_("O paciente escreveu há mais de 24 horas; fora dessa janela o "
+                                                 "WhatsApp só aceita modelos aprovados, e o modelo "
+                                                 "para retomar a conversa (conversation_reopen) não tem nome "
+                                                 "aprovado na Meta. Peça a quem opera o Lembra para configurá-lo."),
+    "conversation_unknown_contact": N_("Este número não é de nenhum contato cadastrado, então não dá para "
+                                       "responder por aqui. Cadastre o contato com este telefone e responda de novo."),
+    "conversation_no_channel": N_("A clínica não tem um canal ativo deste tipo para responder. Confira os canais "
+                                  "em Configuração."),
+    "conversation_text_required": N_("Escreva a resposta antes de enviar."),
+    "conversation_text_too_long": N_("A resposta passa de %(max)s caracteres. Encurte o texto."),
+    "conversation_already_sent": N_("Esta resposta já tinha sido enviada; nada foi enviado de novo."),
+    "conversation_template_not_needed": N_("A conversa está aberta: escreva a resposta, sem precisar do modelo."),
+    "conversation_reply_queued": N_("A resposta foi para a fila de envio e sai pelo mesmo canal em instantes."),
+    # --- why a reminder of an appointment does not go (engine/windows.py skip reasons, and
+    # engine/appointments.reminder_outlook for the rules that queued nothing) ------------------
+    "too_late": N_("A hora deste lembrete já tinha passado quando ele entrou na fila; ele não é enviado."),
+    "no_allowed_instant": N_("Não há horário de envio permitido entre agora e o início da sessão (janela de envio da clínica)."),
+    "appointment_in_past": N_("O horário do agendamento já passou; nenhum lembrete é enviado."),
+    "reminder_no_consent": N_("O paciente não consentiu em receber mensagens por nenhum canal desta regra."),
+    "reminder_no_channel": N_("A clínica não tem um canal ativo para os canais que o paciente aceitou nesta regra."),
+    "reminder_no_address": N_("O paciente não tem telefone ou e-mail para os canais desta regra."),
+    # --- a change of rules or of the sending window (engine/rules.py, engine/replan.py) ----------
+    "rule_changed": N_("A regra deste lembrete foi desligada ou deixou de usar este canal; "
+                       "o lembrete foi cancelado."),
+    "replanned": N_("A regra deste lembrete ou o horário permitido da clínica mudou; o lembrete foi reagendado."),
 }
 
 

@@ -3,10 +3,12 @@ kind blocks that kind; SAIR opts out of every kind and stops every flow."""
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql import Select
 
 from engine import clock
 from engine.dialect import insert_ignore
@@ -15,6 +17,14 @@ from engine.orgs import DomainError
 from engine.outbox import cancel_open
 from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone
+
+
+#: How a patient can give consent at the clinic (`preferences.source` when the console records
+#: it; `evidence` then names who recorded it, `user:ID`). The API writes `api`, the CSV import
+#: `clinic` with the import as evidence.
+CONSENT_METHODS = ("reception_verbal", "signed_form", "whatsapp", "phone_call")
+#: Shortest run of digits in a search term that is also looked for in phone numbers.
+PHONE_DIGITS_MIN = 2
 
 
 class ExternalIdTaken(DomainError):
@@ -159,3 +169,31 @@ def find_all_by_address(conn: Connection, org_id: int, address: str) -> list[int
         select(contacts.c.id).where(contacts.c.org_id == org_id, column == value, contacts.c.erased_at.is_(None))
         .order_by(contacts.c.id)
     ).scalars()]
+
+
+def matching(org_id: int, text: str) -> Select:
+    """The ids of the org's (not erased) contacts that every word of `text` matches: a word
+    matches a contact when it is part of the name, the e-mail or the external id, or when its
+    digits are part of the phone — phones are stored in E.164, so "(16) 99988-7766" finds
+    "+5516999887766"."""
+    query = select(contacts.c.id).where(contacts.c.org_id == org_id, contacts.c.erased_at.is_(None))
+    text = text.replace("\x00", "").strip()
+    # A phone typed with spaces ("16 9 9988 7766") is one number, not four words.
+    words = [text] if _PHONE_LIKE.fullmatch(text) else text.split()
+    for word in words:
+        like = f"%{_escape_like(word)}%"
+        clauses = [contacts.c.name.ilike(like, escape="\\"), contacts.c.email.ilike(like, escape="\\"),
+                   contacts.c.external_id.ilike(like, escape="\\")]
+        digits = re.sub(r"\D", "", word).lstrip("0")  # a leading 0 is the trunk prefix ("016…"), not in E.164
+        if len(digits) >= PHONE_DIGITS_MIN:
+            clauses.append(contacts.c.phone.like(f"%{digits}%"))
+        query = query.where(or_(*clauses))
+    return query
+
+
+_PHONE_LIKE = re.compile(r"\+?[\d\s().\-]*\d[\d\s().\-]*")
+
+
+def _escape_like(word: str) -> str:
+    """`word` with LIKE's wildcards taken literally (a search for "50%" is not "50 anything")."""
+    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -94,6 +94,13 @@ class Database:
         except OperationalError as exc:
             raise ConfigError(f"DATABASE_URL: cannot connect ({_reason(exc)})") from None
 
+    def has_schema(self) -> bool:
+        """Whether the migrations have run here (the orgs table exists)."""
+        from sqlalchemy import inspect
+
+        with self.engine.connect() as conn:
+            return bool(inspect(conn).has_table("orgs"))
+
     def dispose(self) -> None:
         self.engine.dispose()
 

@@ -360,8 +360,16 @@ def _fail_in_tx(conn: Connection, msg: Any, code: str, detail: str) -> str:
                values={"lease_until": None, "error_code": code, "error_detail": detail[:300],
                        "failed_at": clock.now()},
                detail={"code": code})
+    _report_failure(conn, msg.org_id, msg.id, code)
     _fallback(conn, msg)
     return "failed"
+
+
+def _report_failure(conn: Connection, org_id: int, message_id: int, code: str | None) -> None:
+    """A message that failed for good is in Pendências: a wrong number or a template the
+    provider refuses does not mend itself, and without a person the patient is never told."""
+    open_inbox_item(conn, org_id, "message_failed", f"message:{message_id}:failed", message_id=message_id,
+                    detail=code or "permanent")
 
 
 def _retry_or_give_up(
@@ -421,6 +429,7 @@ def _after_permanent(rt: Runtime, prepared: _Prepared, exc: ProviderError) -> st
             opt_out(conn, prepared.org_id, msg.contact_id, kinds=(msg.channel_kind,),
                     source="provider", evidence=f"provider error {exc.code}")
         else:
+            _report_failure(conn, prepared.org_id, prepared.message_id, exc.code or "permanent")
             _fallback(conn, msg)
     return "failed"
 

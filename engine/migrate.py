@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -28,7 +30,9 @@ def upgrade(database_url: str) -> list[str]:
     except Exception as exc:  # yoyo wraps driver errors in several types
         raise ConfigError(f"DATABASE_URL: cannot connect ({str(exc).strip().splitlines()[0][:200]})") from None
     migrations = read_migrations(str(SQL_ROOT / dialect))
-    with backend.lock():
+    # yoyo prints the rows of any statement that returns some; SQLite's ADD COLUMN with a CHECK
+    # returns its internal check query's, which would land on a user's terminal at first start.
+    with backend.lock(), contextlib.redirect_stdout(io.StringIO()):
         pending = backend.to_apply(migrations)
         backend.apply_migrations(pending)
     applied = [m.id for m in pending]

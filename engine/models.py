@@ -384,6 +384,9 @@ class InboundMessage(Base):
     received_at: Mapped[datetime]
     processed_at: Mapped[datetime | None]
     outcome: Mapped[str | None] = mapped_column(Text)
+    #: When a person of the clinic dealt with a reply no keyword handled (engine/conversations.py).
+    handled_at: Mapped[datetime | None]
+    handled_by: Mapped[int | None] = _fk("users.id", nullable=True)
 
 
 class SandboxMessage(Base):

@@ -268,7 +268,7 @@ def plan_new(conn: Connection, org_id: int) -> tuple[int, int]:
         placed: list[dict[str, Any]] = []
         skips: list[dict[str, Any]] = []
         for row in rows:
-            nominal, deadline = _nominal_and_deadline(row, policy.timezone)
+            nominal, deadline = nominal_and_deadline(row, policy.timezone)
             if row.respect_window:
                 placement = place(policy, nominal, row.created_at, deadline)
                 due, reason = placement.due_at, placement.skip_reason
@@ -311,8 +311,12 @@ def _bind(name: str, column: Any = None) -> Any:
     return bindparam(name, type_=column.type if column is not None else None)
 
 
-def _nominal_and_deadline(row: Any, org_timezone: str) -> tuple[datetime, datetime | None]:
-    """When a message is meant to go, and after when it is useless."""
+def nominal_and_deadline(row: Any, org_timezone: str) -> tuple[datetime, datetime | None]:
+    """When a message is meant to go, and after when it is useless (shared with engine/replan.py).
+
+    `row` carries the message's `appointment_starts_at`, `created_at`, `nominal_due_at` and
+    `expires_at`, its rule's `trigger` and `offset_minutes`, and its appointment's `timezone`.
+    """
     starts = row.appointment_starts_at
     tz = row.timezone or org_timezone
     trigger = row.trigger

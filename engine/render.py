@@ -172,14 +172,19 @@ class TemplateError(Exception):
     template line when known. ``text`` is set for the refusals of the
     render's bounds and of internal values: a translatable sentence
     (:class:`engine.texts.Text`) whose ``str()`` is the message; the console
-    shows it in the reader's language. These refusals hold whatever the data,
-    so a template that gets one on sample data is refused when saved.
+    shows it in the reader's language. These refusals hold whatever the data
+    (``whatever_the_data``), so a template that gets one on sample data is
+    refused when saved. Every other error has a ``text`` too, saying what to fix.
     """
 
-    def __init__(self, message: str, *, lineno: int | None = None, text: Text | None = None) -> None:
+    def __init__(self, message: str, *, lineno: int | None = None, text: Text | None = None,
+                 whatever_the_data: bool = False) -> None:
         super().__init__(message)
         self.lineno = lineno
         self.text = text
+        #: The refusal would happen on any data (a bound of the render, an internal value), so a
+        #: template that gets it on sample data is refused when saved.
+        self.whatever_the_data = whatever_the_data
 
 
 class _Refused(jinja2.sandbox.SecurityError):
@@ -743,7 +748,50 @@ def _undefined_message(exc: jinja2.UndefinedError, source: str) -> str:
 def _refusal(text: Text, lineno: int | None) -> TemplateError:
     if lineno is not None:
         text = N_("%(erro)s (linha %(linha)s)", erro=text, linha=lineno)
-    return TemplateError(str(text), lineno=lineno, text=text)
+    return TemplateError(str(text), lineno=lineno, text=text, whatever_the_data=True)
+
+
+def _explained(message: str, text: Text, lineno: int | None) -> TemplateError:
+    """An error with its English note for logs and tests, and its sentence for the person who
+    wrote the template (Jinja's own wording is English and speaks of tokens)."""
+    if lineno is not None:
+        text = N_("%(erro)s (linha %(linha)s)", erro=text, linha=lineno)
+    return TemplateError(message, lineno=lineno, text=text)
+
+
+_NO_FILTER_RE = re.compile(r"No filter named '([^']*)'")
+_UNKNOWN_TAG_RE = re.compile(r"Encountered unknown tag '([^']*)'")
+
+
+def _syntax_text(exc: jinja2.TemplateSyntaxError) -> Text:
+    """Jinja's syntax errors said as what to fix (the names quoted come from the template)."""
+    message = exc.message or ""
+    lowered = message.lower()
+    if "unexpected end of template" in lowered:
+        if "endif" in message:
+            return N_("Falta o {% endif %} que fecha um {% if %}.")
+        if "endfor" in message:
+            return N_("Falta o {% endfor %} que fecha um {% for %}.")
+        return N_("O modelo acaba antes de fechar um {{ }} ou um bloco {% %}. Feche-o.")
+    match = _NO_FILTER_RE.search(message)
+    if match:
+        return N_("O filtro %(filtro)s não existe. Use upper, lower, title ou capitalize, ou remova-o.",
+                  filtro=match.group(1))
+    match = _UNKNOWN_TAG_RE.search(message)
+    if match:
+        return N_("O bloco {%% %(bloco)s %%} não existe ou está fora do lugar. Use if, elif, else, endif, for ou "
+                  "endfor.", bloco=match.group(1))
+    return N_("Escrita do modelo com erro: confira se cada {{ tem o seu }} e cada {% if %} o seu {% endif %}.")
+
+
+def _undefined_text(exc: jinja2.UndefinedError, source: str) -> Text:
+    match = _UNDEFINED_NAME_RE.match(str(exc))
+    names = ", ".join("{{ %s }}" % name for name in sorted(SAMPLE_VARIABLES))
+    if match and match.group(1) in source:
+        return N_("A variável %(nome)s não existe. Use uma destas: %(variaveis)s.", nome=match.group(1),
+                  variaveis=names)
+    return N_("O modelo usa uma variável ou um campo que não existe. Use uma destas: %(variaveis)s.",
+              variaveis=names)
 
 
 def _translate(exc: Exception, source: str) -> TemplateError:
@@ -753,29 +801,33 @@ def _translate(exc: Exception, source: str) -> TemplateError:
     if isinstance(exc, jinja2.TemplateSyntaxError):
         # The message describes the template text (written by staff), never
         # variable values, so it is safe and useful to show.
-        return TemplateError(f"syntax error at line {exc.lineno}: {exc.message}", lineno=exc.lineno)
+        return _explained(f"syntax error at line {exc.lineno}: {exc.message}", _syntax_text(exc), exc.lineno)
     lineno = _template_lineno(exc.__traceback__)
     if isinstance(exc, _Refused):
         return _refusal(exc.text, lineno)
     if isinstance(exc, jinja2.sandbox.SecurityError):
         # SecurityError messages can include reprs of the objects involved.
-        return TemplateError(f"forbidden operation in template{_at(lineno)}", lineno=lineno)
+        return _explained(f"forbidden operation in template{_at(lineno)}",
+                          N_("O modelo tenta uma operação que não é permitida. Use só variáveis, filtros e "
+                             "blocos if e for."), lineno)
     if isinstance(exc, jinja2.UndefinedError):
-        return TemplateError(f"{_undefined_message(exc, source)}{_at(lineno)}", lineno=lineno)
+        return _explained(f"{_undefined_message(exc, source)}{_at(lineno)}", _undefined_text(exc, source), lineno)
     if isinstance(exc, MemoryError):
         return _refusal(_HEAVY_VALUE, lineno)
     # Anything else (TypeError, ZeroDivisionError, ...) may quote values in
     # its message, so only the exception type is reported.
-    return TemplateError(
-        f"error rendering template{_at(lineno)}: {type(exc).__name__}", lineno=lineno
-    )
+    return _explained(f"error rendering template{_at(lineno)}: {type(exc).__name__}",
+                      N_("O modelo falhou ao montar a mensagem (uma conta ou um filtro com um valor que não "
+                         "serve). Simplifique essa parte."), lineno)
 
 
 def _check_source(source: str) -> None:
     if not isinstance(source, str):
         raise TemplateError("template must be a string")
     if len(source) > MAX_SOURCE_LENGTH:
-        raise TemplateError(f"template too long (max {MAX_SOURCE_LENGTH} characters)")
+        raise TemplateError(f"template too long (max {MAX_SOURCE_LENGTH} characters)",
+                            text=N_("O modelo é longo demais (máximo de %(max)s caracteres). Encurte o texto.",
+                                    max=MAX_SOURCE_LENGTH))
 
 
 @functools.lru_cache(maxsize=512)

@@ -54,6 +54,40 @@ class OutboundMessage:
         return f"OutboundMessage(key={self.idempotency_key!r}, buttons={len(self.buttons)})"
 
 
+def N_(msgid: str) -> str:
+    """Mark a provider's pt-BR sentence (a field label, its help) for extraction (babel.cfg's `N_`
+    keyword, as `engine.texts.N_`); the console translates it when it shows it. Providers may not
+    import the engine, so this marker lives in the contract and returns the msgid as is."""
+    return msgid
+
+
+@dataclass(frozen=True)
+class CredentialField:
+    """One value a clinic types to set up a channel at a provider, declared by the provider.
+
+    `label` and `help` are pt-BR msgids (marked with `N_`); `help` says what the value is and where
+    it is found in the provider's dashboard. `pattern` is a full-match regex of a well-formed value;
+    `address` says which egress check the value must pass ("url" or "host"); `secret` values are
+    never shown back; `advanced` fields are tucked away (the provider's defaults fit almost everyone).
+    """
+
+    key: str
+    label: str
+    help: str = ""
+    required: bool = True
+    secret: bool = False
+    pattern: str | None = None
+    example: str | None = None
+    choices: tuple[str, ...] = ()
+    address: Literal["url", "host"] | None = None
+    advanced: bool = False
+    max_length: int = 2000
+    #: Required unless this other key is given (Twilio: a sender number or a messaging service).
+    unless: str | None = None
+    #: Left blank, Lembra generates the value (a webhook secret it registers with the provider itself).
+    generated: bool = False
+
+
 @dataclass(frozen=True)
 class SendResult:
     """What a provider answered to a successful send."""
@@ -175,6 +209,10 @@ class Provider(ABC):
     #: True when a retried send with the same idempotency key cannot deliver twice, so an
     #: unknown outcome may be retried instead of parked for the operator.
     honours_idempotency: ClassVar[bool] = False
+    #: The values a clinic types to set this provider up (the console's channel form shows these).
+    credential_fields: ClassVar[tuple[CredentialField, ...]] = ()
+    #: True when `check()` really asks the provider; else only a test send proves the channel works.
+    checks_connection: ClassVar[bool] = False
 
     def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
         self.config = dict(config)
@@ -199,6 +237,15 @@ class Provider(ABC):
     def health(self) -> Health:
         """Connection health; providers without a connection concept are always ok."""
         return Health(ok=True, state="ok")
+
+    def check(self) -> Health:
+        """"Testar conexão": ask the provider now whether these credentials work, sending nothing.
+
+        Raises TransientError (unreachable, timeout, throttled: try later) or PermanentError
+        (credentials refused, misconfigured) with the provider's code, or answers a `Health`
+        (ok, or not ok with its state and code). Defaults to `health()`.
+        """
+        return self.health()
 
     def configure_webhook(self) -> None:
         """Tell the provider where to send webhooks, where the provider supports that by API."""

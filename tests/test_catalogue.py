@@ -52,3 +52,27 @@ def test_a_code_inside_a_sentence_reads_as_its_own_sentence():
     text = str(sentence("ai_unavailable", {"code": "timeout"}))
     assert "tempo esgotado" in text and "timeout" not in text
     assert "(http_599)" in str(sentence("ai_unavailable", {"code": "http_599"}))  # not a code: kept as given
+
+
+def test_no_code_is_defined_twice_in_the_catalogue():
+    # A dict literal keeps the last of two equal keys silently: two sections (written by different
+    # hands) giving one code two sentences would lose one without a word.
+    import ast
+
+    source = (ROOT / "engine" / "catalogue.py").read_text()
+    [assign] = [node for node in ast.parse(source).body
+                if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "CATALOGUE"]
+    keys = [key.value for key in assign.value.keys if isinstance(key, ast.Constant)]
+    assert len(keys) == len(CATALOGUE)
+    assert sorted({key for key in keys if keys.count(key) > 1}) == []
+
+
+def test_a_message_code_the_flows_already_use_is_read_through_its_send_side_sentence():
+    # `timeout` is an AI error (a fragment) and `window_closed` a flow step: on a message they say
+    # what the provider answered, from their own keys.
+    from engine.reasons import ALIASES, message_reason
+
+    for code in ("timeout", "connection_error", "window_closed"):
+        assert code in CATALOGUE and ALIASES[code] in CATALOGUE
+        assert message_reason(code) == describe(ALIASES[code])
+    assert message_reason("http_401") != describe("http_401")  # the AI's fragment is not a message's reason

@@ -55,6 +55,36 @@ def test_bad_database_url_is_one_line_and_exit_2(tmp_path, url, expected):
     assert "s3cret-pw" not in result.stderr
 
 
+def test_a_command_in_a_folder_without_lembra_says_so_and_creates_nothing(tmp_path):
+    """Issue 11, finding 11: `lembra messages` elsewhere created lembra.db and printed a traceback."""
+    env = lembra_env("")
+    for name in ("DATABASE_URL", "BROKER_URL", "LEMBRA_SECRET_KEYS"):
+        env.pop(name)
+    result = run(["messages"], env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no Lembra database at" in one_line_error(result)
+    assert list(tmp_path.iterdir()) == [], "no empty lembra.db or key left behind"
+
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    result = run(["messages"], lembra_env(f"sqlite:///{empty}"), cwd=tmp_path)
+    assert result.returncode == 2 and "lembra db upgrade" in one_line_error(result)
+
+
+def test_up_on_a_taken_port_says_so_in_one_line(tmp_path):
+    """Issue 11, finding 11: a second `lembra up` (or anything on 8000) is not a traceback."""
+    env = lembra_env("")
+    for name in ("DATABASE_URL", "BROKER_URL", "LEMBRA_SECRET_KEYS"):
+        env.pop(name)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(["up", "--no-demo", "--port", str(port)], env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"port {port} is already in use" in one_line_error(result) and "--port" in result.stderr
+
+
 @pytest.mark.parametrize("url, expected", [
     ("kafka://x", "BROKER_URL must start with"),
     ("redis://127.0.0.1:1/0", "cannot connect to redis"),

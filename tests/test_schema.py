@@ -92,11 +92,13 @@ def test_migrations_applied_twice_change_nothing(database_url):
     assert upgrade(database_url) == []
 
 
-def test_fresh_database_gets_every_migration(tmp_path):
+def test_fresh_database_gets_every_migration(tmp_path, capfd):
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     applied = upgrade(url)
     assert applied == sorted(p.stem for p in (Path(__file__).parent.parent / "sql" / "sqlite").glob("*.sql"))
     assert upgrade(url) == []
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", ""), "a first start prints nothing of the migrations' SQL"
 
 
 def test_sqlite_and_postgresql_schemas_agree(sqlite_url, pg_url):

@@ -414,8 +414,14 @@ class MessageOut(Schema):
     delivered_at = _out_dt(required=True, allow_none=True)
     read_at = _out_dt(required=True, allow_none=True)
     failed_at = _out_dt(required=True, allow_none=True)
-    error_code = fields.String(required=True, allow_none=True)
-    skip_reason = fields.String(required=True, allow_none=True)
+    error_code = fields.String(required=True, allow_none=True,
+                               metadata={"description": "Why the last attempt failed (a code)."})
+    skip_reason = fields.String(required=True, allow_none=True,
+                                metadata={"description": "Why it was cancelled, skipped or expired (a code)."})
+    status_text = fields.String(required=True, metadata={"description": "`status` in words, in Portuguese (Brazil)."})
+    reason_text = fields.String(required=True, allow_none=True,
+                                metadata={"description": "`skip_reason`, else `error_code`, as a sentence in "
+                                                         "Portuguese (Brazil) that says what to do."})
     created_at = _out_dt(required=True)
     updated_at = _out_dt(required=True)
 

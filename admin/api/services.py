@@ -24,6 +24,7 @@ from engine.models import appointments, contacts, enrollments, messages, prefere
 from engine.outbox import enqueue, find_id
 from engine.privacy import addresses
 from engine.populate import plan_new, refresh_appointment
+from engine.reasons import row_reason, status_label
 from gateway.phones import normalize_phone
 
 LIVE = appointment_ops.LIVE
@@ -224,7 +225,11 @@ def message_out(row: Any) -> dict[str, Any]:
               "sent_at", "delivered_at", "read_at", "failed_at", "error_code", "skip_reason", "created_at",
               "updated_at")
     out = {f: getattr(row, f) for f in fields}
-    out.update(body=body, subject=subject)
+    # The codes stay for machines; the words are the catalogue's, in pt-BR like `reason_text`
+    # of an enrollment.
+    reason = row_reason(row.error_code, row.skip_reason, kind=row.channel_kind)
+    out.update(body=body, subject=subject, status_text=str(status_label(row.status)),
+               reason_text=str(reason) if reason is not None else None)
     return out
 
 

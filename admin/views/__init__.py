@@ -28,6 +28,8 @@ from engine.runtime import Runtime
 def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.access import ApiKeyView, UserView
     from admin.views.audit import AuditView
+    from admin.views.channels import ChannelView
+    from admin.views.conversations import ConversationsView
     from admin.views.dashboard import DashboardView
     from admin.views.followup.agents import AgentView
     from admin.views.followup.builder import FlowBuilderView
@@ -35,7 +37,7 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.followup.queue import FollowupQueueView
     from admin.views.followup.runs import RunsView
     from admin.views.inbox import InboxView
-    from admin.views.messaging import ChannelView, TemplateView
+    from admin.views.messaging import TemplateView
     from admin.views.outbox import LogView, QueueView
     from admin.views.rules import ReminderRuleView
     from admin.views.sandbox import SandboxView
@@ -62,28 +64,31 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
                   theme=Bootstrap4Theme(base_template="admin/lembra_base.html", fluid=True),
                   csp_nonce_generator=csp_nonce)  # admin/security.py: Flask-Admin's own scripts carry it
     s = Session
+    # One line of menu at 1366 px: what the front desk acts on stays at the top; the message
+    # lists, the follow-up engine and the settings are grouped.
+    messages_menu, followup, settings = _l("Mensagens"), _l("Acompanhamento"), _l("Configuração")
     admin.add_view(AppointmentView(Appointment, s, name=_l("Agendamentos"), endpoint="appointments"))
     admin.add_view(ContactView(Contact, s, name=_l("Contatos"), endpoint="contacts"))
-    admin.add_view(ReminderRuleView(ReminderRule, s, name=_l("Regras de lembrete"), endpoint="rules",
-                                    category=_l("Configuração")))
-    admin.add_view(TemplateView(Template, s, name=_l("Modelos"), endpoint="templates", category=_l("Configuração")))
-    admin.add_view(ChannelView(Channel, s, name=_l("Canais"), endpoint="channels", category=_l("Configuração")))
-    admin.add_view(ApiKeyView(ApiKey, s, name=_l("Chaves de API"), endpoint="apikeys",
-                              category=_l("Configuração")))
-    admin.add_view(UserView(User, s, name=_l("Usuários"), endpoint="users", category=_l("Configuração")))
-    admin.add_view(QueueView(Message, s, name=_l("Fila"), endpoint="queue"))
-    admin.add_view(LogView(Message, s, name=_l("Registros"), endpoint="logs"))
+    admin.add_view(ConversationsView(name=_l("Conversas"), endpoint="conversations"))
     admin.add_view(InboxView(InboxItem, s, name=_l("Pendências"), endpoint="inbox"))
-    admin.add_view(SandboxView(name=_l("Caixa do sandbox"), endpoint="sandbox"))
+    admin.add_view(QueueView(Message, s, name=_l("Fila"), endpoint="queue", category=messages_menu))
+    admin.add_view(LogView(Message, s, name=_l("Registros"), endpoint="logs", category=messages_menu))
+    admin.add_view(SandboxView(name=_l("Caixa do sandbox"), endpoint="sandbox", category=messages_menu))
     admin.add_view(FlowListView(name=_l("Fluxos de follow-up"), endpoint="followup_flows", url="followup/flows",
-                                category=_l("Acompanhamento")))
+                                category=followup))
     admin.add_view(FlowBuilderView(name=_l("Construtor de fluxos"), endpoint="flow_builder", url="followup/builder",
-                                   category=_l("Acompanhamento")))
+                                   category=followup))
     admin.add_view(FollowupQueueView(Enrollment, s, name=_l("Fila de follow-ups"), endpoint="followup_queue",
-                                     category=_l("Acompanhamento")))
-    admin.add_view(RunsView(name=_l("Execuções"), endpoint="followup_runs", category=_l("Acompanhamento")))
-    admin.add_view(AgentView(Agent, s, name=_l("Agentes"), endpoint="followup_agents", category=_l("Acompanhamento")))
-    admin.add_view(AuditView(AuditLog, s, name=_l("Auditoria"), endpoint="audit"))
+                                     category=followup))
+    admin.add_view(RunsView(name=_l("Execuções"), endpoint="followup_runs", category=followup))
+    admin.add_view(AgentView(Agent, s, name=_l("Agentes"), endpoint="followup_agents", category=followup))
+    admin.add_view(ReminderRuleView(ReminderRule, s, name=_l("Regras de lembrete"), endpoint="rules",
+                                    category=settings))
+    admin.add_view(TemplateView(Template, s, name=_l("Modelos"), endpoint="templates", category=settings))
+    admin.add_view(ChannelView(Channel, s, name=_l("Canais"), endpoint="channels", category=settings))
+    admin.add_view(ApiKeyView(ApiKey, s, name=_l("Chaves de API"), endpoint="apikeys", category=settings))
+    admin.add_view(UserView(User, s, name=_l("Usuários"), endpoint="users", category=settings))
+    admin.add_view(AuditView(AuditLog, s, name=_l("Auditoria"), endpoint="audit", category=settings))
     return admin
 
 

@@ -17,21 +17,34 @@ form has no CSRF. `TenantModelView` closes each of those for every view that inh
 
 from __future__ import annotations
 
+import csv
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 from zoneinfo import ZoneInfo
 
-from flask import abort, current_app, flash, g, redirect, request, url_for
-from flask_admin import BaseView
+from flask import (
+    Response,
+    abort,
+    current_app,
+    flash,
+    g,
+    has_request_context,
+    redirect,
+    request,
+    stream_with_context,
+    url_for,
+)
+from flask_admin import BaseView, expose
 from flask_admin.contrib.sqla import ModelView
 from flask_admin.form import SecureForm
 from flask_babel.speaklater import LazyString
 from flask_login import current_user
 from flask_wtf.csrf import _FlaskFormCSRF
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from sqlalchemy import func, insert
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection
+from werkzeug.utils import secure_filename
 
 from admin.i18n import _, _l, current_locale
 from admin.ids import MAX_ID, parse_id
@@ -71,7 +84,13 @@ PURPOSE_LABELS = {
     "session_cancellation": _l("Aviso de cancelamento"), "confirm_ack": _l("Resposta: confirmado"),
     "cancel_ack": _l("Resposta: cancelado"), "optout_confirmation": _l("Confirmação de descadastro"),
     "followup": _l("Follow-up"), "adhoc": _l("Avulsa"),
+    "conversation_reply": _l("Resposta da clínica"),  # written in Conversas (admin/views/conversations.py)
+    "conversation_reopen": _l("Retomar a conversa (modelo aprovado)"),
+    "followup_checkin": _l("Follow-up: ficou alguma dúvida?"), "followup_rebook": _l("Follow-up: remarcar a falta"),
+    "followup_reply_ack": _l("Follow-up: resposta recebida"),
 }
+#: A template's language, as the Modelos page names it.
+LOCALE_LABELS = {"pt_BR": _l("Português"), "en": _l("Inglês"), "es": _l("Espanhol")}
 
 
 def runtime() -> Runtime:
@@ -198,6 +217,43 @@ def changed_fields(model: Any) -> dict[str, Any]:
     return out
 
 
+class CountedLabel:
+    """A menu label with a number, "Pendências (3)", counted at each render for the signed-in
+    user's org (Flask-Admin builds the menu once at start-up, for everyone)."""
+
+    def __init__(self, label: Any, count: Callable[[], int]) -> None:
+        self.label = label
+        self.count = count
+
+    def __str__(self) -> str:
+        label = str(self.label)
+        if not has_request_context() or not current_user.is_authenticated:
+            return label
+        count = self.count()
+        return f"{label} ({count})" if count else label
+
+    def __html__(self) -> str:
+        return str(escape(str(self)))
+
+
+class CountedMenu:
+    """A view whose menu item shows `menu_count()`: Flask-Admin sets `view.menu` when it builds the
+    menu, and the label is wrapped then."""
+
+    def menu_count(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def menu(self) -> Any:
+        return self._menu
+
+    @menu.setter
+    def menu(self, item: Any) -> None:
+        if item is not None and not isinstance(item.name, CountedLabel):
+            item.name = CountedLabel(item.name, self.menu_count)
+        self._menu = item
+
+
 class SignedInOrgAccess:
     """Access shared by every console view: a signed-in user of any role, bound to their org for
     the request (`g.lembra_org_id`, which row-level security on PostgreSQL reads too); anyone else
@@ -223,7 +279,7 @@ class TenantModelView(SignedInOrgAccess, ModelView):
 
     form_base_class = TenantSecureForm
     can_export = True
-    export_types = ["csv"]
+    export_types = ["csv", "excel"]
     can_view_details = True
     can_set_page_size = False
     page_size = 50
@@ -375,11 +431,56 @@ class TenantModelView(SignedInOrgAccess, ModelView):
         return csv_safe(super().get_export_value(model, name))
 
     def get_export_name(self, export_type: str = "csv") -> str:
-        return f"lembra-{self.endpoint}-{clock.now().strftime('%Y%m%d-%H%M')}.{export_type}"
+        extension = "csv" if export_type == "excel" else export_type
+        return f"lembra-{self.endpoint}-{clock.now().strftime('%Y%m%d-%H%M')}.{extension}"
+
+    @expose("/export/<export_type>/")
+    def export(self, export_type: str) -> Any:
+        """CSV as is, or "excel": the same rows for Excel set to Portuguese (Brazil), which
+        splits on `;` and reads a file as UTF-8 only when it starts with a BOM."""
+        if export_type != "excel" or not self.can_export:
+            return super().export(export_type)
+        _, data = self._export_data()
+        columns = self._export_columns
+
+        class _Line:
+            def write(self, value: str) -> str:
+                return value
+
+        writer = csv.writer(_Line(), delimiter=";")
+
+        def rows() -> Iterator[str]:
+            yield "\ufeff" + writer.writerow([str(title) for _, title in columns])
+            for model in data:
+                yield writer.writerow(["" if value is None else str(value)
+                                       for value in (self.get_export_value(model, name) for name, _ in columns)])
+
+        filename = secure_filename(self.get_export_name("excel"))
+        return Response(stream_with_context(rows()), mimetype="text/csv; charset=utf-8",
+                        headers={"Content-Disposition": f"attachment;filename={filename}"})
 
     def render(self, template: str, **kwargs: Any) -> Any:
         kwargs.setdefault("empty_message", self.empty_message)
+        kwargs.setdefault("filtered_empty_message", _("Nada encontrado com estes filtros ou esta busca. Limpe os "
+                                                      "filtros para ver tudo."))
+        _replace_generic_save_flash()
         return super().render(template, **kwargs)
+
+
+def _replace_generic_save_flash() -> None:
+    """Flask-Admin says only "Failed to create record." when a form does not validate; say what
+    to do instead (the fields' own errors are shown beside them)."""
+    from flask import session
+    from flask_admin.babel import gettext as admin_gettext
+
+    flashes = session.get("_flashes")
+    if not flashes:
+        return
+    generic = {admin_gettext("Failed to create record."), admin_gettext("Failed to save record."),
+               "Failed to create record.", "Failed to save record."}
+    if any(message in generic for _, message in flashes):
+        session["_flashes"] = [(category, _("Não foi salvo: corrija os campos marcados em vermelho e salve de novo."))
+                               if message in generic else (category, message) for category, message in flashes]
 
 
 def ids_of(raw: Iterable[str]) -> list[int]:

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 from flask_admin import AdminIndexView, expose
 from sqlalchemy import func, or_, select
 
-from admin.i18n import _, _l
+from admin.i18n import _, _l, format_percent_local
 from admin.views.base import KIND_LABELS, STATUS_LABELS, SignedInOrgAccess, org_id, org_timezone
 from engine import clock
 from engine.models import Org, messages
@@ -110,7 +110,7 @@ class DashboardView(SignedInOrgAccess, AdminIndexView):
             alerts.append(_("%(n)d mensagens aguardando envio (mais de %(limite)d). Verifique se o worker e o "
                             "agendador estão rodando.", n=depth["pending"], limite=PENDING_ALERT))
         if attempted_hour and failure_rate > FAILURE_ALERT:
-            percent = f"{failure_rate:.0%}"
+            percent = format_percent_local(failure_rate)
             alerts.append(_("%(pct)s dos envios falharam na última hora. Veja os Registros e o status dos Canais.",
                             pct=percent))
         session.rollback()

@@ -14,7 +14,9 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from flask_admin.contrib.sqla.filters import DateTimeBetweenFilter, FilterEqual
+from sqlalchemy import Unicode, and_, cast, or_
 
+from admin.i18n import _
 from admin.ids import parse_id
 
 
@@ -52,3 +54,39 @@ class OrgDateTimeBetweenFilter(DateTimeBetweenFilter):
         except (ValueError, TypeError):
             return False
         return True
+
+
+class PatientSearchMixin:
+    """The list's search box also finds rows by their patient's name or phone (any spelling:
+    "(16) 99988-7766" finds "+5516999887766"), through engine.contacts.matching, scoped to the
+    signed-in org. Goes before TenantModelView in the bases; `patient_column` names the row's
+    contact id column (`id` for the contacts list itself)."""
+
+    patient_column = "contact_id"
+
+    def init_search(self) -> bool:
+        super().init_search()  # type: ignore[misc]
+        self._search_fields = getattr(self, "_search_fields", None) or []
+        return True
+
+    def search_placeholder(self) -> str:
+        own = super().search_placeholder()  # type: ignore[misc]
+        patient = _("paciente (nome ou telefone)")
+        return f"{patient}, {own}" if own else patient
+
+    def _apply_search(self, query: Any, count_query: Any, joins: Any, count_joins: Any, search: str) -> Any:
+        from admin.views.base import org_id
+        from engine.contacts import matching
+
+        words = [w for w in search.split() if w]
+        if not words:
+            return query, count_query, joins, count_joins
+        # Flask-Admin's own rule for the view's columns: every word in one of them.
+        own = [or_(*(cast(column, Unicode).ilike(f"%{word}%") for column, _path in self._search_fields))
+               for word in words] if self._search_fields else []
+        patient = getattr(self.model, self.patient_column).in_(matching(org_id(), search))  # type: ignore[attr-defined]
+        clause = or_(and_(*own), patient) if own else patient
+        query = query.filter(clause)
+        if count_query is not None:
+            count_query = count_query.filter(clause)
+        return query, count_query, joins, count_joins

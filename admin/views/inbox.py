@@ -10,27 +10,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import flash, has_request_context, redirect, url_for
+from flask import flash, g, redirect, url_for
 from flask_admin import expose
 from flask_admin.actions import action
 from flask_admin.contrib.sqla.filters import BaseSQLAFilter
 from flask_admin.contrib.sqla.view import ModelView
 from flask_login import current_user
-from markupsafe import Markup, escape
+from markupsafe import Markup
 from sqlalchemy import case, func
 
 from admin.i18n import _, _l, ngettext
-from admin.views.base import TenantModelView, db_session, ids_of, org_id, write_audit
+from admin.views.base import KIND_LABELS as CHANNEL_KIND_LABELS
+from admin.views.base import (
+    PURPOSE_LABELS,
+    CountedMenu,
+    TenantModelView,
+    db_session,
+    ids_of,
+    local_dt,
+    org_id,
+    write_audit,
+)
 from admin.views.followup.queue import reason_text, run_reason
+from admin.views.words import code_text
 from engine import clock
 from engine.flows import queries
+from engine.conversations import unhandled_count
 from engine.inbox import resolve_inbox_item
-from engine.models import Channel, InboxItem, User
+from engine.models import Appointment, Channel, Contact, InboxItem, Message, User
 
 #: What engine code opens (grep open_inbox_item), in the operator's words.
 KIND_LABELS = {
     "message_dead": _l("Mensagem não enviada"),
     "message_unknown": _l("Envio incerto"),
+    "message_failed": _l("Mensagem recusada"),
     "channel_broken": _l("Canal com problema"),
     "appointment_cancelled_by_patient": _l("Cancelado pelo paciente"),
     "enrollment_dead": _l("Follow-up parado"),
@@ -41,6 +54,9 @@ KIND_HINTS = {
                        "sentido, reenvie pela Fila."),
     "message_unknown": _l("Não dá para saber se a mensagem saiu. Confira com o paciente antes de reenviar, para "
                           "não mandar duas vezes."),
+    "message_failed": _l("O provedor recusou a mensagem e ela não será tentada de novo. Leia o motivo, corrija o "
+                         "contato, o modelo ou o canal e reenvie pela Fila; se houver outro canal na regra, ele já "
+                         "foi para a fila."),
     "channel_broken": _l("O canal parou de enviar. Abra o canal, confira as credenciais ou reconecte o número."),
     "appointment_cancelled_by_patient": _l("O paciente respondeu CANCELAR. Libere o horário na agenda e, se for o "
                                            "caso, ofereça outro."),
@@ -54,24 +70,6 @@ def open_count() -> int:
     """Open items of the signed-in user's org."""
     return int(db_session().query(func.count(InboxItem.id))
                .filter(InboxItem.org_id == org_id(), InboxItem.resolved_at.is_(None)).scalar() or 0)
-
-
-class OpenCountLabel:
-    """The menu label with the number of open items, "Pendências (3)", counted at each render for
-    the signed-in user's org (the menu is built once at start-up for everyone)."""
-
-    def __init__(self, label: Any) -> None:
-        self.label = label
-
-    def __str__(self) -> str:
-        label = str(self.label)
-        if not has_request_context() or not current_user.is_authenticated:
-            return label
-        count = open_count()
-        return f"{label} ({count})" if count else label
-
-    def __html__(self) -> str:
-        return str(escape(str(self)))
 
 
 class StateFilter(BaseSQLAFilter):
@@ -93,14 +91,75 @@ def _kind(view: Any, context: Any, model: Any, name: str) -> str:
     return str(KIND_LABELS.get(model.kind, model.kind))
 
 
+class _Page:
+    """What one page of items is about, read in a few queries (not two per row)."""
+
+    def __init__(self) -> None:
+        self.messages: dict[int, Any] = {}
+        self.appointments: dict[int, Any] = {}
+        self.contacts: dict[int, str] = {}
+        self.channels: dict[int, Any] = {}
+
+
+def _page(view: Any) -> _Page:
+    found = g.get("lembra_inbox_page")
+    if found is None:
+        found = g.lembra_inbox_page = _Page()
+    return found
+
+
+def _prefetch(view: Any, items: list[Any]) -> None:
+    """Load the messages, appointments, contacts and channels a page of items points at."""
+    page, oid, session = _page(view), org_id(), view.session
+    message_ids = {int(i.message_id) for i in items if i.message_id}
+    if message_ids:
+        page.messages.update({int(m.id): m for m in session.query(Message).filter(
+            Message.org_id == oid, Message.id.in_(message_ids))})
+    appointment_ids = {int(i.appointment_id) for i in items if i.appointment_id}
+    appointment_ids |= {int(m.appointment_id) for m in page.messages.values() if m.appointment_id}
+    if appointment_ids:
+        page.appointments.update({int(a.id): a for a in session.query(Appointment).filter(
+            Appointment.org_id == oid, Appointment.id.in_(appointment_ids))})
+    contact_ids = {int(m.contact_id) for m in page.messages.values() if m.contact_id}
+    contact_ids |= {int(a.contact_id) for a in page.appointments.values() if a.contact_id}
+    if contact_ids:
+        page.contacts.update({int(c.id): c.name or "" for c in session.query(Contact.id, Contact.name).filter(
+            Contact.org_id == oid, Contact.id.in_(contact_ids))})
+    channel_ids = {int(i.channel_id) for i in items if i.channel_id}
+    if channel_ids:
+        page.channels.update({int(c.id): c for c in session.query(Channel).filter(
+            Channel.org_id == oid, Channel.id.in_(channel_ids))})
+
+
+def _looked_up(view: Any, model: Any) -> _Page:
+    """The page's lookups; a details page (one item, no list) fills them for its item."""
+    page = _page(view)
+    if (model.message_id and int(model.message_id) not in page.messages) or \
+            (model.appointment_id and int(model.appointment_id) not in page.appointments) or \
+            (model.channel_id and int(model.channel_id) not in page.channels):
+        _prefetch(view, [model])
+    return page
+
+
 def _detail(view: Any, context: Any, model: Any, name: str) -> str:
-    """The engine's note; a follow-up's is a catalogue code, shown as its sentence."""
+    """What happened, in words: the catalogue's sentence for the code behind the item (the
+    engine's `detail` is a code or a technical note, never shown as it is)."""
     if model.kind == "enrollment_dead":
         run = queries.find_enrollment(view.session.connection(), org_id(), model.enrollment_id) \
             if model.enrollment_id else None
         text = run_reason(view.session.connection(), org_id(), run) if run is not None else None
         return text or reason_text(model.detail) or ""  # an unknown code is never shown raw
-    return model.detail or ""
+    page = _looked_up(view, model)
+    message = page.messages.get(int(model.message_id)) if model.message_id else None
+    if model.kind == "message_dead" and message is not None:
+        return _("O Lembra tentou %(num)s vezes. Último erro: %(reason)s", num=message.attempts or 0,
+                 reason=code_text(message.error_code, kind=message.channel_kind) or "—")
+    if model.kind == "message_failed" and message is not None:
+        return code_text(message.error_code or model.detail, kind=message.channel_kind)
+    if model.kind == "channel_broken" and model.channel_id:
+        channel = page.channels.get(int(model.channel_id))
+        return code_text(channel.status_detail, kind=channel.kind) if channel is not None else ""
+    return ""
 
 
 def _hint(view: Any, context: Any, model: Any, name: str) -> str:
@@ -113,24 +172,31 @@ def _state(view: Any, context: Any, model: Any, name: str) -> Markup:
     return Markup('<span class="badge badge-success">{}</span>').format(_("Resolvida"))
 
 
-def _channel_name(view: Any, channel_id: int) -> str:
-    row = view.session.query(Channel.name).filter(Channel.org_id == org_id(), Channel.id == channel_id).first()
-    return row.name if row else f"#{channel_id}"
+def _appointment_label(page: _Page, appointment: Any) -> str:
+    return _("%(patient)s em %(when)s", patient=page.contacts.get(int(appointment.contact_id)) or _("paciente"),
+             when=local_dt(appointment.starts_at))
 
 
 def _related(view: Any, context: Any, model: Any, name: str) -> Markup:
-    """Links to what the item is about (those views are org-scoped and answer 404 otherwise)."""
+    """Links to what the item is about, named by the patient and the time (those views are
+    org-scoped and answer 404 otherwise)."""
+    page = _looked_up(view, model)
     links: list[Markup] = []
     link = Markup('<a href="{}">{}</a>')
-    if model.message_id:
-        links.append(link.format(url_for("queue.details_view", id=model.message_id),
-                                 _("Mensagem #%(id)s", id=model.message_id)))
-    if model.appointment_id:
-        links.append(link.format(url_for("appointments.details_view", id=model.appointment_id),
-                                 _("Agendamento #%(id)s", id=model.appointment_id)))
+    message = page.messages.get(int(model.message_id)) if model.message_id else None
+    appointment_id = model.appointment_id or (message.appointment_id if message is not None else None)
+    if message is not None:
+        label = _("%(what)s para %(patient)s (%(channel)s)", what=PURPOSE_LABELS.get(message.purpose) or _("Mensagem"),
+                  patient=page.contacts.get(int(message.contact_id)) or _("paciente"),
+                  channel=CHANNEL_KIND_LABELS.get(message.channel_kind, message.channel_kind))
+        links.append(link.format(url_for("queue.details_view", id=model.message_id), label))
+    if appointment_id and int(appointment_id) in page.appointments:
+        links.append(link.format(url_for("appointments.details_view", id=appointment_id),
+                                 _appointment_label(page, page.appointments[int(appointment_id)])))
     if model.channel_id:
+        channel = page.channels.get(int(model.channel_id))
         links.append(link.format(url_for("channels.details_view", id=model.channel_id),
-                                 _channel_name(view, model.channel_id)))
+                                 channel.name if channel is not None else _("Canal")))
     if model.enrollment_id:  # the run's timeline (Execuções), org-scoped like the others
         links.append(link.format(url_for("followup_runs.index", enrollment=model.enrollment_id),
                                  _("Execução #%(id)s", id=model.enrollment_id)))
@@ -155,7 +221,7 @@ def _resolved_by(view: Any, context: Any, model: Any, name: str) -> str:
     return _resolver_email(view, model) or "—"
 
 
-class InboxView(TenantModelView):
+class InboxView(CountedMenu, TenantModelView):
     """Pendências of the org, open ones first; every role may resolve."""
 
     allow_create = allow_edit = allow_delete = False  # the engine opens items; people only resolve them
@@ -172,20 +238,25 @@ class InboxView(TenantModelView):
                                 "resolved_by": lambda v, c, m, n: _resolver_email(v, m)}
     column_filters = (StateFilter(),)
     column_sortable_list = ("created_at", "resolved_at")
+    list_template = "admin/inbox_list.html"
     details_template = "admin/inbox_details.html"
     empty_message = _l("Nada pendente.")
     audit_entity = "inbox_items"
 
-    # The menu item is created by Flask-Admin (it sets `view.menu`); its label gets the count.
-    @property
-    def menu(self) -> Any:
-        return self._menu
+    def menu_count(self) -> int:
+        return open_count()
 
-    @menu.setter
-    def menu(self, item: Any) -> None:
-        if item is not None and not isinstance(item.name, OpenCountLabel):
-            item.name = OpenCountLabel(item.name)
-        self._menu = item
+    def get_list(self, *args: Any, **kwargs: Any) -> Any:
+        count, rows = super().get_list(*args, **kwargs)
+        _prefetch(self, list(rows))
+        return count, rows
+
+    def render(self, template: str, **kwargs: Any) -> Any:
+        # Replies nobody has read are the front desk's to-do too; they live in Conversas (one
+        # store of inbound messages), and Pendências says how many wait there.
+        kwargs.setdefault("conversations_waiting",
+                          unhandled_count(self.session.connection(), org_id()) if current_user.is_authenticated else 0)
+        return super().render(template, **kwargs)
 
     def is_action_allowed(self, name: str) -> bool:
         # Not TenantModelView's editors-only rule: agents resolve items too (see module docstring).

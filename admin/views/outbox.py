@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from flask import flash
 from flask_admin.actions import action
 from flask_admin.contrib.sqla.filters import FilterEqual
+from markupsafe import Markup
 from sqlalchemy import select
 
 from admin.i18n import _, _l, ngettext
+from admin.views.words import code_text, event_detail_text, event_text, message_reason_text
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -22,28 +23,48 @@ from admin.views.base import (
     org_id,
     write_audit,
 )
-from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter
+from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter, PatientSearchMixin
 from engine import clock
 from engine.models import (
     CHANNEL_KINDS,
     MESSAGE_STATUSES,
     OPEN_STATUSES,
     Channel,
+    Appointment,
     Contact,
     Message,
+    Org,
+    User,
     message_events,
 )
 from engine.outbox import transition
+from engine.templates import message_variables
 
 RETRYABLE = ("failed", "dead", "unknown", "expired")
 LOGGED = ("sent", "delivered", "read", "failed", "unknown", "dead", "expired", "sending")
-EVENT_LABELS = {
-    "queued": _l("Criada"), "planned": _l("Programada"), "claimed": _l("Separada para envio"),
-    "sending": _l("Enviando"), "sent": _l("Enviada"), "delivered": _l("Entregue"), "read": _l("Lida"),
-    "failed": _l("Falhou"), "retry": _l("Nova tentativa"), "retried": _l("Reenvio pedido"),
-    "cancelled": _l("Cancelada"), "expired": _l("Expirada"), "dead": _l("Esgotada"), "skipped": _l("Não enviada"),
-    "unknown": _l("Resultado incerto"),
-}
+
+
+def _variables(view: Any, model: Any) -> Markup:
+    """What the template had to fill in: the appointment's, contact's and org's values as the
+    send builds them (a message stores only what was given beyond those)."""
+    if model.template_key is None:
+        return Markup("—")
+    session, oid = view.session, org_id()
+    contact = session.query(Contact).filter(Contact.org_id == oid, Contact.id == model.contact_id).first()
+    org = session.get(Org, oid)
+    if contact is None or org is None:
+        return Markup("—")
+    appointment = session.query(Appointment).filter(Appointment.org_id == oid,
+                                                    Appointment.id == model.appointment_id).first() \
+        if model.appointment_id else None
+    try:
+        values = message_variables(org=org, contact=contact, appointment=appointment,
+                                   extra=(model.payload or {}).get("variables"))
+    except ValueError:
+        return Markup("—")
+    lines = [Markup("<div><code>{}</code> = {}</div>").format("{{ %s }}" % name, value)
+             for name, value in sorted(values.items()) if isinstance(name, str)]
+    return Markup("").join(lines) if lines else Markup("—")
 
 
 def _contact(view: Any, model: Any) -> str:
@@ -69,7 +90,9 @@ KIND_OPTIONS = [(k, KIND_LABELS[k]) for k in CHANNEL_KINDS]
 PURPOSE_OPTIONS = list(PURPOSE_LABELS.items())
 
 
-class _MessageBase(TenantModelView):
+class _MessageBase(PatientSearchMixin, TenantModelView):
+    """A list of the org's messages; its search box finds them by the patient's name or phone."""
+
     allow_create = False
     allow_edit = False
     allow_delete = False
@@ -85,12 +108,17 @@ class _MessageBase(TenantModelView):
     column_formatters = {
         "contact": lambda v, c, m, n: _contact(v, m),
         "purpose": lambda v, c, m, n: PURPOSE_LABELS.get(m.purpose, m.purpose),
+        "template_key": lambda v, c, m, n: PURPOSE_LABELS.get(m.template_key, m.template_key) if m.template_key
+        else _("Texto escrito na hora"),
         "channel_kind": lambda v, c, m, n: KIND_LABELS.get(m.channel_kind, m.channel_kind),
         "status": lambda v, c, m, n: badge(m.status),
-        "reason": lambda v, c, m, n: m.error_code or m.skip_reason or "",
-        "variables": lambda v, c, m, n: json.dumps((m.payload or {}).get("variables") or {}, ensure_ascii=False),
+        "reason": lambda v, c, m, n: message_reason_text(m),
+        "error_code": lambda v, c, m, n: code_text(m.error_code, kind=m.channel_kind),
+        "skip_reason": lambda v, c, m, n: code_text(m.skip_reason, kind=m.channel_kind),
+        "variables": lambda v, c, m, n: _variables(v, m),
     }
     column_formatters_detail = column_formatters
+    # The export is read by tools: codes as stored.
     column_formatters_export = {
         "contact": lambda v, c, m, n: _contact(v, m),
         "reason": lambda v, c, m, n: m.error_code or m.skip_reason or "",
@@ -107,10 +135,14 @@ class _MessageBase(TenantModelView):
                 select(message_events).where(message_events.c.org_id == org_id(),
                                              message_events.c.message_id == model.id)
                 .order_by(message_events.c.id)).all()
+            user_ids = {r.detail.get("user_id") for r in rows if isinstance(r.detail, dict)} - {None}
+            users = dict(self.session.query(User.id, User.email).filter(
+                User.org_id == org_id(), User.id.in_(user_ids)).all()) if user_ids else {}
             kwargs["events"] = [{
-                "when": local_dt(r.created_at, seconds=True), "label": EVENT_LABELS.get(r.event, r.event),
+                "when": local_dt(r.created_at, seconds=True), "label": event_text(r.event),
                 "attempt": r.attempt, "provider_status": r.provider_status,
-                "detail": json.dumps(r.detail, ensure_ascii=False)[:300] if r.detail else "",
+                "detail": event_detail_text(r.detail if isinstance(r.detail, dict) else None,
+                                            kind=model.channel_kind, users=users),
             } for r in rows]
         return super().render(template, **kwargs)
 

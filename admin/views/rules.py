@@ -8,8 +8,10 @@ Semantics the page keeps (SPEC §4, reference 6.3 "Regras de Envio"):
   only turns kinds on or off: kinds still on keep their order, kinds turned on go to the end (in
   the grid's column order); the edit form is where the order itself is set;
 - one "Salvar configurações" saves every toggle and the sending window in one transaction, with
-  its audit rows, and re-populates the org at once, so that the queue reflects the new rules
-  before the page comes back; any validation error saves nothing;
+  its audit rows, and makes the queue match in that same transaction (engine.rules.
+  reflect_rule_changes): reminders still queued for the coming appointments are re-placed at
+  their new time, those of a rule or kind switched off are cancelled, a rule switched on gets its
+  reminders; the message says how many of each. Any validation error saves nothing;
 - owner/manager edit, agent reads; every query names the signed-in user's org, and a POST naming
   another org's rule answers 404 with nothing changed.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import holidays
-from flask import abort, flash, redirect, request, url_for
+from flask import abort, flash, g, redirect, request, url_for
 from flask_admin import expose
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
@@ -42,8 +44,7 @@ from engine.models import (
     reminder_rules,
 )
 from engine.orgs import DomainError, parse_hhmm, window_policy
-from engine.populate import PopulateResult
-from engine.rules import reflect_rule_changes, write_rule_kinds
+from engine.rules import QueueChange, reflect_rule_changes, write_rule_kinds
 
 TRIGGERS = [("before_start", _l("Antes do início")), ("after_start", _l("Depois do início")),
             ("on_create", _l("Ao agendar")), ("on_cancel", _l("Ao cancelar"))]
@@ -261,20 +262,24 @@ def _rule_kinds(view: Any, rule_id: int) -> list[str]:
         ReminderRuleKind.org_id == org_id(), ReminderRuleKind.rule_id == rule_id).order_by(ReminderRuleKind.position)]
 
 
-def _saved_message(result: PopulateResult) -> str:
-    """What the save did to the queue, in the clinic's words (skips are said, not hidden)."""
-    parts = [_("Configurações salvas.")]
-    if result.planned:
-        parts.append(ngettext("%(num)d lembrete novo na fila.", "%(num)d lembretes novos na fila.", result.planned))
-    if result.skipped:
-        parts.append(ngettext("%(num)d lembrete novo não vai sair (tarde demais ou sem horário permitido antes da "
-                              "sessão); o motivo aparece na Fila.",
-                              "%(num)d lembretes novos não vão sair (tarde demais ou sem horário permitido antes "
-                              "da sessão); o motivo aparece na Fila.", result.skipped))
-    if result.cancelled:
-        parts.append(ngettext("%(num)d lembrete pendente cancelado.", "%(num)d lembretes pendentes cancelados.",
-                              result.cancelled))
+def queue_message(change: QueueChange) -> str:
+    """What a save did to the queue, exactly, in the clinic's words (skips are said, not hidden)."""
+    if not change.changed:
+        return _("Nenhum lembrete da fila mudou.")
+    parts = [_("%(rescheduled)s, %(cancelled)s, %(created)s.",
+               rescheduled=ngettext("%(num)d lembrete reagendado", "%(num)d lembretes reagendados", change.rescheduled),
+               cancelled=ngettext("%(num)d cancelado", "%(num)d cancelados", change.cancelled),
+               created=ngettext("%(num)d novo", "%(num)d novos", change.created))]
+    if change.skipped:
+        parts.append(ngettext("%(num)d lembrete não vai sair (tarde demais ou sem horário permitido antes da sessão); "
+                              "o motivo aparece na Fila.",
+                              "%(num)d lembretes não vão sair (tarde demais ou sem horário permitido antes da "
+                              "sessão); o motivo aparece na Fila.", change.skipped))
     return " ".join(parts)
+
+
+def _saved_message(change: QueueChange) -> str:
+    return " ".join((_("Configurações salvas."), queue_message(change)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -362,9 +367,11 @@ class ReminderRuleView(TenantModelView):
                 self.session.rollback()
                 flash(_("Nada foi salvo: corrija os campos marcados abaixo."), "error")
                 return self._render_grid(org, list(shown.values()), window, 200)
+            window_changed = self._window_changed(org, window)
             touched = self._apply(conn, oid, org, changes, window)
-            result = (reflect_rule_changes(conn, oid, touched, runtime().settings.populate_horizon)
-                      if touched or self._window_changed(org, window) else None)
+            result = (reflect_rule_changes(conn, oid, touched, runtime().settings.populate_horizon,
+                                           window_changed=window_changed)
+                      if touched or window_changed else None)
             self.session.commit()
         except BaseException:
             self.session.rollback()
@@ -440,5 +447,11 @@ class ReminderRuleView(TenantModelView):
         if _rule_kinds(self, model.id) != kinds:
             write_rule_kinds(conn, org_id(), model.id, kinds)
             write_audit(conn, "update", "reminder_rule_kinds", model.id, {"kinds": kinds})
-        # Same transaction as the rule: the queue reflects it when the form's save commits.
-        reflect_rule_changes(conn, org_id(), [model.id], runtime().settings.populate_horizon)
+        # Same transaction as the rule: the queue reflects it when the form's save commits; the
+        # message waits for the commit (after_model_change), so it never tells of a rolled-back save.
+        g.lembra_queue_change = reflect_rule_changes(conn, org_id(), [model.id], runtime().settings.populate_horizon)
+
+    def after_model_change(self, form: Any, model: Any, is_created: bool) -> None:
+        change = g.pop("lembra_queue_change", None)
+        if change is not None:
+            flash(queue_message(change), "success")

@@ -31,7 +31,6 @@ from admin.ids import valid_id
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
-    STATUS_LABELS,
     TenantPageView,
     badge,
     db_session,
@@ -40,6 +39,7 @@ from admin.views.base import (
     org_id,
 )
 from admin.views.followup.handoff import handoff_state
+from admin.views.words import reply_outcome_text
 from admin.webhooks import deliver
 from engine import clock
 from engine.channels import sandbox_webhook_secret
@@ -64,15 +64,6 @@ REPLY_PURPOSES = ("confirm_ack", "cancel_ack", "optout_confirmation")
 SHORT_FORMATS = {"pt_BR": "%d/%m %H:%M", "en": "%m-%d %H:%M"}
 
 #: What the engine made of a reply (inbound_messages.outcome), in the receptionist's words.
-OUTCOME_LABELS = {
-    "confirmed": _l("Agendamento confirmado"),
-    "cancelled": _l("Agendamento cancelado"),
-    "opted_out": _l("Descadastrado: não recebe mais mensagens"),
-    "already_opted_out": _l("Já estava descadastrado"),
-    "no_appointment": _l("Nenhum agendamento para confirmar ou cancelar"),
-    "free_text": _l("Texto livre: nenhuma palavra-chave reconhecida"),
-    "unknown_contact": _l("Número sem contato cadastrado"),
-}
 #: The quick-reply buttons the engine puts on WhatsApp reminders, by payload action.
 BUTTON_TITLES = {"confirm": _l("Confirmar"), "cancel": _l("Cancelar")}
 
@@ -362,13 +353,7 @@ def outcome_label(entry: Entry) -> str:
     """What the engine made of a patient's reply."""
     if not entry.processed:
         return _("Aguardando o Lembra processar a resposta")
-    outcome = entry.outcome or ""
-    if outcome in OUTCOME_LABELS:
-        return str(OUTCOME_LABELS[outcome])
-    if outcome.startswith("appointment_"):
-        status = outcome.removeprefix("appointment_")
-        return _("O agendamento já estava: %(status)s", status=STATUS_LABELS.get(status, status))
-    return outcome
+    return reply_outcome_text(entry.outcome)
 
 
 def _contact(conn: Connection, oid: int, contact_id: int) -> Any:

@@ -6,20 +6,23 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from flask import abort, flash, redirect, request, url_for
+from flask import abort, flash, jsonify, redirect, render_template, request, url_for
 from flask_admin import expose
 from flask_admin.actions import action
 from flask_admin.contrib.sqla.filters import FilterEqual
+from flask_login import current_user
 from markupsafe import Markup
-from sqlalchemy import update
+from sqlalchemy import select, update
 from werkzeug.datastructures import CombinedMultiDict
 from wtforms import (
+    Field,
     FileField,
     SelectField,
     SelectMultipleField,
     StringField,
 )
 from wtforms.fields import DateTimeLocalField
+from wtforms.widgets import CheckboxInput, ListWidget
 from wtforms.validators import (
     DataRequired,
     Email,
@@ -29,11 +32,14 @@ from wtforms.validators import (
 )
 
 from admin.i18n import _, _l, ngettext, translate
+from admin.ids import parse_id
 from admin.views.base import (
     KIND_LABELS,
+    PURPOSE_LABELS,
     TenantModelView,
     TenantSecureForm,
     badge,
+    db_session,
     ids_of,
     is_editor,
     local_dt,
@@ -42,24 +48,37 @@ from admin.views.base import (
     runtime,
     write_audit,
 )
-from admin.views.filters import OrgDateTimeBetweenFilter
+from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
 from admin.views.followup.handoff import ContactFollowupMixin
 from admin.views.privacy import ContactPrivacyMixin
 from engine import appointments as appts
 from engine import clock
 from engine import imports as csv_import
-from engine.contacts import ExternalIdTaken, create_contact, external_id_taken
+from engine.catalogue import describe
+from engine.contacts import (
+    CONSENT_METHODS,
+    ExternalIdTaken,
+    create_contact,
+    external_id_taken,
+    matching,
+    set_consent,
+)
 from engine.models import (
     APPOINTMENT_STATUSES,
     CHANNEL_KINDS,
     Appointment,
     Contact,
     Preference,
+    User,
     appointments,
+    channels,
     contacts,
+    inbound_messages,
+    messages,
 )
 from engine.orgs import DomainError
-from engine.populate import refresh_appointment
+from engine.populate import DEFAULT_HORIZON, refresh_appointment
+from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone
 
 STATUS_CHOICES = [("scheduled", _l("Agendado")), ("confirmed", _l("Confirmado")), ("cancelled", _l("Cancelado")),
@@ -99,9 +118,130 @@ IMPORT_COLUMNS = [
 ]
 
 
+#: Patients offered by one lookup: enough to pick from, few enough to read.
+LOOKUP_LIMIT = 20
+#: Messages and replies listed on an appointment's or a contact's page (the latest ones).
+HISTORY_ROWS = 50
+
+
+# --- picking a patient ----------------------------------------------------------------------------
+class PatientLookupWidget:
+    """A search box that asks the org's contacts as one types (AppointmentView.patient_lookup);
+    the chosen id goes in a hidden input. A clinic with thousands of patients gets no dropdown of
+    every one of them."""
+
+    def __call__(self, field: "PatientField", **kwargs: Any) -> Markup:
+        return Markup(render_template("admin/patient_lookup_field.html", field=field, url=field.lookup_url,
+                                      display=field.display, css=kwargs.get("class", "")))
+
+
+class PatientField(Field):
+    """The appointment's patient, by id; the view checks that the id is one of its org's
+    contacts (PatientField never lists anyone)."""
+
+    widget = PatientLookupWidget()
+    lookup_url = ""
+    display = ""
+
+    def process_formdata(self, valuelist: list[Any]) -> None:
+        self.data = parse_id(str(valuelist[0])) if valuelist and valuelist[0] else None
+
+    def _value(self) -> str:
+        return str(self.data) if self.data else ""
+
+
+def _patient(contact_id: int) -> Any:
+    """The signed-in org's live contact with that id, or None."""
+    return db_session().query(Contact).filter(Contact.org_id == org_id(), Contact.id == contact_id,
+                                             Contact.erased_at.is_(None)).one_or_none()
+
+
+def _contact_label(row: Any) -> str:
+    return row.name or _("Contato %(id)s", id=row.id)
+
+
+def _contact_detail(row: Any) -> str:
+    """What tells two patients of the same name apart: the phone, else the e-mail."""
+    return row.phone or row.email or ""
+
+
+# --- a patient's messages and replies ---------------------------------------------------------------
+def patient_history(conn: Any, org_id_: int, *, contact_id: int | None = None,
+                    appointment_id: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The latest messages of a contact or of an appointment, and the replies to them (a
+    contact's: every reply it sent; an appointment's: those answering one of its messages)."""
+    from admin.views.words import message_reason_text, reply_outcome_text
+
+    where = [messages.c.org_id == org_id_]
+    where.append(messages.c.contact_id == contact_id if appointment_id is None
+                 else messages.c.appointment_id == appointment_id)
+    sent = conn.execute(select(messages).where(*where).order_by(messages.c.id.desc()).limit(HISTORY_ROWS)).all()
+    rows = [{
+        "id": m.id, "purpose": PURPOSE_LABELS.get(m.purpose, m.purpose), "kind": KIND_LABELS.get(m.channel_kind,
+                                                                                                 m.channel_kind),
+        "status": badge(m.status), "when": local_dt(m.sent_at or m.due_at or m.nominal_due_at or m.created_at),
+        "reason": message_reason_text(m),
+    } for m in sent]
+    im = inbound_messages
+    reply_where = [im.c.org_id == org_id_]
+    if appointment_id is None:
+        reply_where.append(im.c.contact_id == contact_id)
+    else:
+        provider_ids = select(messages.c.provider_message_id).where(
+            messages.c.org_id == org_id_, messages.c.appointment_id == appointment_id,
+            messages.c.provider_message_id.is_not(None))
+        reply_where.append(im.c.in_reply_to.in_(provider_ids))
+    got = conn.execute(
+        select(im.c.id, im.c.text, im.c.button_payload, im.c.received_at, im.c.outcome, channels.c.kind)
+        .join(channels, (channels.c.id == im.c.channel_id) & (channels.c.org_id == org_id_))
+        .where(*reply_where).order_by(im.c.id.desc()).limit(HISTORY_ROWS)).all()
+    replies = [{
+        "when": local_dt(r.received_at), "kind": KIND_LABELS.get(r.kind, r.kind),
+        "text": (r.text or "")[:300], "outcome": reply_outcome_text(r.outcome),
+    } for r in got]
+    return {"messages": rows, "replies": replies}
+
+
+# --- what the reminders of a booking will do --------------------------------------------------------
+def flash_outlook(conn: Any, org_id_: int, appointment_id: int, verb: str) -> None:
+    """One message after the appointment was saved: how many reminders are queued and, when the
+    time has passed or some reminder cannot go, a warning that lists each skipped one with why."""
+    from admin.views.rules import timing_label
+
+    outlook = appts.reminder_outlook(conn, org_id_, appointment_id, horizon=DEFAULT_HORIZON)
+    created = verb == "create"
+    if not outlook.skipped and not outlook.in_past:
+        if created:
+            flash(_("Agendamento criado; %(num)d lembrete(s) na fila.", num=outlook.queued), "success")
+        return
+    if outlook.in_past:
+        head = (_("Agendamento criado com um horário que já passou: nenhum lembrete vai sair.") if created
+                else _("Agendamento salvo com um horário que já passou: nenhum lembrete vai sair."))
+        if outlook.queued:  # an after-start follow-up still goes
+            head = (_("Agendamento criado com um horário que já passou; %(num)d mensagem(ns) na fila.",
+                      num=outlook.queued) if created
+                    else _("Agendamento salvo com um horário que já passou; %(num)d mensagem(ns) na fila.",
+                           num=outlook.queued))
+    elif not outlook.queued:
+        head = (_("Agendamento criado, mas nenhum lembrete vai sair:") if created
+                else _("Agendamento salvo, mas nenhum lembrete vai sair:"))
+    else:
+        head = (_("Agendamento criado; %(num)d lembrete(s) na fila, %(skipped)d não vai(ão) sair.",
+                  num=outlook.queued, skipped=len(outlook.skipped)) if created
+                else _("Agendamento salvo; %(num)d lembrete(s) na fila, %(skipped)d não vai(ão) sair.",
+                       num=outlook.queued, skipped=len(outlook.skipped)))
+    items = [Markup("<li>{} ({}): {}</li>").format(s.rule_name, timing_label(s.trigger, s.offset_minutes),
+                                                  translate(describe(s.reason))) for s in outlook.skipped]
+    body = Markup("{}<ul class='mb-0'>{}</ul>").format(head, Markup("").join(items)) if items else Markup(
+        "{}").format(head)
+    flash(body, "warning")
+
+
 # ------------------------------------------------------------------------------------------------
-class AppointmentView(TenantModelView):
-    """Appointments, written through engine.appointments; every change re-populates at once."""
+class AppointmentView(PatientSearchMixin, TenantModelView):
+    """Appointments, written through engine.appointments; every change re-populates at once, and
+    the one who saved it is told which reminders will not go and why. The list's search finds the
+    patient by name or phone; the form picks the patient with a search box (patient_lookup)."""
 
     column_list = ("starts_at", "contact_id", "professional", "mode", "location", "status", "external_id")
     column_details_list = column_list + ("timezone", "confirmed_at", "cancelled_at", "cancel_source", "created_at",
@@ -123,6 +263,31 @@ class AppointmentView(TenantModelView):
                        "entram na fila na hora.")
     audit_entity = "appointments"
     list_template = "admin/appointment_list.html"
+    details_template = "admin/appointment_details.html"
+
+    @expose("/patients/")
+    def patient_lookup(self) -> Any:
+        """JSON for the patient search box: up to LOOKUP_LIMIT of the signed-in org's contacts
+        (never an erased one) that `q` finds by name, phone, e-mail or external id."""
+        text = (request.args.get("q") or "").strip()[:100]
+        results: list[dict[str, Any]] = []
+        if text:
+            oid = org_id()
+            rows = self.session.connection().execute(
+                select(contacts.c.id, contacts.c.name, contacts.c.phone, contacts.c.email)
+                .where(contacts.c.org_id == oid, contacts.c.id.in_(matching(oid, text)))
+                .order_by(contacts.c.name, contacts.c.id).limit(LOOKUP_LIMIT)).all()
+            self.session.rollback()
+            results = [{"id": r.id, "label": _contact_label(r), "detail": _contact_detail(r)} for r in rows]
+        response = jsonify(results=results)
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def render(self, template: str, **kwargs: Any) -> Any:
+        model = kwargs.get("model")
+        if template == self.details_template and model is not None:
+            kwargs["history"] = patient_history(self.session.connection(), org_id(), appointment_id=model.id)
+        return super().render(template, **kwargs)
 
     # --- CSV import ---------------------------------------------------------------------------
     def create_blueprint(self, admin: Any) -> Any:
@@ -188,8 +353,7 @@ class AppointmentView(TenantModelView):
 
     def scaffold_form(self) -> Any:
         class AppointmentForm(self.form_base_class):  # type: ignore[name-defined,misc]
-            contact_id = SelectField(_l("Paciente"), coerce=int,
-                                     validators=[DataRequired(message=_l("Escolha o paciente."))])
+            contact_id = PatientField(_l("Paciente"), validators=[DataRequired(message=_l("Escolha o paciente."))])
             starts_at = DateTimeLocalField(_l("Início (horário da clínica)"), format="%Y-%m-%dT%H:%M",
                                            validators=[DataRequired(message=_l("Informe data e hora."))])
             professional = StringField(_l("Profissional"), validators=[Optional(), Length(max=200)])
@@ -197,19 +361,24 @@ class AppointmentView(TenantModelView):
             location = StringField(_l("Local"), validators=[Optional(), Length(max=300)])
             status = SelectField(_l("Status"), choices=STATUS_CHOICES, default="scheduled")
             external_id = StringField(_l("ID externo"), validators=[Optional(), Length(max=200)])
+
+            def validate_contact_id(self, field: Any) -> None:
+                # The id comes from the browser: only a live contact of the signed-in org is one.
+                if field.data is not None and _patient(field.data) is None:
+                    raise ValidationError(_("Escolha o paciente."))
         return AppointmentForm
 
-    def _scope_choices(self, form: Any) -> Any:
-        rows = self.session.query(Contact.id, Contact.name).filter(
-            Contact.org_id == org_id(), Contact.erased_at.is_(None)).order_by(Contact.name).all()
-        form.contact_id.choices = [(r.id, r.name or _("Contato %(id)s", id=r.id)) for r in rows]
+    def _bind_patient(self, form: Any) -> Any:
+        form.contact_id.lookup_url = self.get_url(".patient_lookup")
+        row = _patient(form.contact_id.data) if form.contact_id.data else None
+        form.contact_id.display = _contact_label(row) if row is not None else ""
         return form
 
     def create_form(self, obj: Any = None) -> Any:
-        return self._scope_choices(super().create_form(obj))
+        return self._bind_patient(super().create_form(obj))
 
     def edit_form(self, obj: Any = None) -> Any:
-        return self._scope_choices(super().edit_form(obj))
+        return self._bind_patient(super().edit_form(obj))
 
     def on_form_prefill(self, form: Any, id: Any) -> None:
         model = self.get_one(id)
@@ -227,7 +396,7 @@ class AppointmentView(TenantModelView):
                 location=form.location.data or None, external_id=form.external_id.data or None,
                 status=form.status.data or "scheduled",
             )
-            result = refresh_appointment(conn, org_id(), appointment_id)
+            refresh_appointment(conn, org_id(), appointment_id)
             write_audit(conn, "create", "appointments", appointment_id, {
                 "contact_id": form.contact_id.data, "starts_at": self._starts_at(form),
                 "professional": form.professional.data, "status": form.status.data,
@@ -237,7 +406,8 @@ class AppointmentView(TenantModelView):
             self.session.rollback()
             flash(_("Não foi possível salvar: %(erro)s", erro=exc), "error")
             return False
-        flash(_("Agendamento criado; %(num)d lembrete(s) na fila.", num=getattr(result, "created", 0)), "success")
+        flash_outlook(self.session.connection(), org_id(), appointment_id, "create")
+        self.session.rollback()  # the outlook only read
         return self.get_one(appointment_id)
 
     def update_model(self, form: Any, model: Any) -> bool:
@@ -270,6 +440,10 @@ class AppointmentView(TenantModelView):
             self.session.rollback()
             flash(_("Não foi possível salvar: %(erro)s", erro=exc), "error")
             return False
+        # Only a change that decides the reminders says what they do (not marking one as done).
+        if changes.keys() & {"starts_at", "contact_id"} or changes.get("status") in appts.LIVE:
+            flash_outlook(self.session.connection(), oid, aid, "update")
+            self.session.rollback()
         return True
 
     @action("cancel", _l("Cancelar agendamentos"),
@@ -306,15 +480,72 @@ def _consent_badges(view: Any, model: Any) -> Markup:
     return Markup(" ").join(parts) or none
 
 
+#: How consent was given, by `preferences.source` (the console's methods, then what the API, the
+#: CSV import and the engine write). A source without a label is not shown raw.
+CONSENT_SOURCE_LABELS = {
+    "reception_verbal": _l("verbal na recepção"), "signed_form": _l("formulário assinado"),
+    "whatsapp": _l("pelo WhatsApp"), "phone_call": _l("por telefone"),
+    "clinic": _l("pela clínica"), "api": _l("pela API (sistema da clínica)"), "console": _l("no console"),
+    "demo": _l("dados de demonstração"), "provider": _l("pelo provedor"),
+}
+#: The methods a receptionist picks from when recording consent (engine.contacts.CONSENT_METHODS).
+CONSENT_METHOD_CHOICES = [(m, CONSENT_SOURCE_LABELS[m]) for m in CONSENT_METHODS]
+
+
+def _who(conn: Any, evidence: str | None) -> str:
+    """Who recorded it: a console user (`user:ID`) by e-mail, the CSV import by name."""
+    if evidence == csv_import.EVIDENCE:
+        return _("importação CSV")
+    pk = parse_id(evidence[5:]) if evidence and evidence.startswith("user:") else None
+    if pk is None:
+        return ""
+    email = conn.execute(select(User.__table__.c.email).where(User.__table__.c.org_id == org_id(),
+                                                              User.__table__.c.id == pk)).scalar()
+    return email or _("usuário removido")
+
+
 def _consent_history(view: Any, model: Any) -> Markup:
     rows = view.session.query(Preference).filter(Preference.org_id == org_id(),
                                                  Preference.contact_id == model.id).order_by(Preference.kind).all()
-    items = [Markup("<li>{}: {}{}{}</li>").format(
-        KIND_LABELS.get(p.kind, p.kind),
-        _("aceitou em %(quando)s", quando=local_dt(p.opted_in_at)) if p.opted_in_at else _("sem aceite"),
-        "; " + _("saiu em %(quando)s", quando=local_dt(p.opted_out_at)) if p.opted_out_at else "",
-        " (" + _("origem: %(origem)s", origem=p.source) + ")" if p.source else "") for p in rows]
+    conn = view.session.connection()
+    items = []
+    for p in rows:
+        how = CONSENT_SOURCE_LABELS.get(p.source or "", "")
+        who = _who(conn, p.evidence)
+        origin = ", ".join(str(x) for x in (how, who) if x)
+        items.append(Markup("<li>{}: {}{}{}</li>").format(
+            KIND_LABELS.get(p.kind, p.kind),
+            _("aceitou em %(quando)s", quando=local_dt(p.opted_in_at)) if p.opted_in_at else _("sem aceite"),
+            "; " + _("saiu em %(quando)s", quando=local_dt(p.opted_out_at)) if p.opted_out_at else "",
+            " (" + _("como: %(como)s", como=origin) + ")" if origin else ""))
     return Markup("<ul class='mb-0'>{}</ul>").format(Markup("").join(items)) if items else Markup("—")
+
+
+def _consent_state(conn: Any, contact: Any) -> dict[str, list[str]]:
+    """Per kind, for the details page's consent form: agreed, refused (by the patient, for the
+    contact or its phone/e-mail: not re-opened by the clinic) or open to record."""
+    prefs = {p.kind: p for p in conn.execute(select(Preference.__table__).where(
+        Preference.__table__.c.org_id == org_id(), Preference.__table__.c.contact_id == contact.id))}
+    refused = addresses.refused_kinds_for(conn, org_id(), addresses.addresses_of(contact.phone, contact.email))
+    state: dict[str, list[str]] = {"agreed": [], "refused": [], "open": []}
+    for kind in CHANNEL_KINDS:
+        p = prefs.get(kind)
+        if kind in refused or (p is not None and p.opted_out_at is not None):
+            state["refused"].append(kind)
+        elif p is not None and p.opted_in:
+            state["agreed"].append(kind)
+        else:
+            state["open"].append(kind)
+    return state
+
+
+class ConsentForm(TenantSecureForm):
+    """Consent told to the clinic: which channels, and how the patient gave it."""
+
+    kinds = SelectMultipleField(_l("Canais"), choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS],
+                                widget=ListWidget(prefix_label=False), option_widget=CheckboxInput())
+    method = SelectField(_l("Como o paciente consentiu"), choices=[("", "—")] + CONSENT_METHOD_CHOICES,
+                         validate_choice=False)  # checked by the view, which says what is missing
 
 
 def _consent_text(view: Any, model: Any) -> str:
@@ -328,9 +559,14 @@ def _external_id_taken_message() -> str:
              "Cada paciente do sistema da clínica tem o seu.")
 
 
-class ContactView(ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
-    """Contacts; consent and opt-out history are shown, never edited here. Follow-up (hand-off,
-    enrolling by hand) comes from ContactFollowupMixin (admin/views/followup/handoff.py)."""
+class ContactView(PatientSearchMixin, ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
+    """Contacts. Consent is a deliberate act with its evidence: nothing is ticked on a new
+    contact, and ticking a channel (on the form or later on the contact's page) asks how the
+    patient agreed and records who did it and when; a refusal is never re-opened here. The
+    page lists the patient's messages and replies. Follow-up (hand-off, enrolling by hand)
+    comes from ContactFollowupMixin (admin/views/followup/handoff.py)."""
+
+    patient_column = "id"
 
     column_list = ("name", "phone", "email", "external_id", "consent", "created_at")
     column_details_list = ("name", "phone", "email", "external_id", "locale", "consent_history", "created_at",
@@ -368,8 +604,16 @@ class ContactView(ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
                                                         ("en", _l("Inglês")), ("es", _l("Espanhol"))],
                                  validators=[Optional()])
             consent = SelectMultipleField(_l("Consentiu receber por"),
-                                          choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS],
-                                          default=list(CHANNEL_KINDS))
+                                          choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS], default=[],
+                                          widget=ListWidget(prefix_label=False), option_widget=CheckboxInput(),
+                                          description=_l("Marque só os canais que o paciente aceitou agora."))
+            consent_method = SelectField(_l("Como o paciente consentiu"),
+                                         choices=[("", "—")] + CONSENT_METHOD_CHOICES, validate_choice=False)
+
+            def validate_consent_method(self, field: Any) -> None:
+                # Asked only when a channel is ticked; then one of the methods, nothing else.
+                if self.consent.data and field.data not in CONSENT_METHODS:
+                    raise ValidationError(_("Diga como o paciente consentiu (verbal, formulário, WhatsApp…)."))
 
             def validate_phone(self, field: Any) -> None:
                 if field.data:
@@ -381,7 +625,9 @@ class ContactView(ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
 
     def edit_form(self, obj: Any = None) -> Any:
         form = super().edit_form(obj)
-        del form.consent  # consent changes come from the patient (keywords, opt-out links)
+        # Consent is recorded on the contact's page, with its evidence (record_consent_view).
+        del form.consent
+        del form.consent_method
         return form
 
     def create_model(self, form: Any) -> Any:
@@ -390,10 +636,12 @@ class ContactView(ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
             contact_id = create_contact(
                 conn, org_id=org_id(), name=form.name.data.strip(), phone=form.phone.data or None,
                 email=form.email.data or None, external_id=form.external_id.data or None,
-                locale=form.locale.data or None, consent=form.consent.data or (), consent_source="clinic",
-                consent_evidence="console",
+                locale=form.locale.data or None, consent=form.consent.data or (),
+                consent_source=form.consent_method.data or "console",
+                consent_evidence=f"user:{int(current_user.id)}",
             )
-            write_audit(conn, "create", "contacts", contact_id, {"consent": form.consent.data})
+            write_audit(conn, "create", "contacts", contact_id, {
+                "consent": form.consent.data or [], "consent_method": form.consent_method.data or None})
             self.session.commit()
         except ExternalIdTaken:
             self.session.rollback()
@@ -421,6 +669,53 @@ class ContactView(ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
             write_audit(conn, "update", "contacts", model.id, {k: "(alterado)" for k in diff})  # no PII in the log
         self.session.commit()
         return True
+
+    def render(self, template: str, **kwargs: Any) -> Any:
+        model = kwargs.get("model")
+        if template == self.details_template and model is not None:
+            conn = self.session.connection()
+            kwargs["history"] = patient_history(conn, org_id(), contact_id=model.id)
+            state = kwargs["consent_state"] = _consent_state(conn, model)
+            kwargs["consent_refused"] = ", ".join(str(KIND_LABELS[k]) for k in state["refused"])
+            kwargs["consent_form"] = ConsentForm()
+            kwargs["kind_labels"] = KIND_LABELS
+        return super().render(template, **kwargs)
+
+    @expose("/consent/<int:id>/record/", methods=("POST",))
+    def record_consent_view(self, id: int) -> Any:
+        """Consent the patient gave the clinic for more channels: how (the chosen method), who
+        (the signed-in user) and when (now) go in its preferences row and the audit log."""
+        if not is_editor():
+            abort(403)
+        model = self.get_one(id)
+        back = redirect(self.get_url(".details_view", id=model.id))
+        form = ConsentForm(request.form)
+        conn = self.session.connection()
+        if not form.validate():
+            flash(_("Não foi possível registrar o consentimento; recarregue a página e tente de novo."), "error")
+            return back
+        kinds = [k for k in form.kinds.data or () if k in CHANNEL_KINDS]
+        if not kinds:
+            flash(_("Marque ao menos um canal que o paciente aceitou."), "error")
+            return back
+        if form.method.data not in CONSENT_METHODS:
+            flash(_("Diga como o paciente consentiu (verbal, formulário, WhatsApp…)."), "error")
+            return back
+        state = _consent_state(conn, model)
+        if set(kinds) & set(state["refused"]):
+            self.session.rollback()
+            flash(_("O paciente pediu para não receber mensagens por este canal; a clínica não pode reativá-lo."),
+                  "error")
+            return back
+        for kind in kinds:
+            set_consent(conn, org_id(), model.id, kind, source=form.method.data,
+                        evidence=f"user:{int(current_user.id)}")
+        write_audit(conn, "consent", "contacts", model.id, {"consent": sorted(kinds),
+                                                            "consent_method": form.method.data})
+        self.session.commit()
+        flash(_("Consentimento registrado: %(canais)s.",
+                canais=", ".join(str(KIND_LABELS[k]) for k in CHANNEL_KINDS if k in kinds)), "success")
+        return back
 
     @action("enroll", _l("Incluir em fluxo de follow-up"))
     def action_enroll(self, ids: Any) -> Any:

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from gateway import egress
 from gateway.contract import (
+    Health,
     OutboundMessage,
     Provider,
     SendResult,
@@ -55,6 +56,7 @@ from gateway.errors import (
 from gateway.http import HttpResponse, call, retry_after_seconds
 from gateway.webhook_body import json_object
 from providers.email import mime
+from providers.email.fields import RESEND_FIELDS
 
 DEFAULT_BASE_URL = "https://api.resend.com"
 #: Svix: timestamps further than this from our clock (either way) are refused (replay protection).
@@ -76,12 +78,28 @@ class ResendProvider(Provider):
     name = "resend"
     kinds = ("email",)
     honours_idempotency = True
+    credential_fields = RESEND_FIELDS
+    checks_connection = True
     #: The clock of the Svix timestamp check (seconds since the epoch); tests replace it.
     now: Callable[[], float] = staticmethod(time.time)
 
     def __init__(self, config: Any, context: Any) -> None:
         super().__init__(config, context)
         self._session = egress.session(self.context.egress)
+
+    # -- connection check -----------------------------------------------------------------------
+
+    def check(self) -> Health:
+        """GET /domains with the key: 200, or 401 `restricted_api_key` (a sending-only key, which
+        is enough), means Resend knows the key; anything else raises the typed error."""
+        api_key = self._api_key()
+        try:
+            call(self._session, "GET", f"{self.base_url}/domains", timeout=self.context.timeout,
+                 classify=classify, headers={"Authorization": f"Bearer {api_key}", "User-Agent": "lembra"})
+        except PermanentError as exc:
+            if exc.code != "restricted_api_key":
+                raise
+        return Health(ok=True, state="ok")
 
     # -- send ---------------------------------------------------------------------------------
 

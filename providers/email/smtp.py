@@ -38,6 +38,7 @@ from typing import Literal
 
 from gateway import egress
 from gateway.contract import (
+    Health,
     OutboundMessage,
     Provider,
     SendResult,
@@ -51,6 +52,7 @@ from gateway.errors import (
     TransientError,
 )
 from providers.email import mime
+from providers.email.fields import SMTP_FIELDS
 
 Security = Literal["starttls", "ssl", "none"]
 DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
@@ -72,6 +74,8 @@ class SmtpProvider(Provider):
 
     name = "smtp"
     kinds = ("email",)
+    credential_fields = SMTP_FIELDS
+    checks_connection = True
     honours_idempotency = False
 
     # -- config -------------------------------------------------------------------------------
@@ -137,12 +141,33 @@ class SmtpProvider(Provider):
             raise error from None
         return SendResult(provider_message_id=msg_id, provider_status="accepted")
 
+    def check(self) -> Health:
+        """Connect, greet, STARTTLS and log in exactly as a send does, then QUIT: nothing is sent.
+
+        Raises the same typed errors as `send` (EgressRefused for an internal host, a refused
+        login as PermanentError `smtp_535`, an unreachable server as TransientError)."""
+        security = self._security()
+        host, port = self._host_port(security)
+        from_email, _name = mime.sender(self.config)
+        tls = self._tls_context() if security != "none" else None
+        try:
+            self._deliver(security, host, port, tls, from_email, "", None,
+                          helo=self._helo(mime.sender_domain(from_email)))
+        except ProviderError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped below, re-raised if unknown
+            error = _map_exception(exc)
+            if error is None:
+                raise
+            raise error from None
+        return Health(ok=True, state="ok")
+
     def _helo(self, domain: str) -> str:
         name = str(self.config.get("helo_name") or "").strip()
         return name or domain
 
     def _deliver(self, security: Security, host: str, port: int, tls: ssl.SSLContext | None,
-                 from_email: str, to: str, payload: bytes, *, helo: str) -> None:
+                 from_email: str, to: str, payload: bytes | None, *, helo: str) -> None:
         timeout = float(self.context.timeout)
         # The relay is a tenant-set address: the guard resolves it once, refuses internal
         # addresses (EgressRefused, before any connection) and connects to what it checked.
@@ -164,7 +189,7 @@ class SmtpProvider(Provider):
             client.close()
 
     def _converse(self, client: smtplib.SMTP, security: Security, tls: ssl.SSLContext | None,
-                  from_email: str, to: str, payload: bytes) -> None:
+                  from_email: str, to: str, payload: bytes | None) -> None:
         _check(client.ehlo()[0], "ehlo")
         if security == "starttls":
             if not client.has_extn("starttls"):
@@ -181,6 +206,8 @@ class SmtpProvider(Provider):
         username = self.config.get("username")
         if username:
             self._login(client, str(username), str(self.config.get("password") or ""))
+        if payload is None:  # a connection check (`check`): greeted and logged in is the answer
+            return
         # Addresses are ASCII here (IDNA domains; see mime.check_recipient): no SMTPUTF8 needed.
         _check(client.mail(from_email)[0], "mail")
         code = client.rcpt(to)[0]

@@ -55,6 +55,7 @@ from gateway.errors import (
 from gateway.http import HttpResponse, call
 from gateway.phones import InvalidPhone, jid_to_e164, normalize_phone
 from gateway.webhook_body import bounded, json_value
+from providers.evolution.fields import FIELDS
 
 #: Events Lembra subscribes to (the UPPER_SNAKE form `/webhook/set` takes; [R] `wa.types.ts`).
 WEBHOOK_EVENTS = ("MESSAGES_UPSERT", "MESSAGES_UPDATE", "CONNECTION_UPDATE", "QRCODE_UPDATED")
@@ -105,6 +106,8 @@ class EvolutionProvider(Provider):
     name = "evolution"
     kinds = ("whatsapp",)
     honours_idempotency = False
+    credential_fields = FIELDS
+    checks_connection = True
 
     _session: requests.Session | None = None
 

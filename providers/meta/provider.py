@@ -55,6 +55,7 @@ from gateway.errors import (
 from gateway.http import HttpResponse, call, default_error, retry_after_seconds
 from gateway.phones import InvalidPhone, normalize_phone
 from gateway.webhook_body import bounded, json_value
+from providers.meta.fields import FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ class MetaProvider(Provider):
     kinds = ("whatsapp",)
     # The Cloud API has no idempotency key: an unknown outcome must not be retried blindly.
     honours_idempotency = False
+    credential_fields = FIELDS
+    checks_connection = True
 
     def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
         super().__init__(config, context)

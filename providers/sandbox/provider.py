@@ -35,6 +35,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.webhook_body import bounded, json_object
+from providers.sandbox.fields import FIELDS
 
 SECRET_HEADER = "X-Sandbox-Secret"
 MAX_WEBHOOK_BYTES = 64 * 1024
@@ -49,6 +50,8 @@ class SandboxProvider(Provider):
     # It records every call, like a provider with no idempotency key: an unknown outcome must not
     # be retried blindly.
     honours_idempotency = False
+    credential_fields = FIELDS
+    checks_connection = True
 
     def send(self, message: OutboundMessage) -> SendResult:
         delay_ms = int(self.config.get("delay_ms") or 0)

@@ -30,6 +30,7 @@ import requests
 
 from gateway import egress
 from gateway.contract import (
+    Health,
     InboundMessageEvent,
     OutboundMessage,
     Provider,
@@ -47,6 +48,7 @@ from gateway.errors import (
 )
 from gateway.http import HttpResponse, call, default_error, retry_after_seconds
 from gateway.phones import InvalidPhone, normalize_phone
+from providers.sms.fields import TWILIO_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +163,8 @@ class TwilioProvider(Provider):
     kinds = ("sms",)
     # Twilio's Messages API takes no idempotency key: a retried create sends twice.
     honours_idempotency = False
+    credential_fields = TWILIO_FIELDS
+    checks_connection = True
 
     _session: requests.Session | None = None
 
@@ -181,6 +185,21 @@ class TwilioProvider(Provider):
             raise PermanentError("twilio channel lacks account_sid or auth_token", code="config_missing",
                                  channel_broken=True)
         return sid, token
+
+    # -- connection check --
+
+    def check(self) -> Health:
+        """GET /2010-04-01/Accounts/{sid}.json with the channel's credentials: 200 means the SID and
+        token work (nothing is sent); a refusal raises the typed error `send` would."""
+        sid, token = self._credentials()
+        url = f"{self.base_url}/2010-04-01/Accounts/{quote(sid, safe='')}.json"
+        response = call(self.session, "GET", url, timeout=self.context.timeout, classify=classify_error,
+                        auth=(sid, token))
+        body = response.body if isinstance(response.body, dict) else {}
+        status = body.get("status")
+        if isinstance(status, str) and status != "active":  # suspended / closed accounts send nothing
+            return Health(ok=False, state="error", detail=f"account_{status}"[:40])
+        return Health(ok=True, state="ok")
 
     # -- send (§1, §2) --
 

@@ -56,6 +56,7 @@ from gateway.errors import (
 from gateway.http import HttpResponse, call, default_error
 from gateway.phones import InvalidPhone, normalize_phone
 from gateway.webhook_body import bounded, json_object
+from providers.sms.fields import ZENVIA_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class ZenviaProvider(Provider):
 
     name = "zenvia"
     kinds = ("sms",)
+    credential_fields = ZENVIA_FIELDS
     # `externalId` is echoed back but does not make Zenvia refuse a duplicate send.
     honours_idempotency = False
 

@@ -81,7 +81,7 @@ def test_template_syntax_error_is_shown_in_the_form_and_preview_renders_sample_d
                                                      "channel_kind": "email", "locale": "pt_BR",
                                                      "body": "Olá {{ nome }"})
     assert bad.status_code == 200
-    assert "Erro no modelo" in bad.text and "syntax error" in bad.text
+    assert "Erro no modelo" in bad.text and "cada {{ tem o seu }}" in bad.text and "syntax error" not in bad.text
     with rt.db.connect() as conn:
         assert conn.execute(select(templates).where(templates.c.org_id == a.world.org_id,
                                                     templates.c.channel_kind == "email")).first() is None
@@ -157,7 +157,7 @@ def test_queue_cancel_and_retry_write_message_events(owner, tenants, rt):
     details = owner.get(f"/admin/logs/details/?id={a.message_id}")
     assert details.status_code == 404  # pending is not a log row yet
     queue_details = owner.get(f"/admin/queue/details/?id={a.message_id}")
-    assert "Reenvio pedido" in queue_details.text and "Cancelada" in queue_details.text
+    assert "Nova tentativa agendada" in queue_details.text and "pediu um novo envio desta mensagem na Fila" in queue_details.text and "Cancelada" in queue_details.text
 
 
 def test_csv_export_escapes_formulas(owner, tenants, rt):
@@ -228,7 +228,7 @@ def test_sandbox_inbox_is_a_chat_per_contact_and_the_reply_confirms(owner, tenan
     assert "Resposta enviada como o paciente." in html
     out, inbound = _bubbles(html, "out"), _bubbles(html, "in")
     assert len(out) == 2 and "Resposta: confirmado" in out[1]
-    assert len(inbound) == 1 and "CONFIRMAR" in inbound[0] and "Agendamento confirmado" in inbound[0]
+    assert len(inbound) == 1 and "CONFIRMAR" in inbound[0] and "O paciente confirmou o agendamento." in inbound[0]
     # chat order: reminder, the patient's reply, then the acknowledgement (all at the same frozen instant)
     assert html.index(out[0][:20]) < html.index("CONFIRMAR") < html.index("Resposta: confirmado")
 
@@ -250,7 +250,7 @@ def test_sandbox_quick_reply_button_cancels(owner, tenants, rt, clock):
     assert status == "cancelled"
     html = owner.get(f"/admin/sandbox/?contact={a.contact_id}").get_data(as_text=True)
     [inbound] = _bubbles(html, "in")
-    assert "Tocou no botão “Cancelar”" in inbound and "Agendamento cancelado" in inbound
+    assert "Tocou no botão “Cancelar”" in inbound and "O paciente cancelou o agendamento" in inbound
 
 
 def test_sandbox_is_scoped_to_the_org(owner, tenants, rt, clock):
@@ -314,7 +314,7 @@ def test_a_channel_test_send_to_a_stranger_is_its_own_conversation(owner, tenant
                                               "text": "quem é?", "csrf_token": csrf(html)})
     html = owner.get("/admin/sandbox/?address=%2B5516999001122").get_data(as_text=True)
     [inbound] = _bubbles(html, "in")
-    assert "quem é?" in inbound and "Número sem contato cadastrado" in inbound
+    assert "quem é?" in inbound and "número sem cadastro" in inbound
 
 
 def test_sandbox_empty_state_login_and_old_address(app, owner, agent, tenants):

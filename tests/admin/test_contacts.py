@@ -12,7 +12,8 @@ from tests.admin.conftest import csrf
 def _create(owner, **fields):
     page = owner.get("/admin/contacts/new/")
     data = {"csrf_token": csrf(page.text), "name": "Ana Souza", "phone": "(16) 99988-7766",
-            "email": "Ana@Example.com.br", "external_id": "", "locale": "", "consent": ["whatsapp", "email"]}
+            "email": "Ana@Example.com.br", "external_id": "", "locale": "", "consent": ["whatsapp", "email"],
+            "consent_method": "reception_verbal"}
     data.update(fields)
     return owner.post("/admin/contacts/new/", data=data, follow_redirects=True)
 
@@ -31,10 +32,11 @@ def test_a_contact_with_an_email_is_created_with_its_consent(owner, rt, tenants)
                                                   contacts.c.name == "Ana Souza")).one()
         kinds = conn.execute(select(preferences.c.kind).where(preferences.c.contact_id == row.id,
                                                               preferences.c.opted_in.is_(True))).scalars().all()
+        sources = set(conn.execute(select(preferences.c.source).where(preferences.c.contact_id == row.id)).scalars())
         audit = conn.execute(select(audit_log.c.changes).where(audit_log.c.entity == "contacts",
                                                                audit_log.c.entity_id == row.id)).scalar_one()
     assert row.email == "ana@example.com.br" and row.phone == "+5516999887766"
-    assert sorted(kinds) == ["email", "whatsapp"]
+    assert sorted(kinds) == ["email", "whatsapp"] and sources == {"reception_verbal"}  # how it was given
     assert "ana@example.com.br" not in str(audit) and "99988" not in str(audit)  # no PII in the audit log
 
 

@@ -126,3 +126,20 @@ def test_no_failure_alert_under_ten_percent_and_the_pending_alert(owner, tenants
 def test_the_agent_sees_the_dashboard(agent, tenants):
     page = agent.get("/admin/")
     assert page.status_code == 200 and "Painel da Clínica Clinica-A" in page.text
+
+
+def test_the_failure_share_and_counts_follow_the_readers_language(rt, clock):
+    """Issue 11, finding 6: "0.0%" in the Portuguese console; Babel formats by locale now."""
+    from flask import Flask
+    from flask_babel import force_locale
+
+    from admin.i18n import format_number_local, format_percent_local, init_i18n
+
+    app = Flask(__name__)
+    init_i18n(app)
+    with app.test_request_context():
+        with force_locale("pt_BR"):
+            assert (format_percent_local(0.0), format_percent_local(0.125), format_number_local(12345)) == \
+                ("0%", "12,5%", "12.345")
+        with force_locale("en"):
+            assert (format_percent_local(0.125), format_number_local(12345)) == ("12.5%", "12,345")

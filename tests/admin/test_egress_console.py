@@ -59,7 +59,7 @@ def test_an_internal_address_is_a_form_error_when_saved(owner: Any, tenants: Any
     before = channel_count(rt)
     data = {"csrf_token": csrf(page.text), "name": "Interno", "kind": kind, "provider": provider,
             "status": "active", "cred_base_url": "", "cred_api_key": "k", "cred_instance": "clinica",
-            "cred_webhook_secret": "s", "cred_host": "", "cred_port": "587", "cred_security": "starttls",
+            "cred_webhook_secret": "segredo-do-webhook-1", "cred_host": "", "cred_port": "587", "cred_security": "starttls",
             "cred_from_email": "agenda@clinica.com.br", field: value}
     response = owner.post("/admin/channels/new/", data=data)
     assert response.status_code == 200  # the form again, with its error
@@ -80,7 +80,7 @@ def test_a_public_address_saves(owner: Any, tenants: Any, rt: Any, monkeypatch: 
     response = owner.post("/admin/channels/new/", data={
         "csrf_token": csrf(page.text), "name": "Evolution", "kind": "whatsapp", "provider": "evolution",
         "status": "active", "cred_base_url": "https://evolution.clinica.example", "cred_api_key": "k",
-        "cred_instance": "clinica", "cred_webhook_secret": "s"})
+        "cred_instance": "clinica", "cred_webhook_secret": "segredo-do-webhook-1"})
     assert response.status_code == 302, html.unescape(response.text)[-2000:]
     assert channel_count(rt) == before + 1
 

@@ -53,7 +53,7 @@ def extracted() -> dict[Any, list[str]]:
     found: dict[Any, list[str]] = {}
     for filename, lineno, message, _comments, _context in extract_from_dir(
             ROOT, method_map, options_map, keywords=KEYWORDS,
-            directory_filter=lambda path: Path(path).relative_to(ROOT).parts[0] in ("admin", "engine")):
+            directory_filter=lambda path: Path(path).relative_to(ROOT).parts[0] in ("admin", "engine", "providers")):
         found.setdefault(message, []).append(f"{filename}:{lineno}")
     return found
 

@@ -40,20 +40,31 @@ def _items(rt, tenants, clock):
     return {"old": old, "dead": dead, "cancel": cancel, "broken": broken, "other": other}
 
 
+def _rows(page: str) -> str:
+    """The list's table body (the labels also appear in filters and menus)."""
+    start = page.index("model-list")
+    return page[start:page.index("</table>", start)]
+
+
 def test_the_inbox_lists_open_items_first_with_labels_and_links(owner, rt, tenants, clock):
     a, _ = tenants
     ids = _items(rt, tenants, clock)
     page = owner.get("/admin/inbox/").text
+    rows = _rows(page)
     # Open first (newest first), then the resolved one.
-    order = [page.index(marker) for marker in ("channel stopped working", "the patient cancelled",
-                                               "gave up after 6 attempts", "old-marker")]
+    order = [rows.index(label) for label in ("Canal com problema", "Cancelado pelo paciente",
+                                             "Mensagem não enviada", "Envio incerto")]
     assert order == sorted(order)
-    for label in ("Canal com problema", "Cancelado pelo paciente", "Mensagem não enviada", "Envio incerto",
-                  "Aberta", "Resolvida"):
-        assert label in page, label
-    assert f'href="/admin/queue/details/?id={a.message_id}"' in page
-    assert f'href="/admin/appointments/details/?id={a.appointment_id}"' in page
-    assert f'href="/admin/channels/details/?id={a.channel_id}"' in page and "Canal clinica-a" in page
+    assert "Aberta" in rows and "Resolvida" in rows
+    # Links named by the patient and the time, not "Agendamento #2".
+    assert f'href="/admin/queue/details/?id={a.message_id}"' in rows and "Paciente Da A" in rows
+    assert f'href="/admin/appointments/details/?id={a.appointment_id}"' in rows
+    assert "Agendamento #" not in rows and "Mensagem #" not in rows
+    assert f'href="/admin/channels/details/?id={a.channel_id}"' in rows and "Canal clinica-a" in rows
+    # What happened is a sentence, never the engine's technical note.
+    assert "O Lembra tentou" in rows
+    for note in ("gave up after", "channel stopped working", "the patient cancelled", "old-marker"):
+        assert note not in page, note
     assert "Pendências (3)" in page  # the menu counts the org's open items (B's is not one of them)
 
     details = owner.get(f"/admin/inbox/details/?id={ids['cancel']}").text
@@ -62,10 +73,10 @@ def test_the_inbox_lists_open_items_first_with_labels_and_links(owner, rt, tenan
 
 def test_the_state_filter_splits_open_and_resolved(owner, rt, tenants, clock):
     _items(rt, tenants, clock)
-    opened = owner.get("/admin/inbox/?flt0_0=open").text
-    resolved = owner.get("/admin/inbox/?flt0_0=resolved").text
-    assert "old-marker" not in opened and "channel stopped working" in opened
-    assert "old-marker" in resolved and "channel stopped working" not in resolved
+    opened = _rows(owner.get("/admin/inbox/?flt0_0=open").text)
+    resolved = _rows(owner.get("/admin/inbox/?flt0_0=resolved").text)
+    assert "Envio incerto" not in opened and "Canal com problema" in opened
+    assert "Envio incerto" in resolved and "Canal com problema" not in resolved
 
 
 def test_an_agent_resolves_from_the_list_and_from_details(agent, rt, tenants, clock):
@@ -110,7 +121,8 @@ def test_the_other_orgs_items_answer_404_and_never_show(owner, rt, tenants, cloc
     with rt.db.connect() as conn:
         assert conn.execute(select(inbox_items.c.resolved_at).where(inbox_items.c.id == other)).scalar_one() is None
     for url in ("/admin/inbox/", "/admin/inbox/?flt0_0=open", "/admin/inbox/export/csv/"):
-        assert "b-only-marker" not in owner.get(url).get_data(as_text=True), url
+        body = owner.get(url).get_data(as_text=True)
+        assert "b-only-marker" not in body and "Canal clinica-b" not in body, url
 
 
 def test_the_export_has_codes_and_no_markup(owner, rt, tenants, clock):
@@ -148,3 +160,56 @@ def test_a_problem_that_comes_back_after_being_resolved_opens_a_new_item(owner, 
             inbox_items.c.org_id == a.world.org_id, inbox_items.c.kind == "channel_broken")
             .order_by(inbox_items.c.id)).all()
     assert [(r.id, r.resolved_at is None) for r in rows] == [(first, False), (second, True)]
+
+
+def test_a_message_refused_for_good_is_in_pendencias_with_its_reason(owner, rt, tenants, clock):
+    """Issue 11, finding 4: a permanent failure (a wrong number, a refused template) needs a person."""
+    from engine import dispatch
+    from tests.test_dispatch import simulate
+
+    a, b = tenants
+    for tenant in (a, b):
+        simulate(rt, tenant.channel_id, "permanent")
+    clock.advance(timedelta(hours=4))  # the 2 h reminders of both orgs are due
+    for message_id in dispatch.claim_due(rt, limit=10):
+        assert dispatch.send_one(rt, message_id) == "failed"
+    with rt.db.connect() as conn:
+        items = conn.execute(select(inbox_items.c.org_id, inbox_items.c.kind, inbox_items.c.message_id)
+                             .order_by(inbox_items.c.org_id)).all()
+    assert [(i.org_id, i.kind, i.message_id) for i in items] == [
+        (a.world.org_id, "message_failed", a.message_id), (b.world.org_id, "message_failed", b.message_id)]
+
+    page = owner.get("/admin/inbox/").text
+    rows = _rows(page)
+    assert "Mensagem recusada" in rows and "Paciente Da A" in rows and "Pendências (1)" in page
+    assert "sandbox_permanent" not in page and "Paciente Só Da B" not in page
+    [item_id] = _ids(rt, a)
+    details = owner.get(f"/admin/inbox/details/?id={item_id}").text
+    assert "reenvie pela Fila" in details
+
+
+def _ids(rt, tenant) -> list[int]:
+    with rt.db.connect() as conn:
+        return list(conn.execute(select(inbox_items.c.id).where(inbox_items.c.org_id == tenant.world.org_id))
+                    .scalars())
+
+
+def test_pendencias_says_how_many_replies_wait_in_conversas(owner, rt, tenants, clock):
+    import json
+
+    from engine.inbound import process_inbound, receive
+    from gateway.contract import WebhookRequest
+    from tests.factories import sandbox_headers
+
+    a, b = tenants
+    assert "Abrir Conversas" not in owner.get("/admin/inbox/").text
+    for tenant, text in ((a, "Oi, posso remarcar para sexta?"), (b, "Mensagem da B")):
+        body = json.dumps({"type": "message", "id": f"in-{tenant.world.org_id}", "from": "+5516999887766",
+                           "timestamp": engine_clock.now().timestamp(), "text": text}).encode()
+        received = receive(rt, "sandbox", tenant.channel_id, WebhookRequest(
+            method="POST", url="/webhooks/sandbox", headers=sandbox_headers(rt, tenant.channel_id), body=body))
+        for inbound_id in received.inbound_ids:
+            process_inbound(rt, inbound_id)
+    page = owner.get("/admin/inbox/").text
+    assert "1 resposta de paciente espera alguém da equipe." in page
+    assert 'href="/admin/conversations/"' in page

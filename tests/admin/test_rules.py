@@ -5,6 +5,7 @@ owner/manager edit, agent reads; another org's rule answers 404; CSRF is require
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from html.parser import HTMLParser
 
 import pytest
@@ -182,7 +183,7 @@ def test_switching_a_rule_off_and_on(owner, tenants, rt):
     old = a.world.message(a.message_id)
     assert old.status == "cancelled" and old.skip_reason == RULE_CHANGED
     page = owner.get(URL).text
-    assert not is_checked(page, f"active-{a.rule_id}") and "1 lembrete pendente cancelado." in page
+    assert not is_checked(page, f"active-{a.rule_id}") and "0 lembretes reagendados, 1 cancelado, 0 novos." in page
 
     # … and switching it back on queues it again (the cancelled row gave its key up)
     fields = grid_form(owner.get(URL).text)
@@ -291,7 +292,7 @@ def test_saving_queues_the_reminders_of_a_rule_switched_on_at_once(owner, tenant
     assert len(queued) == 1
     assert queued[0].appointment_id == a.appointment_id and queued[0].status in ("pending", "new")
     assert queued[0].channel_kind == "whatsapp"
-    assert "1 lembrete novo na fila." in owner.get(URL).text
+    assert "0 lembretes reagendados, 0 cancelados, 1 novo." in owner.get(URL).text
 
 
 def test_turning_off_the_kind_a_reminder_was_queued_on_moves_it_to_the_next(owner, tenants, rt):
@@ -436,3 +437,70 @@ def test_toggled_kinds_keeps_order_and_appends_in_column_order():
 def test_timing_labels(app, trigger, minutes, label):
     with app.test_request_context():
         assert timing_label(trigger, minutes) == label
+
+
+# --- what a save does to reminders already queued (finding 5) -------------------------------------
+def _due(rt, message_id: int):
+    with rt.db.connect() as conn:
+        return conn.execute(select(messages.c.due_at).where(messages.c.id == message_id)).scalar_one()
+
+
+def test_a_window_change_moves_the_queued_reminders_and_says_so(owner, tenants, rt):
+    a, b = tenants
+    # both orgs: a session at 14:00 local with its 2-hours-before reminder queued for 12:00 local
+    a_due, b_due = _due(rt, a.message_id), _due(rt, b.message_id)
+    assert a_due == b_due
+    fields = grid_form(owner.get(URL).text)
+    fields["quiet_start"] = ["13:00"]  # 12:00 is now outside; nothing allowed before it: 13:00
+    assert owner.post(URL, data=fields).status_code == 302
+    assert _due(rt, a.message_id) == a_due + timedelta(hours=1)
+    assert a.world.events(a.message_id)[-1] == "planned"
+    page = owner.get(URL).text
+    assert "Configurações salvas. 1 lembrete reagendado, 0 cancelados, 0 novos." in page
+    # the other clinic's queue did not move
+    assert _due(rt, b.message_id) == b_due and b.world.events(b.message_id) == ["queued"]
+
+
+def test_an_offset_changed_in_the_rule_form_moves_its_queued_reminders(owner, tenants, rt):
+    a, b = tenants
+    a_due, b_due = _due(rt, a.message_id), _due(rt, b.message_id)
+    edit = owner.get(f"/admin/rules/edit/?id={a.rule_id}")
+    response = owner.post(f"/admin/rules/edit/?id={a.rule_id}", data={
+        "csrf_token": csrf(edit.text), "name": "Lembrete 3 h", "purpose": "session_reminder",
+        "template_key": "session_reminder", "trigger": "before_start", "offset_minutes": "180",
+        "kinds": "whatsapp", "respect_window": "y", "active": "y",
+    })
+    assert response.status_code == 302
+    assert _due(rt, a.message_id) == a_due - timedelta(hours=1)
+    assert "1 lembrete reagendado, 0 cancelados, 0 novos." in owner.get(URL).text
+    assert _due(rt, b.message_id) == b_due
+    # another org's rule in the form: 404, and nothing of B's moves
+    assert owner.get(f"/admin/rules/edit/?id={b.rule_id}").status_code == 404
+    assert owner.post(f"/admin/rules/edit/?id={b.rule_id}", data={
+        "csrf_token": csrf(edit.text), "name": "x", "purpose": "session_reminder", "template_key": "session_reminder",
+        "trigger": "before_start", "offset_minutes": "1440", "kinds": "whatsapp", "active": "y",
+    }).status_code == 404
+    assert _due(rt, b.message_id) == b_due
+
+
+def test_a_change_without_the_csrf_token_moves_nothing(owner, tenants, rt):
+    a, _ = tenants
+    a_due = _due(rt, a.message_id)
+    fields = grid_form(owner.get(URL).text)
+    fields["quiet_start"] = ["13:00"]
+    del fields["csrf_token"]
+    assert owner.post(URL, data=fields).status_code == 400
+    edit = owner.get(f"/admin/rules/edit/?id={a.rule_id}")
+    assert edit.status_code == 200
+    owner.post(f"/admin/rules/edit/?id={a.rule_id}", data={
+        "name": "Lembrete 3 h", "purpose": "session_reminder", "template_key": "session_reminder",
+        "trigger": "before_start", "offset_minutes": "180", "kinds": "whatsapp", "respect_window": "y", "active": "y",
+    })
+    assert _due(rt, a.message_id) == a_due and a.world.events(a.message_id) == ["queued"]
+
+
+def test_the_page_says_what_a_save_does_to_the_queue(owner, tenants):
+    html = owner.get(URL).text
+    assert "atualizados na hora" not in html
+    assert "ainda na fila dos próximos agendamentos passam para o novo horário" in html
+    assert "os que já estão sendo enviados não mudam" in html

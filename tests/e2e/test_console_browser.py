@@ -184,7 +184,7 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
 
     # --- Modelos: personalise the default WhatsApp reminder, with the live preview ----------
     page.goto(f"{server}/admin/templates/")
-    default = _row(page, "Lembrete de sessão", "WhatsApp", "pt_BR", "Padrão")
+    default = _row(page, "Lembrete de sessão", "WhatsApp", "Português", "Padrão")
     expect(default).to_have_count(1)
     default.get_by_role("link", name="Personalizar").click()
     expect(page.locator("#key")).to_have_value("session_reminder")
@@ -222,7 +222,10 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
     page.goto(f"{server}/admin/contacts/new/")
     page.fill("#name", PATIENT)
     page.fill("#phone", "(11) 98765-4321")
-    page.select_option("#consent", ["whatsapp", "sms"])
+    expect(page.locator("input[name=consent]:checked")).to_have_count(0)  # consent is a deliberate act
+    page.check("#consent-0")  # WhatsApp
+    page.check("#consent-2")  # SMS
+    page.select_option("#consent_method", "reception_verbal")
     _save(page)
     contact_row = _row(page, PATIENT)
     expect(contact_row).to_have_count(1)
@@ -233,7 +236,9 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
     starts = (clock.now() + timedelta(hours=2)).astimezone(TZ)
     due = starts - timedelta(minutes=60)
     page.goto(f"{server}/admin/appointments/new/")
-    page.select_option("#contact_id", label=PATIENT)
+    page.fill("#contact_id", PATIENT.split()[0])  # the patient search box (AJAX, org-scoped)
+    page.locator("#contact_id-results button", has_text=PATIENT).click()
+    expect(page.locator("#contact_id-value")).not_to_have_value("")
     page.fill("#starts_at", starts.strftime("%Y-%m-%dT%H:%M"))
     page.fill("#professional", PROFESSIONAL)
     page.select_option("#mode", "in_person")
@@ -265,6 +270,7 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
 
     # --- Caixa do sandbox: the patient's conversation; answer CONFIRMAR as the patient ----------
     sent_at = clock.now().astimezone(TZ).strftime("%d/%m/%Y %H:%M")
+    page.get_by_role("link", name="Mensagens").click()
     page.get_by_role("link", name="Caixa do sandbox").click()
     expect(page).to_have_url(re.compile(r"/admin/sandbox/$"))
     expect(page.get_by_role("heading", name="Caixa do sandbox")).to_be_visible()
@@ -286,7 +292,7 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
     patient = page.locator(".lembra-msg.in")
     expect(patient).to_have_count(1)
     expect(patient).to_contain_text("CONFIRMAR")
-    expect(patient).to_contain_text("Agendamento confirmado")
+    expect(patient).to_contain_text("O paciente confirmou o agendamento.")
 
     # the acknowledgement goes out on the next dispatch and lands in the same conversation, after the reply
     assert _dispatch_due(rt) == ["sent"]

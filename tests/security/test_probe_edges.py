@@ -88,11 +88,14 @@ def _channel_form(owner: Any, provider: str, kind: str, **fields: str) -> dict[s
     page = owner.get("/admin/channels/new/")
     data, kinds = main_form(page.text)
     data = {k: v for k, v in data.items() if not k.startswith("cred_")}
-    creds = {"cred_base_url": "https://provider.example.com", "cred_api_key": "k", "cred_instance": "clinica",
-             "cred_webhook_secret": "s", "cred_host": "smtp.example.com", "cred_port": "587",
-             "cred_security": "starttls", "cred_from_email": "agenda@clinica.example.com", "cred_phone_number_id": "1",
-             "cred_access_token": "t", "cred_app_secret": "a", "cred_verify_token": "v", "cred_account_sid": "AC1",
-             "cred_auth_token": "t", "cred_api_token": "t", "cred_from": "+15005550006"}
+    # Well-formed values (the form checks each provider's formats): only the address under test is refused.
+    creds = {"cred_base_url": "https://provider.example.com", "cred_api_key": "re_probe_api_key_1",
+             "cred_instance": "clinica", "cred_webhook_secret": "whsec_cHJvYmUtd2ViaG9vay1zZWNyZXQ=",
+             "cred_host": "smtp.example.com", "cred_port": "587", "cred_security": "starttls",
+             "cred_from_email": "agenda@clinica.example.com", "cred_phone_number_id": "106540352242922",
+             "cred_access_token": "EAAGprobeaccesstoken1234567890", "cred_app_secret": "0" * 32,
+             "cred_verify_token": "probe-verify-token-1", "cred_account_sid": "AC" + "0" * 32,
+             "cred_auth_token": "0" * 32, "cred_api_token": "zenvia-probe-token", "cred_from": "+15005550006"}
     data.pop("is_default", None)  # the org's sandbox stays its default channel (the sends below use it)
     return {**data, **creds, "name": "Probe SSRF", "provider": provider, "kind": kind, **fields,
             "csrf_token": csrf(page.text)}

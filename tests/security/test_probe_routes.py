@@ -46,6 +46,9 @@ AGENT_MAY_CHANGE = {
     "auth.set_locale": "the user's own console language",
     "contacts.handoff_view": "every role starts and ends a hand-off: the front desk's job "
                              "(admin/views/followup/handoff.py)",
+    "conversations.reply": "agents answer patients' free-text replies (admin/views/conversations.py)",
+    "conversations.handled_one": "agents mark a patient's reply handled, the same page",
+    "conversations.handled": "the list's bulk mark-handled, the same as above",
 }
 #: Never posted by the walks: it ends the walking client's session (tests/security/test_probe_auth.py).
 NOT_WALKED = {"auth.logout": "ends the walker's own session; probed in test_probe_auth.py"}

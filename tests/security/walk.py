@@ -66,6 +66,8 @@ class _FormReader(HTMLParser):
         self._form: dict[str, Any] | None = None
         self._textarea: str | None = None
         self._select: str | None = None
+        #: One entry per open <fieldset>: True when it is disabled (a browser submits none of its controls).
+        self._fieldsets: list[bool] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
@@ -73,7 +75,9 @@ class _FormReader(HTMLParser):
             self._form = {"_action": a.get("action", ""), "_method": a.get("method", "get").lower(), "fields": {},
                           "kinds": {}}
             self.forms.append(self._form)
-        if self._form is None:
+        if tag == "fieldset":
+            self._fieldsets.append("disabled" in a)
+        if self._form is None or any(self._fieldsets):
             return
         fields, kinds = self._form["fields"], self._form["kinds"]
         name = a.get("name")
@@ -100,6 +104,8 @@ class _FormReader(HTMLParser):
             self._form["fields"][self._textarea] += data
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "fieldset" and self._fieldsets:
+            self._fieldsets.pop()
         if tag == "textarea":
             self._textarea = None
         elif tag == "select":

@@ -1,0 +1,143 @@
+"""The channel form: the fields each provider declares (gateway.contract.CredentialField), and their checks.
+
+The form class carries one `cred_<key>` field per key any provider declares; the page shows, and the
+server reads and validates, only the chosen provider's. Secret values are never put back in the page
+(a blank secret on edit keeps the stored one); the other values are, so an edit shows what is set.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from wtforms import BooleanField, PasswordField, SelectField, StringField
+from wtforms.validators import DataRequired, Length, Optional
+
+from admin.i18n import _, _l
+from admin.views.base import KIND_LABELS
+from admin.views.channels.messages import PROVIDER_LABELS, egress_error
+from engine.channels import new_webhook_secret
+from engine.models import CHANNEL_KINDS, PROVIDERS
+from gateway import registry
+from gateway.contract import CredentialField
+from gateway.egress import EgressPolicy
+from gateway.errors import EgressRefused
+
+CHANNEL_STATUSES = [("active", _l("Ativo")), ("disabled", _l("Desativado"))]
+PREFIX = "cred_"
+
+
+def provider_fields(provider: str | None) -> tuple[CredentialField, ...]:
+    """The credential fields `provider` declares (none for an unknown name)."""
+    try:
+        return registry.load(provider or "").credential_fields
+    except registry.UnknownProvider:
+        return ()
+
+
+def provider_kinds(provider: str | None) -> tuple[str, ...]:
+    """The channel kinds `provider` sends."""
+    try:
+        return registry.load(provider or "").kinds
+    except registry.UnknownProvider:
+        return ()
+
+
+def _declared() -> dict[str, bool]:
+    """Every key any provider declares → whether it is secret for any of them."""
+    keys: dict[str, bool] = {}
+    for name in PROVIDERS:
+        for field in provider_fields(name):
+            keys[field.key] = keys.get(field.key, False) or field.secret
+    return keys
+
+
+def form_attributes() -> dict[str, Any]:
+    """The channel form's fields: name, kind, provider, status, default flag, and every credential key."""
+    attrs: dict[str, Any] = {
+        "name": StringField(_l("Nome"), validators=[DataRequired(message=_l("Dê um nome ao canal.")),
+                                                    Length(max=200)]),
+        "provider": SelectField(_l("Provedor"), choices=[(p, PROVIDER_LABELS.get(p, p)) for p in PROVIDERS]),
+        "kind": SelectField(_l("Tipo"), choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS]),
+        "status": SelectField(_l("Status"), choices=CHANNEL_STATUSES, default="active"),
+        "is_default": BooleanField(_l("Canal padrão deste tipo"), default=True),
+    }
+    for key, secret in sorted(_declared().items()):
+        field_class = PasswordField if secret else StringField
+        attrs[PREFIX + key] = field_class(key, validators=[Optional(), Length(max=2000)])
+    return attrs
+
+
+def keep_only(form: Any, provider: str) -> None:
+    """Drop the credential fields `provider` does not declare: they are neither shown nor read."""
+    wanted = {PREFIX + f.key for f in provider_fields(provider)}
+    for name in [n for n in form._fields if n.startswith(PREFIX) and n not in wanted]:
+        delattr(form, name)
+
+
+def show_stored(form: Any, provider: str, stored: Mapping[str, Any]) -> None:
+    """Put the stored non-secret values in the form (an edit shows what is set; secrets never)."""
+    for spec in provider_fields(provider):
+        field = getattr(form, PREFIX + spec.key, None)
+        if field is not None and not spec.secret and not field.data and stored.get(spec.key) is not None:
+            field.data = str(stored[spec.key])
+
+
+def _value(form: Any, key: str) -> str:
+    field = getattr(form, PREFIX + key, None)
+    return str(field.data or "").strip() if field is not None else ""
+
+
+def _fail(form: Any, key: str, message: str) -> None:
+    field = getattr(form, PREFIX + key)
+    field.errors = [*field.errors, message]
+
+
+def check_credentials(form: Any, provider: str, stored: Mapping[str, Any], egress: EgressPolicy) -> bool:
+    """Validate the chosen provider's fields only: required, format, choices, and the egress guard for
+    addresses (a base_url or host inside the network is a form error; the guard refuses it again at
+    every connection, which is the check that holds). `stored` is what an edited channel already has."""
+    ok = True
+    for spec in provider_fields(provider):
+        if getattr(form, PREFIX + spec.key, None) is None:
+            continue
+        value = _value(form, spec.key)
+        if not value:
+            has = bool(stored.get(spec.key)) or spec.generated
+            excused = spec.unless is not None and (_value(form, spec.unless) or stored.get(spec.unless))
+            if spec.required and not has and not excused:
+                _fail(form, spec.key, _("Preencha este campo."))
+                ok = False
+            continue
+        if spec.address is not None:
+            # The guard first: an internal address is said to be one, whatever its spelling.
+            try:
+                (egress.check_url if spec.address == "url" else egress.check_host)(value)
+            except EgressRefused as exc:
+                _fail(form, spec.key, egress_error(exc))
+                ok = False
+                continue
+        if len(value) > spec.max_length:
+            _fail(form, spec.key, _("Texto longo demais (máximo de %(max)s caracteres).", max=spec.max_length))
+            ok = False
+        elif spec.choices and value not in spec.choices:
+            _fail(form, spec.key, _("Escolha um destes valores: %(valores)s.", valores=", ".join(spec.choices)))
+            ok = False
+        elif spec.pattern and not re.fullmatch(spec.pattern, value, re.IGNORECASE if spec.address else 0):
+            _fail(form, spec.key, _("Formato inválido. Exemplo: %(exemplo)s", exemplo=spec.example)
+                  if spec.example else _("Formato inválido. Confira o valor no painel do provedor."))
+            ok = False
+    return ok
+
+
+def credentials(form: Any, provider: str, *, generate: bool) -> dict[str, str]:
+    """The chosen provider's values typed in the form (blank ones left out); with `generate`, the
+    generated fields left blank get a fresh value (on create only: an edit keeps the stored one)."""
+    values: dict[str, str] = {}
+    for spec in provider_fields(provider):
+        value = _value(form, spec.key)
+        if value:
+            values[spec.key] = value
+        elif generate and spec.generated:
+            values[spec.key] = new_webhook_secret()
+    return values

@@ -1,0 +1,181 @@
+"""Conversas: the patient replies no keyword handled ("Oi, posso remarcar para sexta?"), for a
+person to read, answer and mark handled (engine/conversations.py holds the queries and the reply).
+
+Every role acts here: answering patients is the front desk's job. An answer is an outbox message
+(it goes once, through the channel kind the patient wrote on); outside Meta's 24 h window the page
+says why free text cannot go and offers the approved template instead. The menu item carries the
+number of replies still waiting. Every query is scoped to the signed-in user's org; another org's
+id answers 404, and the app's CSRFProtect refuses any POST without the session's token.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import abort, flash, redirect, request, url_for
+from flask_admin import expose
+from flask_login import current_user
+
+from admin.i18n import _, _l, ngettext, translate
+from admin.ids import parse_id
+from admin.views.base import (
+    KIND_LABELS,
+    PURPOSE_LABELS,
+    CountedMenu,
+    TenantPageView,
+    badge,
+    db_session,
+    ids_of,
+    local_dt,
+    org_id,
+    write_audit,
+)
+from admin.views.sandbox import BUTTON_TITLES
+from admin.views.words import reply_outcome_text
+from engine import clock
+from engine import conversations as convs
+from engine.catalogue import describe
+
+PAGE_SIZE = 50
+#: The list's tabs, in the receptionist's words.
+STATE_LABELS = {"open": _l("Para responder"), "handled": _l("Resolvidas"), "all": _l("Todas")}
+AUDIT_ENTITY = "inbound_messages"
+
+
+def unread_count() -> int:
+    """Replies of the signed-in user's org waiting for a person."""
+    session = db_session()
+    return convs.unhandled_count(session.connection(), org_id())
+
+
+def sentence(code: str, **params: Any) -> str:
+    """A catalogue code in the reader's language (never the raw code)."""
+    return translate(describe(code, **params))
+
+
+def message_text(text: str | None, button_payload: str | None) -> str:
+    """What the patient wrote, a tapped button in words, or a note that retention removed it."""
+    if text:
+        return text
+    if button_payload:
+        title = BUTTON_TITLES.get(button_payload.partition(":")[0], button_payload)
+        return _("Tocou no botão “%(botao)s”", botao=title)
+    return _("(texto removido pela retenção de dados)")
+
+
+def outcome_text(outcome: str | None) -> str:
+    """Why the reply is here: what the engine could not do with it."""
+    return reply_outcome_text(outcome) if outcome else ""
+
+
+def purpose_label(purpose: str | None) -> str:
+    if not purpose:
+        return ""
+    return str(PURPOSE_LABELS.get(purpose) or _("Mensagem"))
+
+
+def sender_name(item: convs.Item) -> str:
+    if item.contact_id is not None:
+        return item.contact_name or _("Contato %(id)s", id=item.contact_id)
+    return item.from_address or "—"
+
+
+class ConversationsView(CountedMenu, TenantPageView):
+    """Conversas (endpoint `conversations`, /admin/conversations/): read, answer, mark handled."""
+
+    def menu_count(self) -> int:
+        return unread_count()
+
+    def _item(self, raw: Any) -> convs.Item:
+        """The org's waiting (or handled) reply with that id; 404 for anything else."""
+        pk = parse_id(str(raw))
+        if pk is None:
+            abort(404)
+        item = convs.find_item(db_session().connection(), org_id(), pk)
+        if item is None:
+            abort(404)
+        return item
+
+    @expose("/")
+    def index(self) -> Any:
+        """The replies waiting for a person (or the handled ones, or all), newest first."""
+        state = request.args.get("state", "open")
+        if state not in convs.STATES:
+            state = "open"
+        page = parse_id(request.args.get("page", "") or "") or 0
+        session = db_session()
+        items, total = convs.list_items(session.connection(), org_id(), state=state,
+                                        page=min(page, 10**6), page_size=PAGE_SIZE)
+        session.rollback()  # read only; the scoped session is reused by the next request
+        return self.render(
+            "admin/conversations/list.html", items=items, total=total, state=state, page=page,
+            pages=(total + PAGE_SIZE - 1) // PAGE_SIZE, state_labels=STATE_LABELS, local_dt=local_dt,
+            kind_labels=KIND_LABELS, badge=badge, message_text=message_text, outcome_text=outcome_text,
+            sender_name=sender_name,
+        )
+
+    @expose("/<inbound_id>/")
+    def details(self, inbound_id: str) -> Any:
+        """One reply: who wrote, about which appointment, on which channel, the thread with them,
+        and the answer form (or why only the approved template may go)."""
+        item = self._item(inbound_id)
+        session = db_session()
+        conn = session.connection()
+        entries = convs.thread(conn, org_id(), item)
+        options = convs.reply_options(conn, org_id(), item)
+        session.rollback()
+        return self.render(
+            "admin/conversations/details.html", item=item, entries=entries, options=options,
+            reason=sentence(options.reason) if options.reason else None, form_key=uuid.uuid4().hex,
+            max_reply=convs.MAX_REPLY, local_dt=local_dt, kind_labels=KIND_LABELS, badge=badge,
+            message_text=message_text, outcome_text=outcome_text, purpose_label=purpose_label,
+            sender_name=sender_name,
+        )
+
+    @expose("/<inbound_id>/reply/", methods=("POST",))
+    def reply(self, inbound_id: str) -> Any:
+        """Queue the typed answer (or, with `template=1`, the approved template) for the patient."""
+        item = self._item(inbound_id)
+        key = request.form.get("key", "")
+        if not convs.FORM_KEY.match(key):
+            abort(400)  # the page always sends one; anything else is not our form
+        conn = db_session().connection()
+        result = convs.send_reply(conn, org_id(), item, int(current_user.id), key,
+                                  text=request.form.get("text"), use_template=request.form.get("template") == "1")
+        if result.message_id is not None:
+            write_audit(conn, "reply", AUDIT_ENTITY, item.id, {"message_id": result.message_id,
+                                                               "template": request.form.get("template") == "1"})
+        db_session().commit()
+        params = {"max": convs.MAX_REPLY} if result.code == "conversation_text_too_long" else {}
+        category = "success" if result.message_id is not None else \
+            "info" if result.code == "conversation_already_sent" else "error"
+        flash(sentence(result.code, **params), category)
+        return redirect(url_for(".details", inbound_id=item.id))
+
+    def _mark(self, ids: list[int]) -> int:
+        conn = db_session().connection()
+        done = convs.mark_handled(conn, org_id(), ids, int(current_user.id))
+        now = clock.now()
+        for inbound_id in done:
+            write_audit(conn, "handle", AUDIT_ENTITY, inbound_id, {"handled_at": now})
+        db_session().commit()
+        if done:
+            flash(ngettext("%(num)d conversa marcada como resolvida.", "%(num)d conversas marcadas como resolvidas.",
+                           len(done)), "success")
+        else:
+            flash(_("Nenhuma das selecionadas estava esperando resposta."), "warning")
+        return len(done)
+
+    @expose("/handled/", methods=("POST",))
+    def handled(self) -> Any:
+        """The list's bulk action: mark the selected replies handled (other orgs' ids change nothing)."""
+        self._mark(ids_of(request.form.getlist("ids")))
+        return redirect(url_for(".index"))
+
+    @expose("/<inbound_id>/handled/", methods=("POST",))
+    def handled_one(self, inbound_id: str) -> Any:
+        """The details page's button: mark this reply handled."""
+        item = self._item(inbound_id)  # another org's reply: 404
+        self._mark([item.id])
+        return redirect(url_for(".details", inbound_id=item.id))

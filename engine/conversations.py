@@ -1,0 +1,319 @@
+"""Conversations: the patient replies that no keyword handled, waiting for a person (SPEC §6).
+
+There is one store of inbound messages (`inbound_messages`, written by engine/inbound.py, read by
+the follow-up engine too); a reply needs a person when `process_inbound` could not act on it
+(free text, a keyword with no appointment, a number no contact carries). A person marks it handled
+(`handled_at` / `handled_by`) or answers it: the answer is an ordinary outbox message (purpose
+`conversation_reply`, linked to the inbound by its payload and idempotency key), so it has its
+events and goes out once through the normal dispatch. On Meta, outside the 24 h customer-service
+window only an approved template may go, so `reply_options` says why and offers it instead.
+Every query here filters on the org.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable
+
+from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from engine import clock
+from engine.appointments import LIVE
+from engine.channels import default_channel
+from engine.dispatch import conversation_open
+from engine.models import appointments, channels, contacts, inbound_messages, messages, orgs, users
+from engine.outbox import enqueue
+from engine.templates import find_template
+from gateway.webhook_body import clean_text
+
+#: What `process_inbound` could not act on: no keyword or button did anything with the reply.
+NEEDS_PERSON = ("free_text", "no_appointment", "unknown_contact")
+#: The outbox purpose of an answer written in the console.
+REPLY_PURPOSE = "conversation_reply"
+#: The approved WhatsApp template that reopens a conversation after Meta's window closed.
+REOPEN_TEMPLATE = "conversation_reopen"
+#: A WhatsApp text is at most 4096 characters; a receptionist's answer is far shorter.
+MAX_REPLY = 1000
+#: Messages of each direction shown in one thread, the latest ones.
+THREAD_ROWS = 200
+#: The key a reply form carries (made when the form is shown): a double submit sends once.
+FORM_KEY = re.compile(r"^[0-9a-f]{32}$")
+#: Outbox rows not shown in a thread: reminders still being planned or waiting for their hour.
+_NOT_YET = ("new", "pending", "claimed")
+STATES = ("open", "handled", "all")
+
+
+def needs_person(oid: int) -> ColumnElement[bool]:
+    """The org's inbound messages a person should see (an opt-out from an unknown number is not one:
+    the engine blocked the number already)."""
+    im = inbound_messages
+    return and_(im.c.org_id == oid, im.c.processed_at.is_not(None), im.c.outcome.in_(NEEDS_PERSON),
+                or_(im.c.intent.is_(None), im.c.intent != "optout"))
+
+
+@dataclass(frozen=True)
+class AppointmentRef:
+    """The appointment a reply is about."""
+
+    id: int
+    starts_at: datetime
+    professional: str | None
+    status: str
+
+
+@dataclass(frozen=True)
+class Item:
+    """One inbound message waiting for (or handled by) a person."""
+
+    id: int
+    channel_id: int
+    channel_name: str
+    channel_kind: str
+    channel_provider: str
+    contact_id: int | None
+    contact_name: str | None
+    from_address: str | None
+    text: str | None
+    button_payload: str | None
+    in_reply_to: str | None
+    received_at: datetime
+    outcome: str | None
+    handled_at: datetime | None
+    handled_by: str | None  # the e-mail of the user who handled it
+    appointment: AppointmentRef | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One bubble of a thread: a patient's message, or one of ours."""
+
+    outgoing: bool
+    at: datetime
+    row_id: int
+    text: str | None
+    status: str | None = None
+    purpose: str | None = None
+    outcome: str | None = None
+    handled: bool = True
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    """What the console may send now. `reason` is a catalogue code saying why free text cannot go."""
+
+    free_text: bool
+    template_key: str | None = None
+    reason: str | None = None
+
+    @property
+    def can_send(self) -> bool:
+        """Whether anything at all (free text or the template) may go."""
+        return self.free_text or self.template_key is not None
+
+
+@dataclass(frozen=True)
+class ReplyResult:
+    """What became of a reply: the outbox row, or a catalogue code (refused or already sent)."""
+
+    message_id: int | None
+    code: str
+
+
+def _base_query(oid: int) -> Any:
+    im = inbound_messages
+    return (
+        select(im, channels.c.name.label("channel_name"), channels.c.kind.label("channel_kind"),
+               channels.c.provider.label("channel_provider"), contacts.c.name.label("contact_name"),
+               users.c.email.label("handler_email"))
+        .join(channels, and_(channels.c.id == im.c.channel_id, channels.c.org_id == oid))
+        .outerjoin(contacts, and_(contacts.c.id == im.c.contact_id, contacts.c.org_id == oid))
+        .outerjoin(users, and_(users.c.id == im.c.handled_by, users.c.org_id == oid))
+        .where(needs_person(oid))
+    )
+
+
+def _state_filter(query: Any, state: str) -> Any:
+    if state == "open":
+        return query.where(inbound_messages.c.handled_at.is_(None))
+    if state == "handled":
+        return query.where(inbound_messages.c.handled_at.is_not(None))
+    return query
+
+
+def _item(row: Any, appointment: AppointmentRef | None = None) -> Item:
+    return Item(
+        id=int(row.id), channel_id=int(row.channel_id), channel_name=row.channel_name, channel_kind=row.channel_kind,
+        channel_provider=row.channel_provider, contact_id=row.contact_id, contact_name=row.contact_name,
+        from_address=row.from_address, text=row.text, button_payload=row.button_payload, in_reply_to=row.in_reply_to,
+        received_at=row.received_at, outcome=row.outcome, handled_at=row.handled_at, handled_by=row.handler_email,
+        appointment=appointment,
+    )
+
+
+def unhandled_count(conn: Connection, oid: int) -> int:
+    """How many of the org's replies wait for a person (the menu's count)."""
+    return int(conn.execute(select(func.count()).select_from(inbound_messages)
+                            .where(needs_person(oid), inbound_messages.c.handled_at.is_(None))).scalar_one())
+
+
+def list_items(conn: Connection, oid: int, *, state: str = "open", page: int = 0,
+               page_size: int = 50) -> tuple[list[Item], int]:
+    """One page of the org's replies in `state` (open first when "all"), newest first, and the total."""
+    state = state if state in STATES else "open"
+    im = inbound_messages
+    total = int(conn.execute(_state_filter(select(func.count()).select_from(im).where(needs_person(oid)), state))
+                .scalar_one())
+    # Open first as a CASE: NULLs sort first on SQLite and last on PostgreSQL.
+    open_first = case((im.c.handled_at.is_(None), 0), else_=1)
+    rows = conn.execute(_state_filter(_base_query(oid), state)
+                        .order_by(open_first, im.c.received_at.desc(), im.c.id.desc())
+                        .limit(page_size).offset(max(page, 0) * page_size)).all()
+    return [_item(row, appointment_for(conn, oid, row)) for row in rows], total
+
+
+def find_item(conn: Connection, oid: int, inbound_id: int) -> Item | None:
+    """One of the org's replies that a person should see; None for any other id."""
+    row = conn.execute(_base_query(oid).where(inbound_messages.c.id == inbound_id)).first()
+    return _item(row, appointment_for(conn, oid, row)) if row is not None else None
+
+
+def appointment_for(conn: Connection, oid: int, inbound: Any) -> AppointmentRef | None:
+    """The appointment a reply is about: the one of the message it answered (WhatsApp's context),
+    else the contact's next live one, else their latest past one."""
+    if inbound.contact_id is None:
+        return None
+    columns = (appointments.c.id, appointments.c.starts_at, appointments.c.professional, appointments.c.status)
+    mine = and_(appointments.c.org_id == oid, appointments.c.contact_id == inbound.contact_id)
+    row = None
+    if inbound.in_reply_to:
+        row = conn.execute(
+            select(*columns).join(messages, and_(messages.c.appointment_id == appointments.c.id,
+                                                 messages.c.org_id == oid))
+            .where(mine, messages.c.channel_id == inbound.channel_id,
+                   messages.c.provider_message_id == inbound.in_reply_to).limit(1)).first()
+    if row is None:
+        row = conn.execute(select(*columns).where(mine, appointments.c.starts_at > clock.now(),
+                                                  appointments.c.status.in_(LIVE))
+                           .order_by(appointments.c.starts_at).limit(1)).first()
+    if row is None:
+        row = conn.execute(select(*columns).where(mine, appointments.c.starts_at <= clock.now())
+                           .order_by(appointments.c.starts_at.desc()).limit(1)).first()
+    if row is None:
+        return None
+    return AppointmentRef(id=int(row.id), starts_at=row.starts_at, professional=row.professional, status=row.status)
+
+
+def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
+    """The conversation with the reply's sender, oldest first: every message they wrote (handled by
+    a keyword or not) and every message of ours that went (or is going) out to them."""
+    im = inbound_messages
+    if item.contact_id is not None:
+        phone = conn.execute(select(contacts.c.phone).where(contacts.c.org_id == oid,
+                                                            contacts.c.id == item.contact_id)).scalar()
+        theirs = or_(im.c.contact_id == item.contact_id,
+                     and_(im.c.contact_id.is_(None), im.c.from_address == (phone or item.from_address)))
+    else:
+        theirs = and_(im.c.contact_id.is_(None), im.c.from_address == item.from_address)
+    in_rows = conn.execute(
+        select(im.c.id, im.c.text, im.c.button_payload, im.c.received_at, im.c.outcome, im.c.intent,
+               im.c.handled_at)
+        .where(im.c.org_id == oid, theirs).order_by(im.c.id.desc()).limit(THREAD_ROWS)).all()
+    entries = [Entry(outgoing=False, at=r.received_at, row_id=int(r.id), text=r.text or r.button_payload,
+                     outcome=r.outcome,
+                     handled=r.handled_at is not None or r.outcome not in NEEDS_PERSON or r.intent == "optout")
+               for r in in_rows]
+    if item.contact_id is not None:
+        out_rows = conn.execute(
+            select(messages.c.id, messages.c.body, messages.c.payload, messages.c.status, messages.c.purpose,
+                   messages.c.created_at, messages.c.sent_at)
+            .where(messages.c.org_id == oid, messages.c.contact_id == item.contact_id,
+                   or_(messages.c.status.not_in(_NOT_YET), messages.c.purpose == REPLY_PURPOSE))
+            .order_by(messages.c.id.desc()).limit(THREAD_ROWS)).all()
+        for r in out_rows:
+            written = (r.payload or {}).get("text") if isinstance(r.payload, dict) else None
+            entries.append(Entry(outgoing=True, at=r.sent_at or r.created_at, row_id=int(r.id),
+                                 text=r.body or (written if isinstance(written, str) else None),
+                                 status=r.status, purpose=r.purpose))
+    return sorted(entries, key=lambda e: (e.at, e.outgoing, e.row_id))
+
+
+def mark_handled(conn: Connection, oid: int, inbound_ids: Iterable[int], user_id: int) -> list[int]:
+    """Mark these open replies of the org handled by the user; returns the ids that changed (another
+    org's, an already handled one or one no person needed are left alone)."""
+    ids = [int(i) for i in inbound_ids]
+    if not ids:
+        return []
+    return [int(row.id) for row in conn.execute(
+        update(inbound_messages)
+        .where(needs_person(oid), inbound_messages.c.id.in_(ids), inbound_messages.c.handled_at.is_(None))
+        .values(handled_at=clock.now(), handled_by=user_id)
+        .returning(inbound_messages.c.id))]
+
+
+def reply_options(conn: Connection, oid: int, item: Item, now: datetime | None = None) -> ReplyOptions:
+    """What may be sent to the reply's sender now, on the channel kind they wrote on."""
+    if item.contact_id is None:
+        return ReplyOptions(free_text=False, reason="conversation_unknown_contact")
+    channel = default_channel(conn, oid, item.channel_kind)
+    if channel is None:
+        return ReplyOptions(free_text=False, reason="conversation_no_channel")
+    if channel.provider != "meta" or conversation_open(conn, oid, channel.id, item.contact_id, now or clock.now()):
+        return ReplyOptions(free_text=True)
+    # Outside Meta's 24 h window only an approved template goes (the provider refuses free text).
+    org = conn.execute(select(orgs.c.locale).where(orgs.c.id == oid)).one()
+    locale = conn.execute(select(contacts.c.locale).where(contacts.c.org_id == oid,
+                                                          contacts.c.id == item.contact_id)).scalar() or org.locale
+    template = find_template(conn, oid, REOPEN_TEMPLATE, item.channel_kind, locale)
+    if template is None or not template.meta_template_name:
+        return ReplyOptions(free_text=False, reason="conversation_window_closed_no_template")
+    return ReplyOptions(free_text=False, template_key=REOPEN_TEMPLATE, reason="conversation_window_closed")
+
+
+def clean_reply(text: str | None) -> tuple[str | None, str | None]:
+    """The typed answer as it may be sent, or a catalogue code saying what is wrong with it."""
+    cleaned = clean_text(text or "").replace("\r\n", "\n").strip()
+    if not cleaned:
+        return None, "conversation_text_required"
+    if len(cleaned) > MAX_REPLY:
+        return None, "conversation_text_too_long"
+    return cleaned, None
+
+
+def send_reply(conn: Connection, oid: int, item: Item, user_id: int, form_key: str, *,
+               text: str | None = None, use_template: bool = False) -> ReplyResult:
+    """Queue the console's answer to `item` (free text, or the approved template when asked) and
+    mark the sender's open replies handled. One form key sends once: a resubmitted form answers
+    `conversation_already_sent`."""
+    if not FORM_KEY.match(form_key):
+        raise ValueError("form key")
+    options = reply_options(conn, oid, item)
+    if use_template:
+        if options.template_key is None:
+            return ReplyResult(None, options.reason or "conversation_template_not_needed")
+        payload: dict[str, Any] = {"inbound_id": item.id}
+        template_key: str | None = options.template_key
+    else:
+        if not options.free_text:
+            return ReplyResult(None, options.reason or "conversation_no_channel")
+        cleaned, problem = clean_reply(text)
+        if problem is not None:
+            return ReplyResult(None, problem)
+        payload, template_key = {"inbound_id": item.id, "text": cleaned}, None
+    assert item.contact_id is not None  # reply_options refused an unknown sender
+    message_id = enqueue(
+        conn, org_id=oid, contact_id=item.contact_id, channel_kind=item.channel_kind, purpose=REPLY_PURPOSE,
+        idempotency_key=f"conversation:{item.id}:{form_key}", template_key=template_key, payload=payload,
+        appointment_id=item.appointment.id if item.appointment is not None else None,
+        respect_window=False,  # a person is answering now, not a reminder waiting for its hour
+    )
+    if message_id is None:
+        return ReplyResult(None, "conversation_already_sent")
+    open_ids = conn.execute(select(inbound_messages.c.id).where(
+        needs_person(oid), inbound_messages.c.contact_id == item.contact_id,
+        inbound_messages.c.handled_at.is_(None))).scalars().all()
+    mark_handled(conn, oid, set(open_ids) | {item.id}, user_id)
+    return ReplyResult(message_id, "conversation_reply_queued")

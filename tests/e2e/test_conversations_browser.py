@@ -1,0 +1,90 @@
+"""Conversas in a real browser: a patient's free-text reply through the sandbox shows in the menu's
+count and in the inbox; the receptionist opens it, sees the appointment it is about, answers, the
+engine sends the answer once and the thread shows it sent; another reply is marked handled.
+
+Headless Debian chromium through Playwright, with the server and page fixtures (and helpers) of
+tests/e2e/test_console_browser.py. Every assertion is on text the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+
+from engine.appointments import create_appointment
+from engine.channels import create_channel
+from engine.contacts import create_contact
+from engine.inbound import process_inbound, receive
+from engine.orgs import create_org, create_user
+from gateway.contract import WebhookRequest
+from tests.e2e.test_console_browser import Steps, _dispatch_due, expect, page, server  # noqa: F401  (fixtures)
+from tests.factories import sandbox_headers
+
+pytestmark = pytest.mark.timeout(180)
+EMAIL, PASSWORD = "recepcao@bemviver.com.br", "senha-forte-e2e-2"
+PATIENT, PHONE = "Mariana Alves", "+5516999887766"
+FREE_TEXT = "Oi, posso remarcar para sexta?"
+
+
+def _patient_writes(rt, channel_id: int, mid: str, text: str) -> None:
+    """The patient's message, through the sandbox provider's webhook path (verify, store, act)."""
+    body = json.dumps({"type": "message", "id": mid, "from": PHONE, "text": text}).encode()
+    received = receive(rt, "sandbox", channel_id, WebhookRequest(
+        method="POST", url="/webhooks/sandbox", headers=sandbox_headers(rt, channel_id), body=body))
+    for inbound_id in received.inbound_ids:
+        process_inbound(rt, inbound_id)
+
+
+def test_a_receptionist_answers_a_free_text_reply(rt, clock, server, page) -> None:  # noqa: F811
+    steps = Steps(page)
+    with rt.db.begin() as conn:
+        org_id = create_org(conn, slug="bem-viver", name="Clínica Bem Viver", state="SP")
+        create_user(conn, org_id=org_id, email=EMAIL, role="agent", password=PASSWORD)
+        channel_id = create_channel(conn, rt.keyring, org_id=org_id, kind="whatsapp", provider="sandbox",
+                                    name="WhatsApp da recepção", is_default=True)
+        contact_id = create_contact(conn, org_id=org_id, name=PATIENT, phone=PHONE, email=None,
+                                    consent=("whatsapp",))
+        create_appointment(conn, org_id=org_id, contact_id=contact_id, starts_at=clock.now() + timedelta(days=2),
+                           professional="Dr. Paulo Lima")
+    _patient_writes(rt, channel_id, "sbx-in-1", FREE_TEXT)
+    _patient_writes(rt, channel_id, "sbx-in-2", "Vocês têm estacionamento?")
+
+    page.goto(f"{server}/admin/")
+    page.fill("#email", EMAIL)
+    page.fill("#password", PASSWORD)
+    page.get_by_role("button", name="Entrar").click()
+    menu = page.get_by_role("link", name="Conversas (2)")
+    expect(menu).to_be_visible()
+    menu.click()
+    row = page.locator("table tbody tr").filter(has_text=FREE_TEXT)
+    expect(row).to_contain_text(PATIENT)
+    expect(row).to_contain_text("Dr. Paulo Lima")
+    expect(row).to_contain_text("WhatsApp da recepção")
+    steps.shot("conversas")
+
+    row.get_by_role("link", name=PATIENT).click()
+    expect(page.locator("#lembra-appointment")).to_contain_text("Dr. Paulo Lima")
+    expect(page.locator("#lembra-thread")).to_contain_text(FREE_TEXT)
+    page.get_by_label(re.compile("Sua resposta")).fill("Pode sim, Mariana! Sexta às 10h serve?")
+    page.get_by_role("button", name="Enviar resposta").click()
+    expect(page.get_by_text("A resposta foi para a fila de envio")).to_be_visible()
+    assert _dispatch_due(rt) == ["sent"]
+    page.reload()
+    bubble = page.locator(".lembra-msg.out").filter(has_text="Sexta às 10h serve?")
+    expect(bubble).to_contain_text("Resposta da clínica")
+    expect(bubble).to_contain_text("Enviada")
+    expect(page.get_by_role("link", name=re.compile(r"^Conversas$"))).to_be_visible()  # both replies handled
+    steps.shot("conversa-respondida")
+
+    # A later question the clinic answers by phone: marked handled without replying here.
+    _patient_writes(rt, channel_id, "sbx-in-3", "Obrigada! Levo os exames?")
+    page.goto(f"{server}/admin/conversations/")
+    expect(page.get_by_role("link", name="Conversas (1)")).to_be_visible()
+    page.locator("table tbody tr").filter(has_text="Levo os exames").get_by_role("link", name=PATIENT).click()
+    page.get_by_role("button", name="Marcar como resolvida").click()
+    expect(page.get_by_text("1 conversa marcada como resolvida.")).to_be_visible()
+    expect(page.get_by_role("link", name=re.compile(r"^Conversas$"))).to_be_visible()
+    assert _dispatch_due(rt) == []  # nothing else went to the patient

@@ -1,0 +1,195 @@
+"""Issue 11, acceptance 2: every console page, in both languages, as a person reads it.
+
+Headless Chromium signs in to the demo clinic after the engine has worked for it (reminders sent
+and one refused, a patient's free-text reply, a follow-up run), opens every page of the menu and,
+from each list, the first record's details and edit pages. It fails on:
+
+- any answer of 500 or more;
+- a raw code on screen: a snake_case token, or a table name as a whole cell;
+- English in the Portuguese console (words of English prose), or Portuguese in the English console
+  (in the console's own words: headings, labels, buttons, menus, notices; the clinic's data,
+  patients' names and message bodies, stay Portuguese in both);
+
+and saves a screenshot of every page under `test-artifacts/e2e/pages/<language>/`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing: `apt-get install chromium` to run the browser test", allow_module_level=True)
+
+from playwright import sync_api
+from sqlalchemy import update
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+from admin.app import create_app
+from engine import dispatch
+from engine.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
+from engine.flows.runtime import advance_claimed, claim_due
+from engine.inbound import process_inbound, receive
+from engine.models import Base, channels
+from gateway.contract import WebhookRequest
+from tests.factories import sandbox_headers
+
+pytestmark = pytest.mark.timeout(600)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "e2e" / "pages"
+
+#: Tokens that look like code but are what a person types or reads: template variables between
+#: braces, e-mail addresses, URLs and host names are removed before looking.
+TYPED = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|[\w.+-]+@[\w.-]+|https?://\S+|\b[\w.-]+\.(?:png|csv|db)\b"
+                   r"|\b(?:[a-z0-9-]+\.)+(?:com|br|net|org|io|local|invalid)\b")
+SNAKE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+TABLES = {table.name for table in Base.metadata.sorted_tables}
+#: Words of English prose that Portuguese never uses.
+ENGLISH = re.compile(r"\b(?:the|and|with|failed|record|records|save|delete|edit|create|export|search|selected|"
+                     r"details|none|true|false|please|error|not found|found|your|this|that|which|when|after|"
+                     r"attempts|gave up|outcome|unknown|stopped|working|cancelled|list|view|filter|add|remove|"
+                     r"previous|next|back|page|yes|home|sign in|log out|settings|queue|dashboard)\b", re.I)
+#: Words of Portuguese prose that English never uses.
+PORTUGUESE = re.compile(r"(?:\b(?:não|você|vocês|para|com|uma|está|estão|são|então|também|lembrete|lembretes|"
+                        r"agendamento|agendamentos|mensagem|mensagens|paciente|pacientes|salvar|excluir|editar|"
+                        r"criar|exportar|buscar|filtro|nenhum|nenhuma|sim|ainda|aqui|quando|depois|canal|canais|"
+                        r"modelo|modelos|regra|regras|fila|pendência|pendências|conversa|conversas)\b)", re.I)
+#: What the console itself says (not the clinic's data).
+CHROME = ("h1, h2, h3, h4, h5, th, label, button, .btn, .nav-link, .dropdown-item, .alert, .lembra-empty, "
+          ".help-block, .form-text, .badge, .breadcrumb, .card-header, legend, .lembra-hint")
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_request(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+@pytest.fixture
+def demo(rt, clock) -> dict[str, int]:
+    """The demo clinic after a few hours of work: reminders sent, one refused, a free-text reply."""
+    start = datetime.now(UTC).replace(second=0, microsecond=0)
+    clock.set(start)
+    with rt.db.begin() as conn:
+        seeded = seed(conn, rt.keyring)
+        email_channel = conn.execute(update(channels).where(channels.c.org_id == seeded.org_id,
+                                                            channels.c.kind == "email")
+                                     .values(settings={"simulate": "permanent"}).returning(channels.c.id)).scalar()
+    for hours in (1, 6, 30):
+        clock.set(start + timedelta(hours=hours))
+        for message_id in dispatch.claim_due(rt, limit=200):
+            dispatch.send_one(rt, message_id)
+        advance_claimed(rt, claim_due(rt, limit=200))
+    with rt.db.connect() as conn:
+        whatsapp = conn.execute(channels.select().where(channels.c.org_id == seeded.org_id,
+                                                        channels.c.kind == "whatsapp")).first()
+    body = ('{"type": "message", "id": "walk-1", "from": "+5516999990001", "timestamp": %d, '
+            '"text": "Oi, posso remarcar para sexta?"}' % int(clock.now().timestamp())).encode()
+    received = receive(rt, "sandbox", whatsapp.id, WebhookRequest(
+        method="POST", url="/webhooks/sandbox", headers=sandbox_headers(rt, whatsapp.id), body=body))
+    for inbound_id in received.inbound_ids:
+        process_inbound(rt, inbound_id)
+    return {"org_id": seeded.org_id, "email_channel": int(email_channel or 0)}
+
+
+@pytest.fixture
+def server(rt, demo) -> Iterator[str]:
+    httpd = make_server("127.0.0.1", 0, create_app(rt), threaded=True, request_handler=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="lembra-walk-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}"
+    finally:
+        httpd.shutdown()
+        thread.join(timeout=10)
+        httpd.server_close()
+
+
+def _pages(page, server: str) -> list[str]:
+    """The menu's pages, then the first details and edit page each list links to."""
+    page.goto(f"{server}/admin/")
+    menu = page.eval_on_selector_all(
+        "nav a[href^='/admin/'], .navbar a[href^='/admin/']", "els => els.map(e => e.getAttribute('href'))")
+    lists = list(dict.fromkeys(h for h in menu if h and "/export/" not in h and "logout" not in h))
+    found = list(lists)
+    for path in lists:
+        page.goto(f"{server}{path}")
+        links = page.eval_on_selector_all("table a[href]", "els => els.map(e => e.getAttribute('href'))")
+        for kind in ("/details/", "/edit/"):
+            first = next((h for h in links if h and kind in h and h.startswith("/admin/")), None)
+            if first and first not in found:
+                found.append(first)
+        # Pages that are not a model's table (a conversation, a chat, a run) link to their own records.
+        own = page.eval_on_selector_all(f"main a[href^='{path}'], .container-fluid a[href^='{path}']",
+                                        "els => els.map(e => e.getAttribute('href'))")
+        first = next((h for h in own if h and h != path and not any(
+            skip in h for skip in ("/export/", "/new/", "/details/", "/edit/", "sort=", "page=", "flt"))), None)
+        if first and first not in found:
+            found.append(first)
+        new = f"{path.rstrip('/')}/new/"
+        if page.locator(f"a[href^='{new}']").count() and new not in found:
+            found.append(new)
+    return found
+
+
+def _problems(page, language: str) -> list[str]:
+    # What a person types (a CSV column, a template variable) is shown as code: not a raw code.
+    page.eval_on_selector_all("code, kbd, samp, pre", "els => els.forEach(e => e.remove())")
+    body = TYPED.sub(" ", page.inner_text("body"))
+    problems = [f"raw code {token!r}" for token in sorted(set(SNAKE.findall(body)))]
+    cells = page.eval_on_selector_all("td", "els => els.map(e => e.innerText.trim())")
+    problems += [f"table name {cell!r} in a cell" for cell in set(cells) if cell in TABLES]
+    chrome = TYPED.sub(" ", " \n ".join(page.eval_on_selector_all(CHROME, "els => els.map(e => e.innerText)")))
+    if language == "pt-BR":
+        problems += [f"English {m!r}" for m in sorted({m.lower() for m in ENGLISH.findall(body)})]
+    else:
+        problems += [f"Portuguese {m!r}" for m in sorted({m.lower() for m in PORTUGUESE.findall(chrome)})]
+    return problems
+
+
+@pytest.mark.parametrize("language", ["pt-BR", "en"])
+def test_every_console_page_speaks_one_language_and_shows_no_raw_code(rt, server, language) -> None:
+    failures: dict[str, list[str]] = {}
+    errors: list[str] = []
+    folder = ARTIFACTS / language
+    folder.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1366, "height": 900}, locale=language)
+        context.set_default_timeout(20_000)
+        page = context.new_page()
+        page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 500 else None)
+        page.goto(f"{server}/login")
+        page.fill("#email", DEMO_EMAIL)
+        page.fill("#password", DEMO_PASSWORD)
+        page.locator("button[type=submit]").click()
+        page.wait_for_url(re.compile(r"/admin/$"))
+        if language == "en":
+            page.select_option("#lembra-locale", "en")
+            page.wait_for_load_state("load")
+        menu_height = page.locator(".navbar").first.bounding_box()["height"]
+        pages = _pages(page, server)
+        for index, path in enumerate(pages):
+            page.goto(f"{server}{path}")
+            page.wait_for_load_state("load")
+            record = re.search(r"\bid=(\d+)", urlsplit(path).query)
+            name = re.sub(r"[^a-z0-9]+", "-", urlsplit(path).path.lower()).strip("-") + (
+                f"-{record.group(1)}" if record else "")
+            page.screenshot(path=str(folder / f"{index:02d}-{name or 'painel'}.png"), full_page=True)
+            problems = _problems(page, language)
+            if problems:
+                failures[path] = problems
+        context.close()
+        browser.close()
+    assert not errors, f"answers of 500 or more: {errors}"
+    assert len(pages) > 20, pages
+    report = "\n".join(f"{path}: {', '.join(found)}" for path, found in failures.items())
+    assert not failures, f"{len(failures)} of {len(pages)} pages in {language}:\n{report}"
+    assert menu_height < 80, f"the menu wraps to two lines at 1366 px ({menu_height:.0f} px high)"
