@@ -219,7 +219,6 @@ class _WhyNot:
     engine.populate._insert_reminders, asked one by one to name the one that failed)."""
 
     def __init__(self, conn: Connection, org_id: int, appt: Any) -> None:
-        self.conn, self.org_id = conn, org_id
         contact = conn.execute(select(contacts).where(contacts.c.org_id == org_id,
                                                       contacts.c.id == appt.contact_id)).one()
         refused = addresses.refused_kinds_for(conn, org_id, addresses.addresses_of(contact.phone, contact.email))
@@ -229,11 +228,13 @@ class _WhyNot:
         self.working = set(conn.execute(select(channels.c.kind).where(
             channels.c.org_id == org_id, channels.c.status == "active")).scalars())
         self.reachable = {k for k in ("whatsapp", "sms") if contact.phone} | ({"email"} if contact.email else set())
+        self.kinds: dict[int, set[str]] = {}
+        for row in conn.execute(select(reminder_rule_kinds.c.rule_id, reminder_rule_kinds.c.kind)
+                                .where(reminder_rule_kinds.c.org_id == org_id)):
+            self.kinds.setdefault(int(row.rule_id), set()).add(row.kind)
 
     def reason(self, rule_id: int) -> str | None:
-        kinds = set(self.conn.execute(select(reminder_rule_kinds.c.kind).where(
-            reminder_rule_kinds.c.org_id == self.org_id, reminder_rule_kinds.c.rule_id == rule_id)).scalars())
-        agreed = kinds & self.consented
+        agreed = self.kinds.get(int(rule_id), set()) & self.consented
         if not agreed:
             return "reminder_no_consent"
         if not agreed & self.working:

@@ -30,7 +30,7 @@ if not Path(CHROMIUM).exists():
 
 from playwright import sync_api
 from sqlalchemy import update
-from werkzeug.serving import WSGIRequestHandler, make_server
+from werkzeug.serving import make_server
 
 from admin.app import create_app
 from engine import dispatch
@@ -39,11 +39,10 @@ from engine.flows.runtime import advance_claimed, claim_due
 from engine.inbound import process_inbound, receive
 from engine.models import Base, channels
 from gateway.contract import WebhookRequest
+from tests.e2e.test_csp_browser import CHROMIUM_ARGS, _QuietHandler
 from tests.factories import sandbox_headers
 
 pytestmark = pytest.mark.timeout(600)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "e2e" / "pages"
 
 #: Tokens that look like code but are what a person types or reads: template variables between
@@ -65,11 +64,6 @@ PORTUGUESE = re.compile(r"(?:\b(?:não|você|vocês|para|com|uma|está|estão|s�
 #: What the console itself says (not the clinic's data).
 CHROME = ("h1, h2, h3, h4, h5, th, label, button, .btn, .nav-link, .dropdown-item, .alert, .lembra-empty, "
           ".help-block, .form-text, .badge, .breadcrumb, .card-header, legend, .lembra-hint")
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: object, **kwargs: object) -> None:
-        pass
 
 
 @pytest.fixture
