@@ -23,13 +23,12 @@ FLOWS_QUEUE = "lembra_flows"
 
 @dramatiq.actor(queue_name=SEND_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)
 def send_messages(message_ids: list[int]) -> None:
-    """Send each claimed message. One message's failure never stops the others."""
-    rt = runtime.current()
-    for message_id in message_ids:
-        try:
-            dispatch.send_one(rt, int(message_id))
-        except Exception:  # the row's lease will expire and the sweep recovers it
-            log.exception("send crashed", extra={"message_id": message_id})
+    """Send the claimed messages (a batch). One message's failure never stops the others; a crash
+    of the whole batch leaves its rows to their leases, and the sweep recovers them."""
+    try:
+        dispatch.send_batch(runtime.current(), message_ids)
+    except Exception:
+        log.exception("send crashed", extra={"count": len(message_ids)})
 
 
 @dramatiq.actor(queue_name=INBOUND_QUEUE, max_retries=3, min_backoff=1000, time_limit=5 * 60 * 1000)

@@ -170,7 +170,7 @@ CATALOGUE: dict[str, Text] = {
     "message_event_expired": N_("Expirou"),
     "message_event_cancelled": N_("Cancelada"),
     "message_event_skipped": N_("Pulada"),
-    # --- why the engine did not send, or postponed, a message (engine/dispatch.py, outbox.py, populate.py,
+    # --- why the engine did not send, or postponed, a message (engine/dispatch/, outbox.py, populate.py,
     # rules.py, replan.py; the console's Fila); opted_out, address_opted_out, contact_erased,
     # enrollment_stopped, too_late, no_allowed_instant and the flow reasons above are reused
     "appointment_changed": N_("O agendamento mudou (outro horário, cancelado ou concluído) antes do envio, então este"

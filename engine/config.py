@@ -35,6 +35,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_POPULATE_HORIZON_DAYS": ("8", "reminders are created for appointments starting within this many days"),
     "LEMBRA_CLAIM_BATCH": ("1000", "messages claimed per dispatch pass"),
     "LEMBRA_SEND_BATCH": ("25", "message ids carried by one worker task"),
+    "LEMBRA_SEND_CONCURRENCY": ("8", "provider calls one worker process makes at once"),
     "LEMBRA_MAX_IN_FLIGHT": ("5000", "claimed-but-unsent messages allowed at once across the fleet"),
     "LEMBRA_SEND_TIMEOUT": ("15", "seconds a provider call may take"),
     "LEMBRA_METRICS_HOST": ("127.0.0.1", "address of the worker and scheduler metrics servers (engine/metrics.py)"),
@@ -87,6 +88,7 @@ class Settings:
     populate_horizon: timedelta = timedelta(days=8)
     claim_batch: int = 1000
     send_batch: int = 25
+    send_concurrency: int = 8
     max_in_flight: int = 5000
     send_timeout: float = 15.0
     #: Where failed sign-ins are counted; every web process must share it (see admin/throttle.py).
@@ -158,6 +160,7 @@ class Settings:
             populate_horizon=horizon,
             claim_batch=_positive_int("LEMBRA_CLAIM_BATCH", get),
             send_batch=_positive_int("LEMBRA_SEND_BATCH", get),
+            send_concurrency=_positive_int("LEMBRA_SEND_CONCURRENCY", get),
             max_in_flight=_positive_int("LEMBRA_MAX_IN_FLIGHT", get),
             send_timeout=_positive_float("LEMBRA_SEND_TIMEOUT", get),
             ratelimit_url=_ratelimit_url(get("LEMBRA_RATELIMIT_URL"), broker_url),

@@ -1,20 +1,22 @@
 """Database access: one engine per process, UTC timestamps, short transactions.
 
 Both backends run the same statements. SQLite (the embedded default) gets WAL, a busy timeout and
-`BEGIN IMMEDIATE`, so concurrent writers queue instead of failing; PostgreSQL gets a pre-pinged
-pool so a dropped connection is replaced instead of failing the next statement.
+`BEGIN IMMEDIATE`, so concurrent writers queue instead of failing; PostgreSQL gets a pool that
+pings a connection which sat idle, so a dropped one is replaced instead of failing the next
+statement (`_ping_when_idle`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from sqlalchemy import JSON, DateTime, LargeBinary, create_engine, event, text
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
 
@@ -145,13 +147,43 @@ def _make_engine(url: str, *, pool_size: int, echo: bool) -> Engine:
                 conn.exec_driver_sql("BEGIN")
 
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         echo=echo,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
         pool_recycle=1800,
         connect_args={"connect_timeout": 10, "application_name": "lembra"},
         hide_parameters=True,
     )
+    _ping_when_idle(engine)
+    return engine
+
+
+#: A pooled connection unused for longer than this is pinged before it is handed out.
+PING_AFTER_IDLE = 5.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Replace a dropped connection before it fails a statement, pinging only those that sat idle.
+
+    `pool_pre_ping` pings on every checkout: one more round trip and one more commit per
+    transaction, a third of the commits a busy worker made. A connection in constant use is
+    not pinged; if the server went away under it, its statement fails, SQLAlchemy discards the
+    whole pool, and the caller's retry (the actor, the sweep, the next scheduler pass) gets a
+    fresh connection."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["lembra_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("lembra_idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception:
+            # The pool drops this connection and checks out (or opens) another one.
+            raise DisconnectionError() from None

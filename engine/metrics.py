@@ -177,13 +177,8 @@ def _record_call(provider: str, outcome: str, seconds: float) -> None:
 
 
 @_quiet
-def lateness(conn: Any, message_id: int, sent_at: datetime, kind: str) -> None:
-    """Observe `sent_at - due_at` of a message just marked sent (same transaction)."""
-    from sqlalchemy import select
-
-    from engine.models import messages
-
-    due_at = conn.execute(select(messages.c.due_at).where(messages.c.id == message_id)).scalar()
+def lateness(kind: str, due_at: datetime | None, sent_at: datetime) -> None:
+    """Observe `sent_at - due_at` of a message just marked sent."""
     if due_at is None:
         return
     if due_at.tzinfo is None:

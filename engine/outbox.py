@@ -16,6 +16,9 @@ from engine import clock, metrics
 from engine.dialect import insert_ignore
 from engine.models import OPEN_STATUSES, message_events, messages
 
+#: Rows per multi-row INSERT of events: 7 parameters a row keeps it under the 999 of older SQLite builds.
+EVENT_ROWS_PER_STATEMENT = 140
+
 
 def record_events(
     conn: Connection,
@@ -28,26 +31,36 @@ def record_events(
     detail: Mapping[str, Any] | None = None,
     at: datetime | None = None,
 ) -> None:
-    """Append one event per message (the history is append-only)."""
+    """Append one event per message (the history is append-only), a few hundred rows per statement."""
     if not message_ids:
         return
     at = at or clock.now()
-    conn.execute(
-        insert(message_events),
-        [
-            {
-                "org_id": org_id,
-                "message_id": mid,
-                "event": event,
-                "attempt": attempt,
-                "provider_status": provider_status,
-                "detail": dict(detail) if detail else None,
-                "created_at": at,
-            }
-            for mid in message_ids
-        ],
-    )
-    metrics.message_events(event, len(message_ids))
+    rows = [
+        {
+            "org_id": org_id,
+            "message_id": mid,
+            "event": event,
+            "attempt": attempt,
+            "provider_status": provider_status,
+            "detail": dict(detail) if detail else None,
+            "created_at": at,
+        }
+        for mid in message_ids
+    ]
+    record_event_rows(conn, rows)
+
+
+def record_event_rows(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Append `message_events` rows, each a full row (org_id, message_id, event, attempt,
+    provider_status, detail, created_at): what a batch writes when its rows differ."""
+    # Multi-row INSERTs, not executemany: the driver would send one statement per row.
+    for start in range(0, len(rows), EVENT_ROWS_PER_STATEMENT):
+        conn.execute(insert(message_events).values(list(rows[start:start + EVENT_ROWS_PER_STATEMENT])))
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["event"]] = counts.get(row["event"], 0) + 1
+    for event, count in counts.items():
+        metrics.message_events(event, count)
 
 
 def transition(

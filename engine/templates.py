@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
 from engine.models import templates
@@ -32,19 +32,33 @@ class RenderedMessage:
 def find_template(conn: Connection, org_id: int, key: str, kind: str, locale: str) -> Any:
     """The org's template for (key, kind), preferring its own over the global default and the
     requested locale over pt_BR; None when neither exists."""
-    own_first = case((templates.c.org_id.is_(None), 1), else_=0)
-    locale_first = case((templates.c.locale == locale, 0), else_=1)
-    return conn.execute(
-        select(templates)
-        .where(
-            or_(templates.c.org_id == org_id, templates.c.org_id.is_(None)),
-            templates.c.key == key,
-            templates.c.channel_kind == kind,
-            templates.c.locale.in_((locale, "pt_BR")),
-        )
-        .order_by(own_first, locale_first)
-        .limit(1)
-    ).first()
+    return find_templates(conn, {(org_id, key, kind, locale)})[(org_id, key, kind, locale)]
+
+
+def find_templates(conn: Connection, wanted: set[tuple[int, str, str, str]]) -> dict[tuple[int, str, str, str], Any]:
+    """`find_template` for many (org, key, kind, locale) at once, in one query."""
+    if not wanted:
+        return {}
+    org_ids = sorted({w[0] for w in wanted})
+    rows = conn.execute(
+        select(templates).where(
+            or_(templates.c.org_id.in_(org_ids), templates.c.org_id.is_(None)),
+            templates.c.key.in_(sorted({w[1] for w in wanted})),
+            templates.c.channel_kind.in_(sorted({w[2] for w in wanted})),
+            templates.c.locale.in_(sorted({w[3] for w in wanted} | {"pt_BR"})),
+        ).order_by(templates.c.id)
+    ).all()
+    found: dict[tuple[int, str, str, str], Any] = {}
+    for org_id, key, kind, locale in wanted:
+        candidates = [t for t in rows if t.org_id in (org_id, None) and t.key == key and t.channel_kind == kind
+                      and t.locale in (locale, "pt_BR")]
+        candidates.sort(key=lambda t: (t.org_id is None, t.locale != locale))
+        found[(org_id, key, kind, locale)] = candidates[0] if candidates else None
+    return found
+
+
+#: `render_message(template=...)` default: look the template up.
+LOOKUP: Any = object()
 
 
 def message_variables(*, org: Any, contact: Any, appointment: Any, extra: dict[str, Any] | None) -> dict[str, object]:
@@ -77,12 +91,14 @@ def render_message(
     message: Any,
     conversation_open: bool = False,
     optout_url: str | None = None,
+    template: Any = LOOKUP,
 ) -> RenderedMessage:
     """Render `message` for its channel kind; TemplateError or MissingAddress when it cannot be.
 
     `conversation_open` says the patient wrote in the last 24 hours (free text allowed on Meta);
     `optout_url` becomes the email's one-click `List-Unsubscribe` and the `link_descadastro`
-    variable."""
+    variable. A caller that read the template already (a batch, `find_templates`) passes it as
+    `template` (None when there is none)."""
     kind = message.channel_kind
     to = contact.email if kind == "email" else contact.phone
     if not to:
@@ -99,7 +115,8 @@ def render_message(
         html = None
     else:
         locale = contact.locale or org.locale
-        template = find_template(conn, org.id, message.template_key, kind, locale)
+        if template is LOOKUP:
+            template = find_template(conn, org.id, message.template_key, kind, locale)
         if template is None:
             raise TemplateError(f"no template {message.template_key!r} for {kind}")
         template_id = template.id

@@ -376,7 +376,7 @@ def test_row_stuck_in_sending_becomes_unknown_and_is_never_resent(rt, clock):
     world, _, message = reminder_world(rt)  # the sandbox, like most providers, has no idempotency key
     clock.set(DUE)
     claim_one(rt, message.id)
-    prepared = dispatch._prepare(rt, message.id)  # marked `sending` …
+    [prepared], _ = dispatch.prepare(rt, [message.id])  # marked `sending` …
     assert not isinstance(prepared, str)
     rt.providers.get(prepared.channel).send(prepared.rendered.outbound)  # … the call went out …
     assert world.message(message.id).status == "sending"                 # … and the worker died.
@@ -440,7 +440,7 @@ def test_sending_row_of_an_idempotent_provider_is_retried_safely(rt, clock, idem
     [message] = world.messages()
     clock.set(DUE)
     claim_one(rt, message.id)
-    prepared = dispatch._prepare(rt, message.id)
+    [prepared], _ = dispatch.prepare(rt, [message.id])
     rt.providers.get(prepared.channel).send(prepared.rendered.outbound)  # the call went out, the worker died
     clock.advance(rt.settings.lease + timedelta(seconds=1))
     assert dispatch.sweep_leases(rt) == (1, 0)

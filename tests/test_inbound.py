@@ -455,7 +455,7 @@ def test_status_resolves_an_unknown_outcome(rt, clock):
     clock.set(DUE)
     [mid] = [m.id for m in world.messages(channel_kind="whatsapp")]
     assert dispatch.claim_due(rt, limit=10) == [mid]
-    prepared = dispatch._prepare(rt, mid)
+    [prepared], _ = dispatch.prepare(rt, [mid])
     result = rt.providers.get(prepared.channel).send(prepared.rendered.outbound)  # the worker dies after this
     with rt.db.begin() as conn:  # what the provider's id would be once the status webhook names it
         conn.execute(update(messages).where(messages.c.id == mid).values(provider_message_id=result.provider_message_id))

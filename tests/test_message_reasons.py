@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The generic sentences: a code found in the source must never fall back to one of them.
 FALLBACKS = {CATALOGUE[key].msgid for key in ("unknown_code", "provider_code", "meta_error", "reply_other")}
 #: Where an engine function takes a code to write in `error_code` / `skip_reason`: its index.
-CODE_ARGUMENTS = {"settle": 2, "_fail_in_tx": 2, "_park_unknown": 2, "_retry_or_give_up": 4, "cancel_open": 3}
+CODE_ARGUMENTS = {"settle": 2, "fail_in_tx": 2, "park_unknown": 2, "retry_or_give_up": 4, "cancel_open": 3}
 #: Where an outbox function takes an event name.
 EVENT_ARGUMENTS = {"transition": 5, "transition_where": 5, "record_events": 3}
 
@@ -120,8 +120,8 @@ def provider_codes() -> tuple[set[str], set[str]]:
 
 def engine_codes() -> set[str]:
     """Codes engine/ and admin/ write in `error_code` / `skip_reason` (as a `values` entry, as the
-    code argument of settle / cancel_open / _fail_in_tx..., as a run's end reason, which
-    cancel_open copies), or in an event's `detail` reason, plus what `_refusal` returns."""
+    code argument of settle / cancel_open / fail_in_tx..., as a run's end reason, which
+    cancel_open copies), or in an event's `detail` reason, plus what `refusals` finds."""
     codes: set[str] = set()
     for _, tree in _sources("engine", "admin"):
         constants = _constants(tree)
@@ -140,9 +140,10 @@ def engine_codes() -> set[str]:
                     if keyword.arg in ("skip_reason", "error_code") or (_called(node) == "end_live"
                                                                         and keyword.arg == "reason"):
                         codes |= _strings(keyword.value, constants)
-            elif isinstance(node, ast.FunctionDef) and node.name == "_refusal":
-                codes |= {value for ret in ast.walk(node) if isinstance(ret, ast.Return)
-                          for value in _strings(ret.value, constants)}
+            elif isinstance(node, ast.FunctionDef) and node.name == "refusals":
+                codes |= {value for assign in ast.walk(node) if isinstance(assign, ast.Assign)
+                          and isinstance(assign.targets[0], ast.Subscript)
+                          for value in _strings(assign.value, constants)}
     return {code for code in codes if _is_code(code)}
 
 
@@ -156,6 +157,10 @@ def event_names() -> set[str]:
                 index = EVENT_ARGUMENTS.get(_called(node))
                 if index is not None and len(node.args) > index:
                     names |= _strings(node.args[index], constants)
+            elif isinstance(node, ast.Dict):  # a multi-row insert's {"event": …} rows
+                names |= {value for key, item in zip(node.keys, node.values)
+                          if isinstance(key, ast.Constant) and key.value == "event"
+                          for value in _strings(item, constants)}
     return names
 
 

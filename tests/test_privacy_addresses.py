@@ -214,11 +214,11 @@ def test_only_the_contact_that_refused_lifts_its_addresses_refusal_by_agreeing_a
     assert write_in(rt, world) == "opted_out"  # both contacts on the number refuse; the parent's rows block it
     with rt.db.begin() as conn:
         set_consent(conn, world.org_id, child, "whatsapp", source="reply:whatsapp", evidence="inbound:9")
-        assert dispatch._refusal(conn, world.org_id, child, "whatsapp") == "address_opted_out"
+        assert dispatch.refusal(conn, world.org_id, child, "whatsapp") == "address_opted_out"
         set_consent(conn, world.org_id, parent, "whatsapp", source="reply:whatsapp", evidence="inbound:10")
-        assert dispatch._refusal(conn, world.org_id, child, "whatsapp") is None
-        assert dispatch._refusal(conn, world.org_id, parent, "whatsapp") is None
-        assert dispatch._refusal(conn, world.org_id, parent, "sms") == "opted_out"
+        assert dispatch.refusal(conn, world.org_id, child, "whatsapp") is None
+        assert dispatch.refusal(conn, world.org_id, parent, "whatsapp") is None
+        assert dispatch.refusal(conn, world.org_id, parent, "sms") == "opted_out"
         assert addresses.contact_refused_kinds(conn, world.org_id, parent) == {"sms", "email"}
 
 

@@ -1,0 +1,33 @@
+"""Dispatch: claim due messages, send each at most once, retry or fail, sweep expired leases.
+
+The life of a message: `pending` → (scheduler claims, with a lease) `claimed` → (a worker
+re-checks everything and marks it just before the provider call) `sending` → `sent`, or back to
+`pending` with a later attempt (transient failure), or `failed` (permanent), `dead` (out of
+attempts), `expired` (a retry would land after it is useful). A lease that expires on a
+`claimed` row hands it out again; one that expires on a `sending` row means the worker died
+mid-call, so the outcome is `unknown` and it is not sent blindly again.
+
+- `claim`: the scheduler's side (claim what is due, sweep expired leases);
+- `batch`: what the checks read, loaded for a whole batch with one query per table;
+- `checks`: the checks at send time and the move to `sending` (`prepare`);
+- `send`: the provider calls of a batch;
+- `outcomes`: sent, retried, failed, dead, expired, unknown.
+"""
+
+from engine.dispatch.batch import CONVERSATION_WINDOW, refusal
+from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, prepare
+from engine.dispatch.claim import WORKER_ID, claim_due, sweep_leases
+from engine.dispatch.send import send_batch, send_one
+
+__all__ = [
+    "CONVERSATION_WINDOW", "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "claim_due",
+    "conversation_open", "prepare", "refusal", "send_batch", "send_one", "sweep_leases",
+]
+
+
+def conversation_open(conn, org_id: int, channel_id: int, contact_id: int, now):  # type: ignore[no-untyped-def]
+    """Whether the patient wrote on this channel within the last 24 hours."""
+    from engine.dispatch.batch import last_inbound
+
+    last = last_inbound(conn, [org_id], [contact_id]).get((org_id, channel_id, contact_id))
+    return last is not None and now - last < CONVERSATION_WINDOW

@@ -1,0 +1,221 @@
+"""Before the provider call: re-check every claimed message of a batch and mark the ones that
+may go `sending`, in one transaction and a few set-based statements.
+
+Everything that can have changed since the claim is checked again here, at send time: the
+contact's consent and opt-outs, the appointment (cancelled, moved), the follow-up run, expiry,
+the sending window, the channel, the template, and the number's pacing slot. A message that may
+not go is settled on the spot (cancelled, expired, deferred, failed…) with its own event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from datetime import time as dt_time
+from typing import Any, Sequence
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import case, type_coerce, update
+from sqlalchemy.engine import Connection
+
+from engine import clock
+from engine.dispatch import batch as batches
+from engine.dispatch.claim import WORKER_ID
+from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
+from engine.models import messages
+from engine.optout_links import OptOutTarget, make_url
+from engine.orgs import policy_for
+from engine.outbox import record_event_rows, transition
+from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
+from engine.pacing import DbPacingStore
+from engine.render import TemplateError
+from engine.runtime import Runtime
+from engine.templates import MissingAddress, RenderedMessage, render_message
+from engine.windows import earliest_allowed_after, is_allowed
+from gateway import registry
+from gateway.contract import Provider
+from gateway.crypto import CryptoError
+from gateway.pacing import PacingPolicy, Reservation
+
+LIVE_APPOINTMENT = ("scheduled", "confirmed")
+#: Messages that must reach a contact even though they just opted out (the goodbye).
+OPT_OUT_EXEMPT = ("optout_confirmation",)
+
+
+@dataclass
+class Prepared:
+    """A message marked `sending`: what to hand its provider, and what to settle it with after."""
+
+    org_id: int
+    message_id: int
+    attempt: int
+    channel: Any
+    rendered: RenderedMessage
+    provider: Provider
+    send_at: datetime | None = None
+
+
+@dataclass
+class _Ready:
+    msg: Any
+    channel: Any
+    rendered: RenderedMessage
+    provider: Provider
+    send_at: datetime | None
+
+
+def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], dict[int, str]]:
+    """Check the claimed messages among `message_ids`; returns those now `sending` (in order) and,
+    for every other id, what became of it (`not_claimed`, `cancelled`, `deferred`, `failed`…)."""
+    now = clock.now()
+    outcomes: dict[int, str] = {}
+    with rt.db.begin() as conn:
+        batch = batches.load(conn, message_ids, keyring=rt.keyring)
+        ready: list[_Ready] = []
+        for msg in batch.messages:
+            checked = _check(conn, rt, batch, msg, now)
+            if isinstance(checked, str):
+                outcomes[msg.id] = checked
+            else:
+                ready.append(checked)
+        moved = _mark_sending(conn, rt, ready, now)
+    prepared = []
+    for item in ready:
+        attempt = moved.get(item.msg.id)
+        if attempt is None:
+            outcomes[item.msg.id] = "not_claimed"
+            continue
+        prepared.append(Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=attempt,
+                                 channel=item.channel, rendered=item.rendered, provider=item.provider,
+                                 send_at=item.send_at))
+    for mid in message_ids:
+        if mid not in outcomes and mid not in moved:
+            outcomes[mid] = "not_claimed"
+    return prepared, outcomes
+
+
+def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> _Ready | str:
+    """Whether one claimed message may go now; settles it (and says how) when it may not."""
+    org_id = msg.org_id
+    org = batch.orgs[org_id]
+    contact = batch.contacts[(org_id, msg.contact_id)]
+    appointment = batch.appointments[(org_id, msg.appointment_id)] if msg.appointment_id is not None else None
+
+    def settle(status: str, event: str, reason: str, **values: Any) -> str:
+        transition(conn, org_id, msg.id, ("claimed",), status, event,
+                   values={"lease_until": None, "skip_reason": reason, **values}, detail={"reason": reason})
+        return status
+
+    if contact.erased_at is not None:
+        return settle("cancelled", "cancelled", "contact_erased")
+    refusal = None if msg.purpose in OPT_OUT_EXEMPT else batch.refusals.get((org_id, msg.contact_id, msg.channel_kind))
+    if refusal is not None:
+        return settle("cancelled", "cancelled", refusal)
+    if appointment is not None and msg.rule_id is not None:
+        trigger = batch.triggers.get((org_id, msg.rule_id))
+        if trigger != "on_cancel" and appointment.status not in LIVE_APPOINTMENT + ("completed",):
+            return settle("cancelled", "cancelled", "appointment_cancelled")
+        if msg.appointment_starts_at is not None and appointment.starts_at != msg.appointment_starts_at:
+            # Give the key (which names the old time) up, as populate does for moved appointments.
+            return settle("cancelled", "cancelled", "appointment_moved",
+                          idempotency_key=f"{msg.idempotency_key}:moved:{msg.id}")
+    if msg.enrollment_id is not None:
+        # A follow-up whose run was stopped (opt-out, a person took over, cancelled) stays unsent.
+        if batch.run_statuses.get((org_id, msg.enrollment_id)) in ("cancelled", "paused_handoff"):
+            return settle("cancelled", "cancelled", "enrollment_stopped")
+    if msg.expires_at is not None and now >= msg.expires_at:
+        return settle("expired", "expired", "expired_before_send")
+    if msg.respect_window:
+        policy = policy_for(org)
+        if not is_allowed(policy, now):
+            later = earliest_allowed_after(policy, now, msg.expires_at or now + timedelta(days=400))
+            if later is None:
+                return settle("skipped", "skipped", "no_allowed_instant")
+            transition(conn, org_id, msg.id, ("claimed",), "pending", "deferred",
+                       values={"lease_until": None, "next_attempt_at": later},
+                       detail={"reason": "outside_sending_window"})
+            return "deferred"
+
+    channel = batch.channel(org_id, msg.channel_kind)
+    if channel is None:
+        if not batch.has_channel(org_id, msg.channel_kind):
+            return fail_in_tx(conn, msg, "no_channel", "the org has no channel of this kind")
+        # A channel exists but is broken or disabled: wait for the operator, like a transient error.
+        return retry_or_give_up(conn, rt, msg, msg.attempts + 1, "channel_unavailable", None, now)
+    optout_url = None
+    if msg.channel_kind == "email":
+        optout_url = make_url(rt.keyring, rt.settings.public_url,
+                              OptOutTarget(org_id=org_id, contact_id=contact.id, kind="email"))
+    locale = contact.locale or org.locale
+    template = batch.templates.get((org_id, msg.template_key, msg.channel_kind, locale)) \
+        if msg.template_key is not None else None
+    try:
+        rendered = render_message(conn, org=org, contact=contact, appointment=appointment, message=msg,
+                                  conversation_open=batch.conversation_open(org_id, channel.id, contact.id, now),
+                                  optout_url=optout_url, template=template)
+    except TemplateError as exc:
+        return fail_in_tx(conn, msg, "template_error", str(exc))
+    except MissingAddress:
+        return fail_in_tx(conn, msg, "no_address", "the contact has no address for this channel")
+    try:
+        # Built (and cached) before any slot is reserved: a cold start must not sit between
+        # the reserved instant and the moment on the wire.
+        provider = rt.providers.get(channel)
+    except (CryptoError, registry.UnknownProvider):
+        return retry_or_give_up(conn, rt, msg, msg.attempts + 1, "channel_misconfigured", None, now)
+    # Reserve the number's slot last, right before the row is marked sending, so the
+    # reserved instant and the moment on the wire stay close.
+    send_at = None
+    pacing = PacingPolicy.from_channel(channel.min_interval_ms, channel.daily_cap)
+    if pacing is not None:
+        reservation = _reserve_slot(conn, org, channel, pacing, now)
+        if reservation.over_cap or reservation.at - now > MAX_PACING_WAIT:
+            reason = "daily_cap" if reservation.over_cap else "pacing"
+            transition(conn, org_id, msg.id, ("claimed",), "pending", "deferred",
+                       values={"lease_until": None, "next_attempt_at": reservation.at},
+                       detail={"reason": reason})
+            return "deferred"
+        send_at = reservation.at
+    return _Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
+
+
+def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datetime) -> dict[int, int]:
+    """Move every ready message from `claimed` to `sending` in one compare-and-set, with its
+    event; returns id → attempt of each row that moved (one another worker took is left out)."""
+    if not ready:
+        return {}
+    m = messages.c
+    by_id = {item.msg.id: item for item in ready}
+
+    def per_row(column: Any, value: Any) -> Any:
+        return type_coerce(case({mid: value(item) for mid, item in by_id.items()}, value=m.id), column.type)
+
+    leases = {item.send_at for item in ready}
+    lease_until = (now + rt.settings.lease) if leases == {None} else \
+        per_row(m.lease_until, lambda item: (item.send_at or now) + rt.settings.lease)
+    rows = conn.execute(
+        update(messages)
+        .where(m.id.in_(list(by_id)), m.org_id.in_(sorted({item.msg.org_id for item in ready})),
+               m.status == "claimed")
+        .values(status="sending", attempts=m.attempts + 1, claimed_by=WORKER_ID, updated_at=now,
+                lease_until=lease_until,
+                channel_id=per_row(m.channel_id, lambda item: item.channel.id),
+                subject=per_row(m.subject, lambda item: item.rendered.outbound.subject),
+                body=per_row(m.body, lambda item: item.rendered.outbound.text))
+        .returning(m.id, m.attempts)
+    ).all()
+    moved = {row.id: row.attempts for row in rows}
+    record_event_rows(conn, [
+        {"org_id": by_id[mid].msg.org_id, "message_id": mid, "event": "sending", "attempt": attempt,
+         "provider_status": None, "created_at": now,
+         "detail": {"slot": by_id[mid].send_at.isoformat()} if by_id[mid].send_at else None}
+        for mid, attempt in moved.items()])
+    return moved
+
+
+def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:
+    """The channel's next send slot; days (for the daily cap) are the org's local days."""
+    tz = ZoneInfo(org.timezone)
+    today = now.astimezone(tz).date()
+    next_day = datetime.combine(today + timedelta(days=1), dt_time(0), tzinfo=tz).astimezone(timezone.utc)
+    return DbPacingStore(conn, org.id).reserve(channel.id, policy, now, today.isoformat(), next_day)

@@ -1,0 +1,104 @@
+"""The scheduler's side of dispatch: claim what is due with a lease, and recover expired leases."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import defaultdict
+
+from sqlalchemy import func, select, update
+
+from engine import clock
+from engine.inbox import open_inbox_item
+from engine.models import channels, messages
+from engine.outbox import record_events, transition
+from engine.runtime import Runtime
+from gateway import registry
+
+log = logging.getLogger(__name__)
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> list[int]:
+    """Claim up to `limit` due messages (all orgs) with a lease; returns their ids in due order.
+
+    `FOR UPDATE SKIP LOCKED` lets several claimers run at once on PostgreSQL without waiting on
+    each other or taking the same row; SQLite serialises writers, which gives the same result.
+    """
+    now = clock.now()
+    with rt.db.begin() as conn:
+        if max_in_flight is not None:
+            in_flight = conn.execute(
+                select(func.count()).select_from(messages).where(messages.c.status.in_(("claimed", "sending")))
+            ).scalar_one()
+            limit = min(limit, max(max_in_flight - in_flight, 0))
+            if limit == 0:
+                return []
+        due = (
+            select(messages.c.id)
+            .where(messages.c.status == "pending", messages.c.next_attempt_at <= now)
+            .order_by(messages.c.next_attempt_at, messages.c.id)
+            .limit(limit)
+        )
+        if conn.dialect.name == "postgresql":
+            due = due.with_for_update(skip_locked=True)
+        # A CTE, not `IN (subquery)`: PostgreSQL may run a LIMIT … SKIP LOCKED subquery once per
+        # candidate row, and then claims far more than `limit` rows. A locking CTE runs once.
+        due_cte = due.cte("due")
+        rows = conn.execute(
+            update(messages)
+            .where(messages.c.id.in_(select(due_cte.c.id)), messages.c.status == "pending")
+            .values(status="claimed", lease_until=now + rt.settings.lease, claimed_by=WORKER_ID, updated_at=now)
+            .returning(messages.c.id, messages.c.org_id, messages.c.next_attempt_at)
+        ).all()
+        by_org: dict[int, list[int]] = defaultdict(list)
+        for row in rows:
+            by_org[row.org_id].append(row.id)
+        for org_id, ids in by_org.items():
+            record_events(conn, org_id, ids, "claimed", at=now)
+    return [row.id for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
+
+
+def sweep_leases(rt: Runtime) -> tuple[int, int]:
+    """Recover rows whose lease ran out; returns (reclaimed, unknown)."""
+    now = clock.now()
+    reclaimed = unknown = 0
+    with rt.db.begin() as conn:
+        expired = conn.execute(
+            select(messages.c.id, messages.c.org_id, messages.c.status, messages.c.attempts, channels.c.provider)
+            .select_from(messages.outerjoin(channels, channels.c.id == messages.c.channel_id))
+            .where(messages.c.status.in_(("claimed", "sending")), messages.c.lease_until < now)
+        ).all()
+        for row in expired:
+            if row.status == "claimed":
+                if transition(conn, row.org_id, row.id, ("claimed",), "pending", "reclaimed",
+                              values={"lease_until": None, "claimed_by": None},
+                              detail={"reason": "lease_expired"}):
+                    reclaimed += 1
+                continue
+            if row.provider and honours_idempotency(row.provider):
+                # The provider drops a repeated idempotency key, so trying again is safe.
+                if transition(conn, row.org_id, row.id, ("sending",), "pending", "retried",
+                              values={"lease_until": None, "next_attempt_at": now, "error_code": "lease_expired"},
+                              detail={"reason": "lease_expired"}, attempt=row.attempts):
+                    reclaimed += 1
+                continue
+            if transition(conn, row.org_id, row.id, ("sending",), "unknown", "unknown",
+                          values={"lease_until": None, "error_code": "worker_lost"},
+                          detail={"reason": "worker stopped during the provider call"}, attempt=row.attempts):
+                unknown += 1
+                open_inbox_item(conn, row.org_id, "message_unknown", f"message:{row.id}:unknown",
+                                message_id=row.id, detail="outcome unknown: worker stopped during the provider call")
+    if reclaimed or unknown:
+        log.warning("leases swept", extra={"reclaimed": reclaimed, "unknown": unknown})
+    return reclaimed, unknown
+
+
+def honours_idempotency(provider: str) -> bool:
+    """Whether the named provider drops a repeated idempotency key (so a lost call may be retried)."""
+    try:
+        return registry.load(provider).honours_idempotency
+    except registry.UnknownProvider:
+        return False

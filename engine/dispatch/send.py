@@ -1,0 +1,124 @@
+"""A worker's side of dispatch: send a batch of claimed messages, each at most once.
+
+1. `prepare` re-checks the batch and marks the messages that may go `sending` — committed
+   before any provider call, so a worker that dies mid-call leaves rows the sweep turns into
+   `unknown` (never a blind second send).
+2. The provider calls run in parallel on a small per-process pool of threads (each provider
+   keeps one keep-alive HTTP session), in slot order for paced channels.
+3. Every accepted message is marked `sent` in one statement; each failure is settled on its
+   own (`outcomes`), and one message's failure or crash never stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from engine import clock, metrics
+from engine.dispatch.checks import Prepared, prepare
+from engine.dispatch.outcomes import Sent, after_permanent, after_transient, park_unknown, record_sent
+from engine.runtime import Runtime
+from gateway.errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+#: Messages checked and settled together at most (a larger task is sent in slices): keeps each
+#: set-based statement's parameters within every backend's limits.
+MAX_BATCH = 100
+
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def send_batch(rt: Runtime, message_ids: Sequence[int]) -> dict[int, str]:
+    """Send the claimed messages among `message_ids`; returns what became of each id (for logs
+    and tests): `sent`, `retried`, `failed`, `unknown`, `cancelled`, `deferred`, `not_claimed`…"""
+    ids = [int(mid) for mid in dict.fromkeys(message_ids)]
+    if len(ids) > MAX_BATCH:
+        outcomes: dict[int, str] = {}
+        for start in range(0, len(ids), MAX_BATCH):
+            outcomes.update(send_batch(rt, ids[start:start + MAX_BATCH]))
+        return outcomes
+    try:
+        prepared, outcomes = prepare(rt, ids)
+    except Exception:
+        if len(ids) == 1:
+            raise
+        # One bad message must cost only itself: go through the batch one message at a time.
+        log.exception("preparing a batch failed; sending its messages one by one", extra={"count": len(ids)})
+        return {mid: _send_alone(rt, mid) for mid in ids}
+    if not prepared:
+        return outcomes
+    prepared.sort(key=lambda p: (p.send_at is not None, p.send_at or clock.now()))
+    concurrency = min(rt.settings.send_concurrency, len(prepared))
+    if concurrency <= 1:
+        results = [_call(p) for p in prepared]
+    else:
+        results = list(_pool(rt.settings.send_concurrency).map(_call, prepared))
+    sent = [Sent(p, result) for p, result in zip(prepared, results) if not isinstance(result, BaseException)]
+    try:
+        moved = record_sent(rt, sent)
+    except Exception:  # the rows stay `sending`; their lease runs out and the sweep settles them
+        log.exception("recording sent messages failed", extra={"count": len(sent)})
+        moved = set()
+    for p, result in zip(prepared, results):
+        if not isinstance(result, BaseException):
+            outcomes[p.message_id] = "sent" if p.message_id in moved else "not_claimed"
+            continue
+        try:
+            outcomes[p.message_id] = _settle_failure(rt, p, result)
+        except Exception:
+            log.exception("settling a failed send crashed", extra={"message_id": p.message_id})
+            outcomes[p.message_id] = "crashed"
+    return outcomes
+
+
+def send_one(rt: Runtime, message_id: int) -> str:
+    """Send one claimed message, at most once; returns what became of it."""
+    return send_batch(rt, [message_id])[int(message_id)]
+
+
+def _send_alone(rt: Runtime, message_id: int) -> str:
+    try:
+        return send_one(rt, message_id)
+    except Exception:  # the row's lease will expire and the sweep recovers it
+        log.exception("send crashed", extra={"message_id": message_id})
+        return "crashed"
+
+
+def _call(prepared: Prepared) -> object:
+    """The provider's answer, or the exception it raised (so the batch can settle each alone)."""
+    try:
+        if prepared.send_at is not None:
+            # A paced channel: this message holds the number's next slot; wait for it.
+            wait = (prepared.send_at - clock.now()).total_seconds()
+            if wait > 0:
+                time.sleep(wait)
+        return metrics.provider_call(prepared.channel.provider, prepared.provider.send, prepared.rendered.outbound)
+    except Exception as exc:
+        return exc
+
+
+def _settle_failure(rt: Runtime, prepared: Prepared, exc: BaseException) -> str:
+    provider = prepared.provider
+    if not isinstance(exc, ProviderError):  # a provider bug: the request may or may not have gone out
+        log.error("provider raised unexpectedly",
+                  extra={"message_id": prepared.message_id, "error": type(exc).__name__})
+        return park_unknown(rt, prepared, "unexpected_error", f"provider raised {type(exc).__name__}")
+    if exc.outcome_unknown and not type(provider).honours_idempotency:
+        return park_unknown(rt, prepared, exc.code or "outcome_unknown", exc.reason)
+    if exc.permanent:
+        return after_permanent(rt, prepared, exc)
+    return after_transient(rt, prepared, exc)
+
+
+def _pool(size: int) -> ThreadPoolExecutor:
+    """The process's pool for provider calls (one per size, made on first use)."""
+    with _pool_lock:
+        pool = _pools.get(size)
+        if pool is None:
+            pool = _pools[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="lembra-send")
+        return pool
