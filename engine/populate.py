@@ -8,11 +8,25 @@ One pass, per org, in one transaction:
    processes at once, creates nothing twice;
 3. plan every `new` message: compute its nominal time in the appointment's timezone and place it
    inside the org's sending window, or skip it with a reason the admin shows.
+
+Each reminder is written once. A reminder's plan (nominal time, due time, deadline, or its skip
+reason) depends only on its rule, its appointment's start and timezone, the org's window and the
+pass's instant, so the pass first plans every distinct (rule, start, timezone) of the candidates in
+Python — the very same `nominal_and_deadline` + `windows.place` — and the INSERT joins that plan:
+rows are inserted `pending` or `skipped` with their times and their event, in the same statement
+on PostgreSQL. Only a row the plan does not cover (none today) is inserted `new` and planned
+afterwards by `plan_new`, which applies its decisions set-based.
+
+`populate` is the full pass (every upcoming appointment). `populate_changed` is the scheduler's
+periodic pass: only appointments (or their contacts and consents) changed since an instant, those
+that entered the horizon since then, and a full pass of any org whose rules, channels or window
+changed since then. The scheduler still runs a full pass now and then as a safety net.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,21 +34,21 @@ from typing import Any
 from sqlalchemy import (
     String,
     and_,
-    bindparam,
     case,
     cast,
     exists,
     func,
+    insert,
     literal,
     not_,
     or_,
     select,
     true,
-    update,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock
+from engine import clock, metrics
 from engine.db import Database
 from engine.dialect import epoch_seconds, insert_ignore
 from engine.models import (
@@ -42,6 +56,7 @@ from engine.models import (
     appointments,
     channels,
     contacts,
+    message_events,
     messages,
     orgs,
     preferences,
@@ -50,18 +65,29 @@ from engine.models import (
 )
 from engine.orgs import policy_for
 from engine.outbox import cancel_open, record_events, transition_where
+from engine.populate_plan import (  # noqa: F401 - re-exported (engine/replan.py)
+    AFTER_START_VALIDITY,
+    PlanCache,
+    apply_decisions,
+    decide,
+    nominal_and_deadline,
+    placement,
+    plan_source,
+)
 from engine.privacy.addresses import refused_clause
-from engine.windows import nominal_due, place
+from engine.windows import WindowPolicy
 
 log = logging.getLogger(__name__)
 
 #: How far back populate looks for appointments that never got their reminders, so that an
 #: appointment booked too late (or in the past) shows a skipped reminder with its reason.
 LOOKBACK = timedelta(days=1)
-#: After-start messages (a follow-up after the session) may still go out this long after due.
-AFTER_START_VALIDITY = timedelta(days=1)
 PLAN_BATCH = 2000
 LIVE_STATUSES = ("scheduled", "confirmed")
+#: Orgs populated at the same time, each on its own connection (PostgreSQL; SQLite has one writer).
+PARALLEL_ORGS = 2
+#: Up to this many changed appointments, the periodic pass names them in its cancel statement.
+CHANGED_IDS_MAX = 5000
 
 
 @dataclass
@@ -88,16 +114,53 @@ def populate(
     appointment_id: int | None = None,
 ) -> PopulateResult:
     """Run one populate pass for every org, or one org, or one appointment of one org."""
-    total = PopulateResult()
     with db.connect() as conn:
         query = select(orgs.c.id).order_by(orgs.c.id)
         if org_id is not None:
             query = query.where(orgs.c.id == org_id)
         org_ids = [row.id for row in conn.execute(query)]
-    for oid in org_ids:
+    return _run_orgs(db, {oid: None for oid in org_ids}, horizon=horizon, appointment_id=appointment_id)
+
+
+def populate_changed(db: Database, *, horizon: timedelta, since: datetime) -> PopulateResult:
+    """The periodic pass: what changed since `since` (pass an instant somewhat before the previous
+    pass started: a transaction that wrote before that pass but committed after it is seen again).
+
+    Per org: a full pass if one of its rules, channels or its window settings changed since then;
+    otherwise only the appointments created or changed since then, those whose contact or consent
+    changed, and those that entered the horizon (start after `since + horizon`)."""
+    with db.connect() as conn:
+        org_rows = conn.execute(select(orgs.c.id, orgs.c.updated_at).order_by(orgs.c.id)).all()
+        rules_changed = set(conn.execute(select(reminder_rules.c.org_id).distinct()
+                                         .where(reminder_rules.c.updated_at >= since)).scalars())
+        channels_changed = set(conn.execute(select(channels.c.org_id).distinct()
+                                            .where(channels.c.updated_at >= since)).scalars())
+    scopes: dict[int, datetime | None] = {}
+    for row in org_rows:
+        full = row.updated_at >= since or row.id in rules_changed or row.id in channels_changed
+        scopes[row.id] = None if full else since
+    return _run_orgs(db, scopes, horizon=horizon)
+
+
+def _run_orgs(db: Database, scopes: dict[int, datetime | None], *, horizon: timedelta,
+              appointment_id: int | None = None) -> PopulateResult:
+    """Populate each org (one transaction each; up to PARALLEL_ORGS at a time on PostgreSQL)."""
+    total = PopulateResult()
+    now = clock.now()
+    cache: PlanCache = {}
+
+    def one(oid: int) -> PopulateResult:
         with db.begin() as conn:
-            result = populate_org(conn, oid, horizon=horizon, appointment_id=appointment_id)
-        total.add(result)
+            return populate_org(conn, oid, horizon=horizon, appointment_id=appointment_id,
+                                changed_since=scopes[oid], now=now, cache=cache)
+
+    if db.is_sqlite or len(scopes) < 2 or PARALLEL_ORGS < 2:
+        for oid in scopes:
+            total.add(one(oid))
+    else:
+        with ThreadPoolExecutor(max_workers=PARALLEL_ORGS, thread_name_prefix="populate") as pool:
+            for result in pool.map(one, list(scopes)):
+                total.add(result)
     if total.created or total.cancelled:
         log.info("populate", extra={"created": total.created, "cancelled": total.cancelled,
                                     "planned": total.planned, "skipped": total.skipped})
@@ -105,19 +168,27 @@ def populate(
 
 
 def populate_org(
-    conn: Connection, org_id: int, *, horizon: timedelta, appointment_id: int | None = None
+    conn: Connection, org_id: int, *, horizon: timedelta, appointment_id: int | None = None,
+    changed_since: datetime | None = None, now: datetime | None = None, cache: PlanCache | None = None,
 ) -> PopulateResult:
-    """One org's populate pass inside the caller's transaction."""
-    now = clock.now()
+    """One org's populate pass inside the caller's transaction (only what changed since
+    `changed_since`, when given: see `populate_changed`)."""
+    now = now or clock.now()
+    org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
+    policy = policy_for(org)
     result = PopulateResult()
-    result.cancelled = _cancel_stale(conn, org_id, appointment_id)
-    result.created = _insert_reminders(conn, org_id, now, horizon, appointment_id)
-    planned, skipped = plan_new(conn, org_id)
-    result.planned, result.skipped = planned, skipped
+    result.cancelled = _cancel_stale(conn, org_id, appointment_id, changed_since)
+    created, planned, skipped = _insert_reminders(conn, org_id, now, horizon, appointment_id,
+                                                  changed_since=changed_since, policy=policy,
+                                                  cache={} if cache is None else cache)
+    more_planned, more_skipped = plan_new(conn, org_id, policy=policy)
+    result.created = created
+    result.planned, result.skipped = planned + more_planned, skipped + more_skipped
     return result
 
 
-def _cancel_stale(conn: Connection, org_id: int, appointment_id: int | None) -> int:
+def _cancel_stale(conn: Connection, org_id: int, appointment_id: int | None,
+                  changed_since: datetime | None = None) -> int:
     """Cancel open reminders of cancelled/finished appointments and of the old time of moved ones."""
     a = appointments
     rule_is_cancel_notice = exists().where(
@@ -139,6 +210,19 @@ def _cancel_stale(conn: Connection, org_id: int, appointment_id: int | None) -> 
     base = and_(messages.c.appointment_id.is_not(None), messages.c.rule_id.is_not(None))
     if appointment_id is not None:
         base = and_(base, messages.c.appointment_id == appointment_id)
+    if changed_since is not None:
+        # Only an appointment's own change (moved, cancelled, finished) makes its reminders stale.
+        # The ids first: usually few, and then the messages are found through their index.
+        changed = conn.execute(select(a.c.id).where(a.c.org_id == org_id, a.c.updated_at >= changed_since)
+                               .limit(CHANGED_IDS_MAX + 1)).scalars().all()
+        if not changed:
+            return 0
+        if len(changed) <= CHANGED_IDS_MAX:
+            base = and_(base, messages.c.appointment_id.in_(changed))
+        else:
+            alias = appointments.alias("changed_appointment")
+            base = and_(base, messages.c.appointment_id.in_(
+                select(alias.c.id).where(alias.c.org_id == org_id, alias.c.updated_at >= changed_since)))
     # A moved appointment's reminders name its old time in their key; the cancelled row gives that
     # key up, so that moving the appointment back to that time gets reminders again.
     cancelled = transition_where(
@@ -152,9 +236,12 @@ def _cancel_stale(conn: Connection, org_id: int, appointment_id: int | None) -> 
 
 
 def _insert_reminders(
-    conn: Connection, org_id: int, now: datetime, horizon: timedelta, appointment_id: int | None
-) -> int:
-    """The set-based insert of every missing reminder of the org (or of one appointment)."""
+    conn: Connection, org_id: int, now: datetime, horizon: timedelta, appointment_id: int | None,
+    *, changed_since: datetime | None = None, policy: WindowPolicy, cache: PlanCache,
+) -> tuple[int, int, int]:
+    """The set-based insert of every missing reminder of the org (or of one appointment, or of
+    what changed since `changed_since`), planned as it is written; returns (created, planned,
+    skipped): `created` counts every row written, planned or skipped or left `new`."""
     a, r, rk, c, p = appointments, reminder_rules, reminder_rule_kinds, contacts, preferences
     has_channel = exists().where(
         channels.c.org_id == org_id, channels.c.kind == rk.c.kind, channels.c.status == "active"
@@ -171,11 +258,43 @@ def _insert_reminders(
         and_(r.c.trigger == "on_cancel", a.c.status == "cancelled", a.c.cancelled_at > recent,
              a.c.starts_at > now, or_(a.c.cancel_source.is_(None), a.c.cancel_source != "patient")),
     )
+    # Which appointments this pass looks at (the same for every rule and kind, so the ranking of
+    # kinds below is the full pass's).
+    scope: list[ColumnElement[bool]] = [a.c.org_id == org_id]
+    if appointment_id is not None:
+        scope.append(a.c.id == appointment_id)
+    if changed_since is not None:
+        scope.append(_changed_clause(org_id, changed_since, now, horizon))
+
+    # 1. Plan every (rule, start, timezone) the candidates can have, in Python (a superset of the
+    #    candidates: the join below only uses what it needs).
+    rules = conn.execute(select(r.c.id, r.c.trigger, r.c.offset_minutes, r.c.respect_window)
+                         .where(r.c.org_id == org_id, r.c.active == true())).all()
+    if not rules:
+        return 0, 0, 0
+    slots = conn.execute(
+        select(a.c.starts_at, a.c.timezone).distinct().where(
+            *scope, a.c.starts_at > recent,
+            or_(a.c.starts_at <= now + horizon, a.c.created_at > recent, a.c.cancelled_at > recent))
+    ).all()
+    if not slots:
+        return 0, 0, 0
+    plan_rows = [
+        (rule.id, starts, tz, *decide(policy, rule.trigger, rule.offset_minutes, rule.respect_window,
+                                      starts, tz, now, cache))
+        for rule in rules
+        for starts, tz in slots
+    ]
+    plan = plan_source(conn, plan_rows)
+
+    # 2. Insert, joined with the plan: each row is written once, `pending` at its time or
+    #    `skipped` with its reason (`new` only if the plan missed it: plan_new places it then).
     ranked = (
         select(
             a.c.id.label("appointment_id"),
             a.c.contact_id,
             a.c.starts_at,
+            a.c.timezone,
             r.c.id.label("rule_id"),
             r.c.purpose,
             r.c.template_key,
@@ -190,7 +309,7 @@ def _insert_reminders(
             .join(p, and_(p.c.org_id == org_id, p.c.contact_id == c.c.id, p.c.kind == rk.c.kind))
         )
         .where(
-            a.c.org_id == org_id,
+            *scope,
             r.c.active == true(),
             c.c.erased_at.is_(None),
             p.c.opted_in == true(),
@@ -202,14 +321,13 @@ def _insert_reminders(
             trigger_applies,
         )
     )
-    if appointment_id is not None:
-        ranked = ranked.where(a.c.id == appointment_id)
     ranked_sq = ranked.subquery("ranked")
     key = (
         literal("appointment:") + cast(ranked_sq.c.appointment_id, String) + literal(":")
         + cast(ranked_sq.c.rule_id, String) + literal(":") + ranked_sq.c.kind + literal(":")
         + cast(epoch_seconds(ranked_sq.c.starts_at), String)
     )
+    planned_status = func.coalesce(plan.c.status, literal("new"))
     chosen = select(
         literal(org_id).label("org_id"),
         ranked_sq.c.purpose,
@@ -221,24 +339,85 @@ def _insert_reminders(
         ranked_sq.c.template_key,
         ranked_sq.c.respect_window,
         key.label("idempotency_key"),
-        literal("new").label("status"),
+        planned_status.label("status"),
+        plan.c.nominal_due_at,
+        plan.c.due_at,
+        plan.c.due_at.label("next_attempt_at"),
+        plan.c.expires_at,
+        plan.c.skip_reason,
         literal(0).label("attempts"),
         literal(now, type_=messages.c.created_at.type).label("created_at"),
         literal(now, type_=messages.c.updated_at.type).label("updated_at"),
+    ).select_from(
+        ranked_sq.outerjoin(plan, and_(plan.c.rule_id == ranked_sq.c.rule_id,
+                                       plan.c.starts_at == ranked_sq.c.starts_at,
+                                       plan.c.tz == ranked_sq.c.timezone))
     ).where(ranked_sq.c.pref == 1)
     names = [
         "org_id", "purpose", "contact_id", "channel_kind", "appointment_id", "appointment_starts_at",
-        "rule_id", "template_key", "respect_window", "idempotency_key", "status", "attempts",
-        "created_at", "updated_at",
+        "rule_id", "template_key", "respect_window", "idempotency_key", "status", "nominal_due_at",
+        "due_at", "next_attempt_at", "expires_at", "skip_reason", "attempts", "created_at", "updated_at",
     ]
     stmt = insert_ignore(conn, messages, ("org_id", "idempotency_key")).from_select(names, chosen)
-    return len(conn.execute(stmt.returning(messages.c.id)).all())
+    counts = _insert_with_events(conn, org_id, stmt, now)
+    return sum(counts.values()), counts.get("pending", 0), counts.get("skipped", 0)
 
 
-def plan_new(conn: Connection, org_id: int) -> tuple[int, int]:
+def _changed_clause(org_id: int, since: datetime, now: datetime, horizon: timedelta) -> ColumnElement[bool]:
+    """Appointments the periodic pass looks at: created or changed since `since`, whose contact
+    or one of its consents changed since then, or that entered the horizon since then."""
+    a = appointments
+    c, p = contacts.alias("changed_contact"), preferences.alias("changed_preference")
+    return or_(
+        a.c.updated_at >= since,
+        a.c.created_at >= since,
+        and_(a.c.starts_at > since + horizon, a.c.starts_at <= now + horizon),
+        exists().where(c.c.org_id == org_id, c.c.id == a.c.contact_id, c.c.updated_at >= since),
+        exists().where(p.c.org_id == org_id, p.c.contact_id == a.c.contact_id, p.c.updated_at >= since),
+    )
+
+
+def _insert_with_events(conn: Connection, org_id: int, stmt: Any, now: datetime) -> dict[str, int]:
+    """Run the reminders' INSERT and write the `queued` (or `skipped`, with its reason) event of
+    every row it wrote; returns the number of rows written per status."""
+    e = message_events
+    if conn.dialect.name == "postgresql":
+        # One statement: the rows and their events, without the ids travelling to Python.
+        ins = stmt.returning(messages.c.id, messages.c.status, messages.c.skip_reason).cte("ins")
+        events = insert(e).from_select(
+            ["org_id", "message_id", "event", "detail", "created_at"],
+            select(
+                literal(org_id), ins.c.id,
+                case((ins.c.status == "pending", literal("queued")), else_=literal("skipped")),
+                case((ins.c.status == "skipped", func.jsonb_build_object("reason", ins.c.skip_reason)),
+                     else_=None),
+                literal(now, type_=e.c.created_at.type),
+            ).where(ins.c.status.in_(("pending", "skipped"))),
+        ).cte("events")
+        rows = conn.execute(select(ins.c.status, func.count()).group_by(ins.c.status).add_cte(events)).all()
+        counts = {status: int(n) for status, n in rows}
+        for event, status in (("queued", "pending"), ("skipped", "skipped")):
+            metrics.message_events(event, counts.get(status, 0))
+        return counts
+    rows = conn.execute(stmt.returning(messages.c.id, messages.c.status, messages.c.skip_reason)).all()
+    counts: dict[str, int] = {}
+    queued, skipped_by_reason = [], {}  # type: ignore[var-annotated]
+    for row in rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+        if row.status == "pending":
+            queued.append(row.id)
+        elif row.status == "skipped":
+            skipped_by_reason.setdefault(row.skip_reason, []).append(row.id)
+    record_events(conn, org_id, queued, "queued", at=now)
+    for reason, ids in skipped_by_reason.items():
+        record_events(conn, org_id, ids, "skipped", detail={"reason": reason}, at=now)
+    return counts
+
+
+def plan_new(conn: Connection, org_id: int, *, policy: WindowPolicy | None = None) -> tuple[int, int]:
     """Place every `new` message of the org in its sending window; returns (planned, skipped)."""
-    org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
-    policy = policy_for(org)
+    if policy is None:
+        policy = policy_for(conn.execute(select(orgs).where(orgs.c.id == org_id)).one())
     planned = skipped = 0
     last_id = 0
     while True:
@@ -269,76 +448,20 @@ def plan_new(conn: Connection, org_id: int) -> tuple[int, int]:
         skips: list[dict[str, Any]] = []
         for row in rows:
             nominal, deadline = nominal_and_deadline(row, policy.timezone)
-            if row.respect_window:
-                placement = place(policy, nominal, row.created_at, deadline)
-                due, reason = placement.due_at, placement.skip_reason
-            elif deadline is not None and nominal >= deadline:
-                due, reason = None, "too_late"
-            else:
-                due, reason = max(nominal, row.created_at), None
+            due, reason = placement(policy, nominal, row.created_at, deadline, row.respect_window)
             if due is None:
                 skips.append({"mid": row.id, "nominal": nominal, "expires": deadline, "reason": reason})
             else:
                 placed.append({"mid": row.id, "nominal": nominal, "due": due, "expires": deadline})
         now = clock.now()
-        if placed:
-            conn.execute(
-                update(messages)
-                .where(messages.c.id == _bind("mid"), messages.c.status == "new")
-                .values(status="pending", nominal_due_at=_bind("nominal", messages.c.nominal_due_at),
-                        due_at=_bind("due", messages.c.due_at), next_attempt_at=_bind("due", messages.c.due_at),
-                        expires_at=_bind("expires", messages.c.expires_at), updated_at=now),
-                placed,
-            )
-            record_events(conn, org_id, [p["mid"] for p in placed], "queued", at=now)
-        if skips:
-            conn.execute(
-                update(messages)
-                .where(messages.c.id == _bind("mid"), messages.c.status == "new")
-                .values(status="skipped", nominal_due_at=_bind("nominal", messages.c.nominal_due_at),
-                        expires_at=_bind("expires", messages.c.expires_at),
-                        skip_reason=_bind("reason"), updated_at=now),
-                skips,
-            )
-            for s in skips:
-                record_events(conn, org_id, [s["mid"]], "skipped", detail={"reason": s["reason"]}, at=now)
-        planned += len(placed)
-        skipped += len(skips)
-
-
-def _bind(name: str, column: Any = None) -> Any:
-    """A named parameter for executemany, typed like `column` so datetimes are converted."""
-    return bindparam(name, type_=column.type if column is not None else None)
-
-
-def nominal_and_deadline(row: Any, org_timezone: str) -> tuple[datetime, datetime | None]:
-    """When a message is meant to go, and after when it is useless (shared with engine/replan.py).
-
-    `row` carries the message's `appointment_starts_at`, `created_at`, `nominal_due_at` and
-    `expires_at`, its rule's `trigger` and `offset_minutes`, and its appointment's `timezone`.
-    """
-    starts = row.appointment_starts_at
-    tz = row.timezone or org_timezone
-    trigger = row.trigger
-    # A row queued with its own later nominal time is a fallback to the rule's next channel kind,
-    # queued when the first kind failed (maybe after retries or a deferral): it is meant for then,
-    # not for the rule's original time (which would make it "too late" at once).
-    queued_for = row.nominal_due_at
-    if trigger == "before_start" and starts is not None:
-        nominal = nominal_due(starts, row.offset_minutes, tz)
-        if queued_for is not None and queued_for > nominal:
-            nominal = queued_for
-        return nominal, starts
-    if trigger == "after_start" and starts is not None:
-        nominal = nominal_due(starts, -row.offset_minutes, tz)
-        deadline = nominal + AFTER_START_VALIDITY
-        if queued_for is not None and queued_for > nominal:
-            nominal = queued_for
-        return nominal, deadline
-    if trigger in ("on_create", "on_cancel") and starts is not None:
-        return row.created_at, starts
-    nominal = row.nominal_due_at or row.created_at
-    return nominal, row.expires_at
+        placed_ids, skipped_ids = apply_decisions(conn, placed, skips, now)
+        record_events(conn, org_id, placed_ids, "queued", at=now)
+        reasons = {s["mid"]: s["reason"] for s in skips}
+        for reason in sorted({reasons[mid] for mid in skipped_ids}):
+            record_events(conn, org_id, [mid for mid in skipped_ids if reasons[mid] == reason], "skipped",
+                          detail={"reason": reason}, at=now)
+        planned += len(placed_ids)
+        skipped += len(skipped_ids)
 
 
 #: Horizon used when an appointment change re-populates at once (the scheduler passes its own).

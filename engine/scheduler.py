@@ -1,7 +1,12 @@
 """The scheduler: sweeps leases, populates, claims what is due and hands the ids to the broker.
 
 Run any number of them; on PostgreSQL a session advisory lock keeps exactly one active, and a
-standby takes over when the active one's connection goes away. Nothing due is ever parked in
+standby takes over when the active one's connection goes away.
+
+The loop (`run`) populates in a thread of its own, on its own connections, so claiming goes on
+while a pass runs; only the active scheduler starts one, and one at a time. A periodic pass only
+looks at what changed since the previous one (`populate_changed`); a full pass runs first and then
+every FULL_POPULATE_EVERY as a safety net. `tick()` called directly populates in line, as before. Nothing due is ever parked in
 the broker for later: the database holds `due_at`, the broker only sees what is due now.
 """
 
@@ -11,15 +16,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Callable, Sequence
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from engine import dispatch, inbound, metrics
+from engine import clock, dispatch, inbound, metrics
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
-from engine.populate import PopulateResult, populate
+from engine.populate import PopulateResult, populate, populate_changed
 from engine.privacy.retention import DailyRetention
 from engine.runtime import Runtime
 
@@ -27,6 +33,14 @@ log = logging.getLogger(__name__)
 
 #: Advisory lock key: "LEMB" as an integer.
 LEADER_LOCK = 0x4C454D42
+#: How often the periodic populate is a full pass rather than only what changed.
+FULL_POPULATE_EVERY = timedelta(minutes=15)
+#: How far before the previous pass's start the next one looks for changes: a transaction that
+#: wrote before that pass started but committed after its snapshot is still seen (and a little
+#: clock skew between the processes that write `updated_at`).
+CHANGED_SINCE_MARGIN = timedelta(minutes=2)
+#: How long a stopping scheduler waits for its populate pass to end (seconds).
+STOP_WAIT = 30.0
 
 
 @dataclass
@@ -58,20 +72,34 @@ class Scheduler:
         self.enqueue_inbound = enqueue_inbound
         self._last_populate = 0.0
         self._last_repoke = 0.0
+        # Engine-clock instants of the last pass's start and of the last full pass's start.
+        self._populated_from: datetime | None = None
+        self._last_full: datetime | None = None
+        self._populate_lock = threading.Lock()  # one pass at a time, in line or in the background
+        self._populate_thread: threading.Thread | None = None
+        #: The result of the last pass run in the background (None before the first one ends).
+        self.last_populated: PopulateResult | None = None
         # Once a day per org (a retention_runs row claims the day; the leader lock keeps one active).
         self.retention = DailyRetention(rt.db)
 
-    def tick(self, *, force_populate: bool = False) -> Tick:
-        """One pass: sweep leases, populate when due, claim and enqueue everything due now."""
+    def tick(self, *, force_populate: bool = False, background: bool = False) -> Tick:
+        """One pass: sweep leases, populate when due, claim and enqueue everything due now.
+
+        `force_populate` runs a full populate pass in line. With `background` (the loop), a due
+        populate pass starts in its own thread and this pass goes on claiming at once."""
         settings = self.rt.settings
         reclaimed, unknown = dispatch.sweep_leases(self.rt)
         populated = None
         enrolled = 0
-        if force_populate or time.monotonic() - self._last_populate >= settings.populate_interval:
-            populated = populate(self.rt.db, horizon=settings.populate_horizon)
-            with self.rt.db.begin() as conn:
-                enrolled = scan_triggers(conn)
+        if force_populate:
+            populated, enrolled = self._populate(full=True)
             self._last_populate = time.monotonic()
+        elif time.monotonic() - self._last_populate >= settings.populate_interval:
+            if background:
+                self.start_populate()
+            else:
+                populated, enrolled = self._populate()
+                self._last_populate = time.monotonic()
         claimed = 0
         while True:
             # Bounded in-flight work, so a big backlog is not all leased at the same time.
@@ -86,6 +114,56 @@ class Scheduler:
         retained = self.retention.maybe_run()
         return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
                     advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained, repoked=repoked)
+
+    def populating(self) -> bool:
+        """Whether a background populate pass is running."""
+        thread = self._populate_thread
+        return thread is not None and thread.is_alive()
+
+    def start_populate(self) -> bool:
+        """Start a populate pass in a thread of its own, unless one is running; True if started."""
+        if self.populating():
+            return False
+        self._last_populate = time.monotonic()  # the interval counts from the pass's start
+        thread = threading.Thread(target=self._populate_in_background, name="populate", daemon=True)
+        self._populate_thread = thread
+        thread.start()
+        return True
+
+    def wait_populate(self, timeout: float | None = None) -> bool:
+        """Wait for the background pass, if any; False if it is still running after `timeout`."""
+        thread = self._populate_thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def _populate_in_background(self) -> None:
+        try:
+            populated, _ = self._populate()
+            self.last_populated = populated
+        except Exception:  # noqa: BLE001 - logged; the next interval tries again
+            log.exception("background populate failed")
+
+    def _populate(self, *, full: bool = False) -> tuple[PopulateResult, int]:
+        """One populate pass (full, or what changed since the previous one) and the flow triggers."""
+        settings = self.rt.settings
+        with self._populate_lock:
+            started = clock.now()
+            since = self._populated_from
+            if since is None or self._last_full is None or started - self._last_full >= FULL_POPULATE_EVERY:
+                full = True
+            if full:
+                populated = populate(self.rt.db, horizon=settings.populate_horizon)
+                self._last_full = started
+            else:
+                assert since is not None
+                populated = populate_changed(self.rt.db, horizon=settings.populate_horizon,
+                                             since=since - CHANGED_SINCE_MARGIN)
+            self._populated_from = started
+            with self.rt.db.begin() as conn:
+                enrolled = scan_triggers(conn)
+            return populated, enrolled
 
     def _repoke_inbound(self) -> int:
         """Hand the workers again, once per REPOKE_AFTER, the patient messages nobody acted on.
@@ -122,7 +200,10 @@ class Scheduler:
     def run(self, stop: threading.Event) -> None:
         """Loop until `stop` is set, active only while holding the leader lock (PostgreSQL)."""
         if self.rt.db.is_sqlite:
-            self._loop(stop, lambda: True)
+            try:
+                self._loop(stop, lambda: True)
+            finally:
+                self.wait_populate(STOP_WAIT)
             return
         while not stop.is_set():
             try:
@@ -134,7 +215,13 @@ class Scheduler:
                         stop.wait(5)
                         continue
                     log.info("scheduler is active")
-                    self._loop(stop, lambda: _still_holding(lock_conn))
+                    try:
+                        self._loop(stop, lambda: _still_holding(lock_conn))
+                    finally:
+                        # Losing the lock: the pass in flight ends before this one stands by (a
+                        # new leader would only repeat it: idempotent, but wasted work). Stopping:
+                        # waited for a while only; a pass cut short is rolled back.
+                        self.wait_populate(STOP_WAIT if stop.is_set() else None)
                     if _still_holding(lock_conn):  # a dead connection released the lock already
                         lock_conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK})
                         lock_conn.commit()
@@ -150,7 +237,7 @@ class Scheduler:
                 log.warning("scheduler lost the leader lock")
                 return
             try:
-                metrics.scheduler_pass(self.tick)
+                metrics.scheduler_pass(lambda: self.tick(background=True))
             except DBAPIError as exc:
                 log.error("scheduler pass failed", extra={"error": type(exc).__name__})
             except Exception:
