@@ -10,7 +10,8 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import create_engine, event, select, text
+from sqlalchemy.pool import NullPool
 
 from engine import dispatch
 from engine.channels import create_channel
@@ -18,6 +19,7 @@ from engine.models import message_events, messages
 from engine.runtime import Runtime, install
 from gateway import registry
 from providers.sandbox.provider import SandboxProvider
+from tests.conftest import IS_POSTGRES
 from tests.factories import World, local
 from tests.fakes.meta import notes_error
 from tests.fakes.server import FakeServer, Recorded, Reply
@@ -249,3 +251,27 @@ def test_a_message_that_breaks_the_batch_costs_only_itself(rt, clock, monkeypatc
     assert len(world.sandbox()) == 3
     with rt.db.connect() as conn:
         assert conn.execute(select(messages.c.status).where(messages.c.id == ids[1])).scalar() == "claimed"
+
+
+@pytest.mark.skipif(not IS_POSTGRES, reason="a server that drops a connection: PostgreSQL")
+def test_a_connection_the_server_dropped_costs_one_failed_statement_not_the_batch(rt, clock, caplog):
+    """Busy connections are not pinged before use (engine.db._ping_when_idle): one the server
+    dropped fails its statement once, the pool is discarded, and the batch still goes out."""
+    world = World(rt)
+    world.channel("whatsapp")
+    world.rule(1440)
+    ids = booked(world, 3)
+    clock.set(DUE)
+    dispatch.claim_due(rt, limit=100)
+    with rt.db.connect() as conn:  # the pooled connection the batch will check out next
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    killer = create_engine(rt.settings.database_url, poolclass=NullPool)
+    with killer.connect() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
+    killer.dispose()
+
+    outcomes = dispatch.send_batch(rt, ids)
+
+    assert [outcomes[mid] for mid in ids] == ["sent"] * 3
+    assert len(world.sandbox()) == 3
+    assert "preparing a batch failed" in caplog.text  # the dropped connection was really used
