@@ -4,7 +4,7 @@
 
 Builds the same data as bench/throughput.py (fresh `lembra_bench_profile` database, sandbox
 WhatsApp channel, 120-minute rule), populates, claims everything with `dispatch.claim_due`, then
-calls `dispatch.send_one` for each message exactly as the `send_messages` actor does, counting
+calls `dispatch.send_batch` on batches of LEMBRA_SEND_BATCH ids as the `send_messages` actor does, counting
 SQL statements and transactions and measuring wall and CPU time per message. No broker, no
 threads, no other process: the figures are the engine's own per-message cost.
 """
@@ -43,11 +43,13 @@ UTC = timezone.utc
 
 #: Engine functions whose inclusive time per message is shown (file suffix, function name).
 ENGINE_FUNCS = (
-    ("engine/dispatch.py", "send_one"), ("engine/dispatch.py", "_prepare"), ("engine/outbox.py", "transition"),
+    ("engine/dispatch/send.py", "send_batch"), ("engine/dispatch/checks.py", "prepare"),
+    ("engine/dispatch/batch.py", "load"), ("engine/dispatch/outcomes.py", "record_sent"),
+    ("engine/outbox.py", "transition"),
     ("engine/outbox.py", "record_events"), ("engine/templates.py", "render_message"),
     ("engine/templates.py", "find_template"), ("engine/render.py", "reminder_variables"),
     ("engine/render.py", "render_text"), ("engine/channels.py", "record"), ("engine/channels.py", "default_channel"),
-    ("engine/channels.py", "get"), ("engine/dispatch.py", "_consented"), ("engine/orgs.py", "policy_for"),
+    ("engine/channels.py", "get"), ("engine/orgs.py", "policy_for"),
     ("engine/windows.py", "is_allowed"), ("engine/db.py", "begin"),
     ("sqlalchemy/engine/base.py", "_commit_impl"), ("sqlalchemy/pool/base.py", "_checkout"),
     ("sqlalchemy/engine/default.py", "do_ping"), ("psycopg/connection.py", "wait"),
@@ -143,36 +145,13 @@ def micro(rt: Runtime, message_id: int, rounds: int = 2000) -> None:
         raw.close()
 
 
-def what_if(rt: Runtime, url: str, ids: list[int]) -> list[int]:
-    """Time two equal slices of `ids`: as the engine is, and on an engine without pool pre-ping.
-
-    The tweak lives in this process only (a second SQLAlchemy engine swapped into the runtime);
-    nothing in engine/ changes. Returns the ids left for the caller's own unprofiled slice."""
-    from sqlalchemy import create_engine
-
-    size = len(ids) // 3
-    slices = [ids[:size], ids[size:2 * size]]
-    rest = ids[2 * size:]
-
-    def run(label: str, chunk: list[int]) -> None:
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        for mid in chunk:
-            dispatch.send_one(rt, mid)
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        print(f"what-if {label}: {len(chunk)} messages, wall {1000 * wall / len(chunk):.2f} ms/message, "
-              f"CPU {1000 * cpu / len(chunk):.2f} ms/message")
-
-    run("as is", slices[0])
-    original_engine = rt.db.engine
-    rt.db.engine = create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=False, pool_recycle=1800,
-                                 connect_args={"connect_timeout": 10, "application_name": "lembra"},
-                                 hide_parameters=True)
-    try:
-        run("without pool_pre_ping", slices[1])
-    finally:
-        rt.db.engine.dispose()
-        rt.db.engine = original_engine
-    return rest
+def send_all(rt: Runtime, ids: list[int]) -> Counter[str]:
+    """Send `ids` in the actor's batches; returns how many ended each way."""
+    size = rt.settings.send_batch
+    outcomes: Counter[str] = Counter()
+    for start in range(0, len(ids), size):
+        outcomes.update(dispatch.send_batch(rt, ids[start:start + size]).values())
+    return outcomes
 
 
 def main() -> int:
@@ -183,9 +162,6 @@ def main() -> int:
     p.add_argument("--db-name", default="lembra_bench_profile")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--keep", action="store_true")
-    p.add_argument("--what-if", action="store_true",
-                   help="also time a slice on an engine without pool pre-ping (harness-only; engine/ is not "
-                        "modified) to size what dropping it would save")
     args = p.parse_args()
     if not args.db_name.startswith("lembra_bench"):
         p.error("--db-name must start with lembra_bench (the database is dropped)")
@@ -226,18 +202,14 @@ def main() -> int:
 
         # Warm up (first use of the channel, template compile, statement caches) outside the profile.
         warm, ids = ids[:50], ids[50:]
-        for mid in warm:
-            dispatch.send_one(rt, mid)
+        send_all(rt, warm)
         statements.clear()
         transactions[0] = 0
 
         # Half without the profiler (the true per-message cost), half under it (where it goes).
         plain, ids = ids[: len(ids) // 2], ids[len(ids) // 2:]
-        if args.what_if:
-            plain = what_if(rt, url, plain)
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        for mid in plain:
-            dispatch.send_one(rt, mid)
+        send_all(rt, plain)
         plain_wall, plain_cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         statements.clear()
         transactions[0] = 0
@@ -245,7 +217,7 @@ def main() -> int:
         profiler = cProfile.Profile()
         wall0, cpu0 = time.perf_counter(), time.process_time()
         profiler.enable()
-        outcomes = Counter(dispatch.send_one(rt, mid) for mid in ids)
+        outcomes = send_all(rt, ids)
         profiler.disable()
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any, Iterable
 from zoneinfo import ZoneInfo
@@ -24,6 +26,7 @@ from engine.models import (
 from engine.orgs import create_org
 from engine.populate import DEFAULT_HORIZON, populate, refresh_appointment
 from engine.runtime import Runtime
+from gateway import registry
 
 
 class World:
@@ -128,3 +131,20 @@ def local(year: int, month: int, day: int, hour: int = 0, minute: int = 0,
 def at(clock_: Any, **delta: float) -> datetime:
     """clock.now() + timedelta(**delta)."""
     return clock_.now() + timedelta(**delta)
+
+
+@contextlib.contextmanager
+def provider_as(name: str, provider: type) -> Iterator[type]:
+    """Let `provider` (a test's variant of a real one) answer to a real provider's name, then
+    put the registry back as it was."""
+    saved_path, saved_loaded = registry._PATHS.get(name), registry._loaded.get(name)
+    registry.register(name, provider)
+    try:
+        yield provider
+    finally:
+        with registry._lock:
+            registry._loaded.pop(name, None)
+            if saved_loaded is not None:
+                registry._loaded[name] = saved_loaded
+            if saved_path is not None:
+                registry._PATHS[name] = saved_path

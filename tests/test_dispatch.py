@@ -16,9 +16,8 @@ from engine.contacts import opt_out
 from engine.models import channels, message_events, preferences, templates
 from engine.populate import refresh_appointment
 from engine.runtime import Runtime, install
-from gateway import registry
 from providers.sandbox.provider import SandboxProvider
-from tests.factories import World, local
+from tests.factories import World, local, provider_as
 
 UTC = timezone.utc
 _stamps = itertools.count(1)
@@ -415,17 +414,9 @@ class _IdempotentSandbox(SandboxProvider):
 @pytest.fixture
 def idempotent_provider():
     """Register the provider above under a real provider name for one test."""
-    name = "resend"
-    saved_path, saved_loaded = registry._PATHS.get(name), registry._loaded.get(name)
     _IdempotentSandbox.seen = {}
-    registry.register(name, _IdempotentSandbox)
-    yield name
-    with registry._lock:
-        registry._loaded.pop(name, None)
-        if saved_loaded is not None:
-            registry._loaded[name] = saved_loaded
-        if saved_path is not None:
-            registry._PATHS[name] = saved_path
+    with provider_as("resend", _IdempotentSandbox):
+        yield "resend"
 
 
 def test_sending_row_of_an_idempotent_provider_is_retried_safely(rt, clock, idempotent_provider):

@@ -14,7 +14,11 @@ mid-call, so the outcome is `unknown` and it is not sent blindly again.
 - `outcomes`: sent, retried, failed, dead, expired, unknown.
 """
 
-from engine.dispatch.batch import CONVERSATION_WINDOW, refusal
+from datetime import datetime
+
+from sqlalchemy.engine import Connection
+
+from engine.dispatch.batch import CONVERSATION_WINDOW, last_inbound, refusal, window_open
 from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, prepare
 from engine.dispatch.claim import WORKER_ID, claim_due, sweep_leases
 from engine.dispatch.send import send_batch, send_one
@@ -25,9 +29,7 @@ __all__ = [
 ]
 
 
-def conversation_open(conn, org_id: int, channel_id: int, contact_id: int, now):  # type: ignore[no-untyped-def]
-    """Whether the patient wrote on this channel within the last 24 hours."""
-    from engine.dispatch.batch import last_inbound
-
-    last = last_inbound(conn, [org_id], [contact_id]).get((org_id, channel_id, contact_id))
-    return last is not None and now - last < CONVERSATION_WINDOW
+def conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
+    """Whether the patient wrote on this channel within the last 24 hours (`Batch.conversation_open`
+    for one contact, outside a send)."""
+    return window_open(last_inbound(conn, [org_id], [contact_id]).get((org_id, channel_id, contact_id)), now)

@@ -65,8 +65,12 @@ class Batch:
 
     def conversation_open(self, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
         """Whether the patient wrote on this channel within the last 24 hours."""
-        last = self.last_inbound.get((org_id, channel_id, contact_id))
-        return last is not None and now - last < CONVERSATION_WINDOW
+        return window_open(self.last_inbound.get((org_id, channel_id, contact_id)), now)
+
+
+def window_open(last_inbound_at: datetime | None, now: datetime) -> bool:
+    """Whether a patient who last wrote at `last_inbound_at` may still get free text (Meta's 24 h)."""
+    return last_inbound_at is not None and now - last_inbound_at < CONVERSATION_WINDOW
 
 
 def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -> Batch:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +32,6 @@ if not Path(CHROMIUM).exists():
 
 from playwright import sync_api
 from sqlalchemy import select
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 from admin.app import create_app
 from engine import dispatch
@@ -44,14 +42,13 @@ from engine.models import messages
 from engine.orgs import create_org, create_user
 from engine.populate import refresh_appointment
 from gateway.contract import WebhookRequest
+from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import sandbox_headers
 
 pytestmark = pytest.mark.timeout(180)
 expect = sync_api.expect
 expect.set_options(timeout=15_000)  # generous on a loaded CI machine; a pass takes ~1 s per page
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "e2e"
 TZ = ZoneInfo("America/Sao_Paulo")
 CLINIC = "Clínica Bem Viver"
@@ -62,13 +59,6 @@ TEMPLATE_BODY = ("Olá {{ nome }}! Teste E2E: sua sessão com {{ profissional }}
                  "{{ data }} às {{ hora }}. Responda CONFIRMAR ou CANCELAR.")
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """No access-log line per static file; errors are still logged."""
-
-    def log_request(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
 @pytest.fixture
 def server(rt, clock) -> Iterator[str]:
     """The real app on a free loopback port, threaded, in a background thread."""
@@ -76,15 +66,8 @@ def server(rt, clock) -> Iterator[str]:
     # the appointment form is minute-precise) and only moves when this test moves it.
     clock.set(datetime.now(UTC).replace(second=0, microsecond=0))
     app = create_app(rt)
-    httpd = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="lembra-e2e-http", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_port}"
-    finally:
-        httpd.shutdown()
-        thread.join(timeout=10)
-        httpd.server_close()
+    with serve(app, "lembra-e2e-http") as url:
+        yield url
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ asks first (`data-lembra-confirm`) and the live template preview (a nonce'd scri
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,18 +20,16 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: `apt-get install chromium` to run the browser test", allow_module_level=True)
 
 from playwright import sync_api
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 from admin.app import create_app
 from engine.apikeys import create_key
 from engine.orgs import create_user
+from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import World
 
 pytestmark = pytest.mark.timeout(180)
 expect = sync_api.expect
 expect.set_options(timeout=15_000)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 EMAIL, PASSWORD = "dona@csp.com.br", "senha-forte-csp-1"
 #: Collects the page's CSP violations where the test can read them.
 RECORD_VIOLATIONS = """
@@ -43,23 +40,11 @@ document.addEventListener('securitypolicyviolation', function (e) {
 """
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
 @pytest.fixture
 def server(rt, clock) -> Iterator[str]:
     clock.set(datetime.now(UTC).replace(second=0, microsecond=0))
-    httpd = make_server("127.0.0.1", 0, create_app(rt), threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="lembra-csp-http", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_port}"
-    finally:
-        httpd.shutdown()
-        thread.join(timeout=10)
-        httpd.server_close()
+    with serve(create_app(rt), "lembra-csp-http") as url:
+        yield url
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ and saves a screenshot of every page under `test-artifacts/e2e/pages/<language>/
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,7 +29,6 @@ if not Path(CHROMIUM).exists():
 
 from playwright import sync_api
 from sqlalchemy import update
-from werkzeug.serving import make_server
 
 from admin.app import create_app
 from engine import dispatch
@@ -39,7 +37,7 @@ from engine.flows.runtime import advance_claimed, claim_due
 from engine.inbound import process_inbound, receive
 from engine.models import Base, channels
 from gateway.contract import WebhookRequest
-from tests.e2e.test_csp_browser import CHROMIUM_ARGS, _QuietHandler
+from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import sandbox_headers
 
 pytestmark = pytest.mark.timeout(600)
@@ -95,15 +93,8 @@ def demo(rt, clock) -> dict[str, int]:
 
 @pytest.fixture
 def server(rt, demo) -> Iterator[str]:
-    httpd = make_server("127.0.0.1", 0, create_app(rt), threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="lembra-walk-http", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_port}"
-    finally:
-        httpd.shutdown()
-        thread.join(timeout=10)
-        httpd.server_close()
+    with serve(create_app(rt), "lembra-walk-http") as url:
+        yield url
 
 
 def _pages(page, server: str) -> list[str]:

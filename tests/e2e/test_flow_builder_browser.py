@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,12 +37,12 @@ if not Path(CHROMIUM).exists():
 
 from playwright import sync_api
 from sqlalchemy import insert, select
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 from admin.app import create_app
 from engine import clock as engine_clock
 from engine.models import enrollments, flow_pointers, templates
 from engine.orgs import create_user
+from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import World
 from tests.flows.helpers import Flows
 
@@ -52,8 +51,6 @@ expect = sync_api.expect
 expect.set_options(timeout=15_000)
 
 # The same browser switches as tests/e2e/test_console_browser.py (one Chromium setup for the suite).
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "e2e" / "flow-builder"
 SCREENSHOT = ROOT / "docs" / "screenshots" / "flow-builder.png"
@@ -63,11 +60,6 @@ FLOW = "Pós-consulta: como você está?"
 TEMPLATE_BODY = "Olá {{ nome }}! Como você está depois da consulta? Se precisar, podemos remarcar o retorno."
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
 @pytest.fixture
 def server(rt, clock) -> Iterator[str]:
     """The real app on a free loopback port, threaded, in a background thread."""
@@ -75,15 +67,8 @@ def server(rt, clock) -> Iterator[str]:
     # the clinic's sending hours whenever the suite runs (the browser's own time does not matter here).
     clock.set(datetime(2026, 12, 1, 13, 0, tzinfo=UTC))
     app = create_app(rt)
-    httpd = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="lembra-e2e-builder", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_port}"
-    finally:
-        httpd.shutdown()
-        thread.join(timeout=10)
-        httpd.server_close()
+    with serve(app, "lembra-e2e-builder") as url:
+        yield url
 
 
 @pytest.fixture
