@@ -232,6 +232,10 @@ def test_end_to_end_on_postgres_and_redis_with_worker_processes(rt, clock, tmp_p
             procs.start("scheduler", ["scheduler"], env)
             wait_until(lambda: len(graph.sends()) >= 1, timeout=60, what="the reminder at the Graph fake",
                        on_fail=procs.logs)
+            # The row is marked sent after the call returns (its batch's calls, then one commit):
+            # the fake can hold the request a moment before the database says so.
+            wait_until(lambda: bool(world.messages(status="sent")), timeout=30, what="the reminder marked sent",
+                       on_fail=procs.logs)
             [reminder] = world.messages(status="sent")
             now_ts = int(time.time())
             post(client, channel_id, status_body(reminder.provider_message_id, "delivered", now_ts))
