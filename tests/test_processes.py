@@ -124,11 +124,16 @@ def test_two_workers_send_every_message_exactly_once(rt, backlog, procs, databas
 
 
 def test_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(rt, backlog, procs, database_url):
-    ids = backlog(80)
+    ids = backlog(300)
     _set_sandbox(rt, backlog.channel_id, delay_ms=150)
     short_lease = {"LEMBRA_LEASE_SECONDS": "3"}
-    [victim] = _start_workers(procs, database_url, 1, **short_lease)
-    scheduler = _start_scheduler(procs, database_url, **short_lease)
+    # Small claims and tasks: at most 20 rows are claimed at once, so most of the backlog is still
+    # unclaimed when the provider starts hanging, and later tasks surely load the hanging settings
+    # (a batch carries the channel settings it loaded; a whole small backlog could be in flight
+    # with the fast ones).
+    small = {"LEMBRA_CLAIM_BATCH": "20", "LEMBRA_SEND_BATCH": "5", "LEMBRA_MAX_IN_FLIGHT": "20"}
+    [victim] = _start_workers(procs, database_url, 1, **short_lease, **small)
+    scheduler = _start_scheduler(procs, database_url, **short_lease, **small)
 
     # After a few went out, make the provider hang, so that the kill surely finds sends in flight
     # (a kill timed against 150 ms sends can land between two of them on a loaded machine).
