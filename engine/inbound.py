@@ -3,7 +3,7 @@
 `receive` verifies and stores what a provider sent (nothing is stored when the signature or the
 body is bad; a retried webhook is a no-op); `process_inbound` then acts on each new patient
 message: SAIR opts out, OK/CONFIRMAR confirms, CANCELAR cancels the appointment the reminder was
-about. Status events move messages forward only (a late `delivered` never overwrites `read`).
+about. Status events go to engine/statuses.py.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from engine.models import (
     preferences,
     webhook_events,
 )
-from engine.outbox import enqueue, transition
+from engine.outbox import enqueue
 from engine.populate import refresh_appointment
 from engine.privacy.addresses import block_sender
 from engine.redact import redact
 from engine.runtime import Runtime
+from engine.statuses import apply_status
 from gateway.contract import (
     ConnectionEvent,
     InboundMessageEvent,
@@ -53,9 +54,6 @@ from gateway.errors import UnknownChannel
 from gateway.webhook_body import clean_json, clean_text
 
 log = logging.getLogger(__name__)
-
-STATUS_RANK = {"sending": 0, "unknown": 0, "sent": 1, "delivered": 2, "read": 3}
-STATUS_TIMESTAMP = {"delivered": "delivered_at", "read": "read_at"}
 
 
 @dataclass
@@ -172,50 +170,6 @@ def _cleaned(event: Any) -> Any:
     changes = {f.name: clean_text(value) for f in fields(event)
                if isinstance(value := getattr(event, f.name), str) and value != clean_text(value)}
     return replace(event, **changes) if changes else event
-
-
-def apply_status(conn: Connection, org_id: int, channel_id: int, event: StatusEvent) -> bool:
-    """Move a message forward on a provider status; duplicates and late arrivals change nothing.
-
-    A status for a message whose send outcome was `unknown` (the worker died mid-call) is found
-    through the reference the provider echoes back, and settles it."""
-    columns = (messages.c.id, messages.c.status, messages.c.contact_id, messages.c.channel_kind)
-    msg = conn.execute(
-        select(*columns).where(
-            messages.c.org_id == org_id, messages.c.channel_id == channel_id,
-            messages.c.provider_message_id == event.provider_message_id,
-        )
-    ).first()
-    if msg is None and event.reference and event.reference.isdigit():
-        msg = conn.execute(
-            select(*columns).where(messages.c.org_id == org_id, messages.c.channel_id == channel_id,
-                                   messages.c.id == int(event.reference), messages.c.status == "unknown")
-        ).first()
-        if msg is not None:
-            conn.execute(update(messages).where(messages.c.org_id == org_id, messages.c.id == msg.id)
-                         .values(provider_message_id=event.provider_message_id))
-    if msg is None:
-        return False
-    if event.opt_out:
-        # A complaint or an unsubscribe arrives whatever the message's state (often after
-        # `delivered`): the consent change stands even when the status does not move.
-        opt_out(conn, org_id, msg.contact_id, kinds=(msg.channel_kind,), source="provider",
-                evidence=f"provider status {event.error_code}")
-    if event.status == "failed":
-        if msg.status not in ("sending", "sent", "unknown"):
-            return event.opt_out
-        return transition(conn, org_id, msg.id, (msg.status,), "failed", "failed",
-                          values={"error_code": event.error_code or "provider_failed", "failed_at": event.timestamp},
-                          provider_status="failed", detail={"code": event.error_code})
-    if msg.status not in STATUS_RANK or STATUS_RANK[event.status] <= STATUS_RANK[msg.status]:
-        return False
-    values: dict[str, Any] = {}
-    if event.status in STATUS_TIMESTAMP:
-        values[STATUS_TIMESTAMP[event.status]] = event.timestamp
-    if msg.status == "unknown":
-        values["error_code"] = None
-    return transition(conn, org_id, msg.id, (msg.status,), event.status, event.status,
-                      values=values, provider_status=event.status)
 
 
 #: How old an unprocessed patient message must be before the scheduler pokes the workers again.

@@ -482,6 +482,26 @@ channel_pacing = ChannelPacing.__table__
 webhook_events = WebhookEvent.__table__
 
 
+class EarlyStatus(Base):
+    """A provider status that arrived before its send was recorded (engine/statuses.py)."""
+
+    __tablename__ = "early_statuses"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    channel_id: Mapped[int] = _fk("channels.id")
+    provider_message_id: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    occurred_at: Mapped[datetime]
+    error_code: Mapped[str | None] = mapped_column(Text)
+    error_permanent: Mapped[bool] = mapped_column(Boolean, default=True)
+    opt_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    reference: Mapped[str | None] = mapped_column(Text)
+    received_at: Mapped[datetime]
+
+
+early_statuses = EarlyStatus.__table__
+
+
 class ContactEvent(Base):
     __tablename__ = "contact_events"
     id: Mapped[int] = mapped_column(PK, primary_key=True)

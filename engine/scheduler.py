@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from engine import clock, dispatch, inbound, metrics
+from engine import clock, dispatch, inbound, metrics, statuses
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
 from engine.populate import PopulateResult, populate, populate_changed
@@ -56,6 +56,7 @@ class Tick:
     enrolled: int = 0
     retained: int = 0
     repoked: int = 0
+    settled: int = 0  # provider statuses that had arrived before their send was recorded
 
 
 class Scheduler:
@@ -111,9 +112,11 @@ class Scheduler:
                 break
         lost, advanced = self._tick_flows()
         repoked = self._repoke_inbound()
+        settled = statuses.settle_early(self.rt)
         retained = self.retention.maybe_run()
         return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
-                    advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained, repoked=repoked)
+                    advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained, repoked=repoked,
+                    settled=settled)
 
     def populating(self) -> bool:
         """Whether a background populate pass is running."""
