@@ -15,12 +15,12 @@ from datetime import time as dt_time
 from typing import Any, Sequence
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import case, type_coerce, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.dispatch import batch as batches
 from engine.dispatch.claim import WORKER_ID
+from engine.dialect import update_per_row
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
 from engine.models import messages
 from engine.optout_links import OptOutTarget, make_url
@@ -186,24 +186,18 @@ def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datet
         return {}
     m = messages.c
     by_id = {item.msg.id: item for item in ready}
-
-    def per_row(column: Any, value: Any) -> Any:
-        return type_coerce(case({mid: value(item) for mid, item in by_id.items()}, value=m.id), column.type)
-
-    leases = {item.send_at for item in ready}
-    lease_until = (now + rt.settings.lease) if leases == {None} else \
-        per_row(m.lease_until, lambda item: (item.send_at or now) + rt.settings.lease)
-    rows = conn.execute(
-        update(messages)
-        .where(m.id.in_(list(by_id)), m.org_id.in_(sorted({item.msg.org_id for item in ready})),
-               m.status == "claimed")
-        .values(status="sending", attempts=m.attempts + 1, claimed_by=WORKER_ID, updated_at=now,
-                lease_until=lease_until,
-                channel_id=per_row(m.channel_id, lambda item: item.channel.id),
-                subject=per_row(m.subject, lambda item: item.rendered.outbound.subject),
-                body=per_row(m.body, lambda item: item.rendered.outbound.text))
-        .returning(m.id, m.attempts)
-    ).all()
+    paced = any(item.send_at is not None for item in ready)
+    per_row = {
+        mid: {"channel_id": item.channel.id, "subject": item.rendered.outbound.subject,
+              "body": item.rendered.outbound.text,
+              **({"lease_until": (item.send_at or now) + rt.settings.lease} if paced else {})}
+        for mid, item in by_id.items()}
+    rows = update_per_row(
+        conn, messages, per_row,
+        where=[m.org_id.in_(sorted({item.msg.org_id for item in ready})), m.status == "claimed"],
+        values={"status": "sending", "attempts": m.attempts + 1, "claimed_by": WORKER_ID, "updated_at": now,
+                **({} if paced else {"lease_until": now + rt.settings.lease})},
+        returning=[m.id, m.attempts])
     moved = {row.id: row.attempts for row in rows}
     record_event_rows(conn, [
         {"org_id": by_id[mid].msg.org_id, "message_id": mid, "event": "sending", "attempt": attempt,

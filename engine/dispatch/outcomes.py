@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
-from sqlalchemy import case, select, type_coerce, update
+from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock, metrics
 from engine.channels import default_channel
+from engine.dialect import update_per_row
 from engine.inbox import open_inbox_item
 from engine.models import channels, contacts, messages, reminder_rule_kinds
 from engine.outbox import record_event_rows, transition
@@ -43,17 +44,13 @@ def record_sent(rt: Runtime, sent: Sequence[Sent]) -> set[int]:
     now = clock.now()
     m = messages.c
     by_id = {s.prepared.message_id: s for s in sent}
-    provider_ids = type_coerce(case({mid: s.result.provider_message_id for mid, s in by_id.items()}, value=m.id),
-                               m.provider_message_id.type)
     with rt.db.begin() as conn:
-        rows = conn.execute(
-            update(messages)
-            .where(m.id.in_(list(by_id)), m.org_id.in_(sorted({s.prepared.org_id for s in sent})),
-                   m.status.in_(("sending", "unknown")))
-            .values(status="sent", provider_message_id=provider_ids, sent_at=now, lease_until=None,
-                    error_code=None, error_detail=None, updated_at=now)
-            .returning(m.id, m.due_at, m.channel_kind)
-        ).all()
+        rows = update_per_row(
+            conn, messages, {mid: {"provider_message_id": s.result.provider_message_id} for mid, s in by_id.items()},
+            where=[m.org_id.in_(sorted({s.prepared.org_id for s in sent})), m.status.in_(("sending", "unknown"))],
+            values={"status": "sent", "sent_at": now, "lease_until": None, "error_code": None,
+                    "error_detail": None, "updated_at": now},
+            returning=[m.id, m.due_at, m.channel_kind])
         record_event_rows(conn, [
             {"org_id": by_id[row.id].prepared.org_id, "message_id": row.id, "event": "sent",
              "attempt": by_id[row.id].prepared.attempt, "provider_status": by_id[row.id].result.provider_status,
