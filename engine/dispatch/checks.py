@@ -18,9 +18,9 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.engine import Connection
 
 from engine import clock
+from engine.dialect import update_per_row
 from engine.dispatch import batch as batches
 from engine.dispatch.claim import WORKER_ID
-from engine.dialect import update_per_row
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
 from engine.models import messages
 from engine.optout_links import OptOutTarget, make_url
