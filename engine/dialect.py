@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from sqlalchemy import Table, bindparam, case, func, type_coerce, update
+from sqlalchemy import Table, bindparam, case, func, insert, select, type_coerce, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -39,6 +39,39 @@ def epoch_seconds(column: Any) -> Any:
     return cast(extract("epoch", column), BigInteger)
 
 
+#: SQLite's (older builds') limit of bound parameters per statement.
+SQLITE_MAX_PARAMS = 999
+
+
+def _array_rows(table: Table, columns: Sequence[str]) -> Any:
+    """PostgreSQL: `unnest(:row_<col>, …) AS row_values(<col>, …)`, a table of rows from one array
+    parameter per column, typed as the table's columns: one statement text for any row count, so
+    SQLAlchemy compiles it once (a multi-row VALUES or a per-row CASE is compiled for every batch)."""
+    return func.unnest(
+        *[bindparam(f"row_{name}", type_=postgresql.ARRAY(table.c[name].type)) for name in columns],
+    ).table_valued(*columns).render_derived(name="row_values")
+
+
+def _array_params(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dict[str, list[Any]]:
+    return {f"row_{name}": [row[name] for row in rows] for name in columns}
+
+
+def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """INSERT `rows` (each naming the same columns): PostgreSQL selects them from arrays, SQLite
+    takes multi-row VALUES (not executemany: the driver would send one statement per row)."""
+    if not rows:
+        return
+    columns = list(rows[0])
+    if conn.dialect.name == "postgresql":
+        arrays = _array_rows(table, columns)
+        stmt = insert(table).from_select(columns, select(*[arrays.c[name] for name in columns]))
+        conn.execute(stmt, _array_params(rows, columns))
+        return
+    per_statement = SQLITE_MAX_PARAMS // len(columns)
+    for start in range(0, len(rows), per_statement):
+        conn.execute(insert(table).values(list(rows[start:start + per_statement])))
+
+
 def update_per_row(
     conn: Connection,
     table: Table,
@@ -52,21 +85,18 @@ def update_per_row(
     the columns its mapping names (every mapping names the same ones), the same `values` for
     the rest, under `where`; returns the `returning` columns of the rows that changed.
 
-    PostgreSQL joins the rows as arrays (`UPDATE … FROM unnest(…)`): one statement text for any
-    batch, compiled once; SQLite, a CASE on the id per column."""
+    PostgreSQL joins the rows from arrays (`UPDATE … FROM unnest(…)`); SQLite, a CASE on the id
+    per column."""
     if not rows:
         return []
     ids = list(rows)
     columns = list(next(iter(rows.values())))
     key = table.c.id
     if conn.dialect.name == "postgresql":
-        arrays = func.unnest(
-            bindparam("row_id", type_=postgresql.ARRAY(key.type)),
-            *[bindparam(f"row_{name}", type_=postgresql.ARRAY(table.c[name].type)) for name in columns],
-        ).table_valued("id", *columns).render_derived(name="row_values")
+        arrays = _array_rows(table, ["id", *columns])
         stmt = (update(table).where(key == arrays.c.id, *where)
                 .values(**values, **{name: arrays.c[name] for name in columns}).returning(*returning))
-        params = {"row_id": ids, **{f"row_{name}": [rows[i][name] for i in ids] for name in columns}}
+        params = _array_params([{"id": i, **rows[i]} for i in ids], ["id", *columns])
         return list(conn.execute(stmt, params).all())
     per_row = {name: type_coerce(case({i: rows[i][name] for i in ids}, value=key), table.c[name].type)
                for name in columns}

@@ -5,20 +5,16 @@ same transaction. Any actor may run twice; only one of two racing transitions wi
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import and_, insert, select, text, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine import clock, metrics
-from engine.dialect import insert_ignore
+from engine.dialect import insert_ignore, insert_rows
 from engine.models import OPEN_STATUSES, message_events, messages
-
-#: Rows per multi-row INSERT of events: 7 parameters a row keeps it under the 999 of older SQLite builds.
-EVENT_ROWS_PER_STATEMENT = 140
 
 
 def record_events(
@@ -51,47 +47,15 @@ def record_events(
     record_event_rows(conn, rows)
 
 
-#: PostgreSQL: any number of event rows in one statement of constant text, one array per column.
-#: A multi-row VALUES would be compiled again for every batch (SQLAlchemy cannot cache one), which
-#: cost a worker about a fifth of its CPU.
-_INSERT_EVENT_ARRAYS = text(
-    "INSERT INTO message_events (org_id, message_id, event, attempt, provider_status, detail, created_at) "
-    "SELECT * FROM unnest(CAST(:org_ids AS bigint[]), CAST(:message_ids AS bigint[]), CAST(:events AS text[]), "
-    "CAST(:attempts AS integer[]), CAST(:provider_statuses AS text[]), CAST(CAST(:details AS text[]) AS jsonb[]), "
-    "CAST(:created AS timestamptz[]))"
-)
-
-
 def record_event_rows(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
     """Append `message_events` rows, each a full row (org_id, message_id, event, attempt,
     provider_status, detail, created_at): what a batch writes when its rows differ."""
-    if not rows:
-        return
-    if conn.dialect.name == "postgresql":
-        conn.execute(_INSERT_EVENT_ARRAYS, {
-            "org_ids": [row["org_id"] for row in rows],
-            "message_ids": [row["message_id"] for row in rows],
-            "events": [row["event"] for row in rows],
-            "attempts": [row["attempt"] for row in rows],
-            "provider_statuses": [row["provider_status"] for row in rows],
-            "details": [None if row["detail"] is None else json.dumps(row["detail"]) for row in rows],
-            "created": [_aware(row["created_at"]) for row in rows],
-        })
-    else:
-        # Multi-row INSERTs, not executemany: the driver would send one statement per row.
-        for start in range(0, len(rows), EVENT_ROWS_PER_STATEMENT):
-            conn.execute(insert(message_events).values(list(rows[start:start + EVENT_ROWS_PER_STATEMENT])))
+    insert_rows(conn, message_events, rows)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["event"]] = counts.get(row["event"], 0) + 1
     for event, count in counts.items():
         metrics.message_events(event, count)
-
-
-def _aware(at: datetime) -> datetime:
-    if at.tzinfo is None:
-        raise ValueError("naive datetime for a timestamptz column")  # what UTCDateTime refuses too
-    return at
 
 
 def transition(
