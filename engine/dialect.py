@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Table, bindparam, case, func, insert, select, type_coerce, update
+from sqlalchemy import Table, any_, bindparam, case, func, insert, select, type_coerce, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 
 def insert_ignore(conn: Connection, table: Table, conflict_columns: Sequence[str]) -> Any:
@@ -37,6 +38,17 @@ def epoch_seconds(column: Any) -> Any:
     from sqlalchemy import BigInteger, cast, extract
 
     return cast(extract("epoch", column), BigInteger)
+
+
+def in_values(conn: Connection, column: Any, values: Iterable[Any]) -> ColumnElement[bool]:
+    """`column IN (values)` with one statement text for any number of values: `= ANY(:array)` on
+    PostgreSQL, so that SQLAlchemy renders the statement once and psycopg prepares it once (an
+    IN list is rendered again for every batch and is a new statement to the server for every
+    count of values). SQLite keeps the IN list."""
+    values = list(values)
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam(None, values, type_=postgresql.ARRAY(column.type)))
+    return column.in_(values)
 
 
 #: SQLite's (older builds') limit of bound parameters per statement.

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
+from engine.dialect import in_values
 from engine.models import templates
 from engine.render import TemplateError, reminder_variables, render_html, render_text
 from gateway.contract import Button, OutboundMessage, TemplateRef
@@ -42,10 +43,10 @@ def find_templates(conn: Connection, wanted: set[tuple[int, str, str, str]]) -> 
     org_ids = sorted({w[0] for w in wanted})
     rows = conn.execute(
         select(templates).where(
-            or_(templates.c.org_id.in_(org_ids), templates.c.org_id.is_(None)),
-            templates.c.key.in_(sorted({w[1] for w in wanted})),
-            templates.c.channel_kind.in_(sorted({w[2] for w in wanted})),
-            templates.c.locale.in_(sorted({w[3] for w in wanted} | {"pt_BR"})),
+            or_(in_values(conn, templates.c.org_id, org_ids), templates.c.org_id.is_(None)),
+            in_values(conn, templates.c.key, sorted({w[1] for w in wanted})),
+            in_values(conn, templates.c.channel_kind, sorted({w[2] for w in wanted})),
+            in_values(conn, templates.c.locale, sorted({w[3] for w in wanted} | {"pt_BR"})),
         ).order_by(templates.c.id)
     ).all()
     found: dict[tuple[int, str, str, str], Any] = {}

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Connection
 
+from engine.dialect import in_values
 from engine.models import (
     address_optouts,
     appointments,
@@ -77,13 +78,13 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
     """The claimed messages among `message_ids` (in that order) and everything their checks read."""
     order = {mid: i for i, mid in enumerate(message_ids)}
     rows = conn.execute(
-        select(messages).where(messages.c.id.in_(list(order)), messages.c.status == "claimed")
+        select(messages).where(in_values(conn, messages.c.id, order), messages.c.status == "claimed")
     ).all()
     batch = Batch(messages=sorted(rows, key=lambda r: order[r.id]))
     if not rows:
         return batch
     org_ids = sorted({r.org_id for r in rows})
-    batch.orgs = {o.id: o for o in conn.execute(select(orgs).where(orgs.c.id.in_(org_ids)))}
+    batch.orgs = {o.id: o for o in conn.execute(select(orgs).where(in_values(conn, orgs.c.id, org_ids)))}
     batch.contacts = _by_key(conn, contacts, org_ids, {r.contact_id for r in rows})
     appointment_ids = {r.appointment_id for r in rows if r.appointment_id is not None}
     if appointment_ids:
@@ -92,15 +93,15 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
     if rule_ids:
         batch.triggers = {(r.org_id, r.id): r.trigger for r in conn.execute(
             select(reminder_rules.c.org_id, reminder_rules.c.id, reminder_rules.c.trigger).where(
-                reminder_rules.c.org_id.in_(org_ids), reminder_rules.c.id.in_(sorted(rule_ids))))}
+                in_values(conn, reminder_rules.c.org_id, org_ids), in_values(conn, reminder_rules.c.id, sorted(rule_ids))))}
     enrollment_ids = {r.enrollment_id for r in rows if r.enrollment_id is not None}
     if enrollment_ids:
         batch.run_statuses = {(r.org_id, r.id): r.status for r in conn.execute(
             select(enrollments.c.org_id, enrollments.c.id, enrollments.c.status).where(
-                enrollments.c.org_id.in_(org_ids), enrollments.c.id.in_(sorted(enrollment_ids))))}
+                in_values(conn, enrollments.c.org_id, org_ids), in_values(conn, enrollments.c.id, sorted(enrollment_ids))))}
     batch.refusals = refusals(conn, batch.contacts, {(r.org_id, r.contact_id, r.channel_kind) for r in rows},
                               keyring=keyring)
-    for channel in conn.execute(select(channels).where(channels.c.org_id.in_(org_ids))
+    for channel in conn.execute(select(channels).where(in_values(conn, channels.c.org_id, org_ids))
                                 .order_by(channels.c.is_default.desc(), channels.c.id)):
         batch.channels.setdefault((channel.org_id, channel.kind), []).append(channel)
     wanted = set()
@@ -116,7 +117,7 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
 
 def _by_key(conn: Connection, table: Any, org_ids: Sequence[int], ids: Iterable[int]) -> dict[Key, Any]:
     return {(row.org_id, row.id): row for row in conn.execute(
-        select(table).where(table.c.org_id.in_(org_ids), table.c.id.in_(sorted(ids))))}
+        select(table).where(in_values(conn, table.c.org_id, org_ids), in_values(conn, table.c.id, sorted(ids))))}
 
 
 def last_inbound(conn: Connection, org_ids: Sequence[int], contact_ids: Iterable[int]) -> dict[tuple[int, int, int], datetime]:
@@ -124,7 +125,7 @@ def last_inbound(conn: Connection, org_ids: Sequence[int], contact_ids: Iterable
     im = inbound_messages.c
     return {(r.org_id, r.channel_id, r.contact_id): r.last for r in conn.execute(
         select(im.org_id, im.channel_id, im.contact_id, func.max(im.received_at).label("last"))
-        .where(im.org_id.in_(list(org_ids)), im.contact_id.in_(sorted(set(contact_ids))))
+        .where(in_values(conn, im.org_id, org_ids), in_values(conn, im.contact_id, sorted(set(contact_ids))))
         .group_by(im.org_id, im.channel_id, im.contact_id))}
 
 
@@ -140,7 +141,7 @@ def refusals(conn: Connection, contact_rows: dict[Key, Any], wanted: set[tuple[i
     p = preferences.c
     consent = {(r.org_id, r.contact_id, r.kind): r for r in conn.execute(
         select(p.org_id, p.contact_id, p.kind, p.opted_in, p.opted_out_at).where(
-            p.org_id.in_(org_ids), p.contact_id.in_(contact_ids)))}
+            in_values(conn, p.org_id, org_ids), in_values(conn, p.contact_id, contact_ids)))}
     found: dict[tuple[int, int], list[addresses.Address]] = {}
     for org, cid, _ in wanted:
         row = contact_rows.get((org, cid))
@@ -175,7 +176,7 @@ def _optouts(conn: Connection, org_ids: Sequence[int], values: Sequence[str]) ->
     """The orgs' address refusals of these values, and any hashed ones (an erased person's)."""
     ao = address_optouts.c
     return conn.execute(select(ao.org_id, ao.address_kind, ao.value, ao.channel_kind).where(
-        ao.org_id.in_(list(org_ids)), or_(ao.value.in_(list(values)), ao.value.is_(None)))).all()
+        in_values(conn, ao.org_id, org_ids), or_(in_values(conn, ao.value, values), ao.value.is_(None)))).all()
 
 
 def refusal(conn: Connection, org_id: int, contact_id: int, kind: str, *, keyring: Any = None) -> str | None:

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.dialect import update_per_row
+from engine.dialect import in_values, update_per_row
 from engine.dispatch import batch as batches
 from engine.dispatch.claim import WORKER_ID
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
@@ -194,7 +194,7 @@ def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datet
         for mid, item in by_id.items()}
     rows = update_per_row(
         conn, messages, per_row,
-        where=[m.org_id.in_(sorted({item.msg.org_id for item in ready})), m.status == "claimed"],
+        where=[in_values(conn, m.org_id, sorted({item.msg.org_id for item in ready})), m.status == "claimed"],
         values={"status": "sending", "attempts": m.attempts + 1, "claimed_by": WORKER_ID, "updated_at": now,
                 **({} if paced else {"lease_until": now + rt.settings.lease})},
         returning=[m.id, m.attempts])

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from engine import clock, metrics
 from engine.channels import default_channel
-from engine.dialect import update_per_row
+from engine.dialect import in_values, update_per_row
 from engine.inbox import open_inbox_item
 from engine.models import channels, contacts, messages, reminder_rule_kinds
 from engine.outbox import record_event_rows, transition
@@ -47,7 +47,8 @@ def record_sent(rt: Runtime, sent: Sequence[Sent]) -> set[int]:
     with rt.db.begin() as conn:
         rows = update_per_row(
             conn, messages, {mid: {"provider_message_id": s.result.provider_message_id} for mid, s in by_id.items()},
-            where=[m.org_id.in_(sorted({s.prepared.org_id for s in sent})), m.status.in_(("sending", "unknown"))],
+            where=[in_values(conn, m.org_id, sorted({s.prepared.org_id for s in sent})),
+                   m.status.in_(("sending", "unknown"))],
             values={"status": "sent", "sent_at": now, "lease_until": None, "error_code": None,
                     "error_detail": None, "updated_at": now},
             returning=[m.id, m.due_at, m.channel_kind])
