@@ -86,6 +86,19 @@ def test_en_locale() -> None:
     assert out == "See you on Saturday, March 21, 2026 at 2:00 PM"
 
 
+@pytest.mark.parametrize("locale", ["pt_BR", "pt_PT", "en", "en_GB", "es", "fr", "de", "ja"])
+def test_the_day_and_month_are_babels_skeleton_in_every_locale(locale: str) -> None:
+    # The pattern is matched once per locale; it must stay what format_skeleton gives.
+    from zoneinfo import ZoneInfo
+
+    from babel.dates import format_skeleton
+
+    tz = ZoneInfo("America/Sao_Paulo")
+    for starts in (STARTS_AT, datetime(2026, 12, 3, 2, 0, tzinfo=UTC)):
+        expected = format_skeleton("ddMM", starts.astimezone(tz), tzinfo=tz, locale=locale)
+        assert _variables(locale=locale, starts_at=starts)["data"] == expected.replace("\u202f", " ").replace("\xa0", " ")
+
+
 def test_locale_with_hyphen_is_accepted() -> None:
     assert _variables(locale="pt-BR")["data_completa"] == "sábado, 21 de março de 2026"
 
