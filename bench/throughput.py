@@ -814,6 +814,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--populate-interval", default="60", help="LEMBRA_POPULATE_INTERVAL of the scheduler")
     p.add_argument("--send-batch", default=None, help="LEMBRA_SEND_BATCH (engine default when unset)")
     p.add_argument("--claim-batch", default=None, help="LEMBRA_CLAIM_BATCH (engine default when unset)")
+    p.add_argument("--send-concurrency", default=None,
+                   help="LEMBRA_SEND_CONCURRENCY, provider calls in flight per worker process (engine default when unset)")
     p.add_argument("--py-spy", type=float, default=0, metavar="SECONDS",
                    help="record this many seconds of one worker process with py-spy (--gil: samples holding the GIL, i.e. Python CPU) once sending starts")
     p.add_argument("--db-name", default="lembra_bench")
@@ -1161,7 +1163,8 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
         log(f"in-process phase: {args.inline:,} more messages through the engine here, counting statements")
         report["inline"] = run_inline(args, conninfo, database_url, secret_keys, tz, fake)
     if fake is not None and args.wire_seconds > 0 and fake_stats and fake_stats.get("sample_body"):
-        log(f"bare wire: requests, {args.workers} process(es) x {args.threads} threads, {args.wire_seconds:.0f}s")
+        log(f"bare wire: requests, {args.workers} process(es) x {calls_in_flight(args)} threads "
+            f"(the workers' provider calls in flight), {args.wire_seconds:.0f}s")
         report["wire"] = measure_wire(args, fake, fake_stats)
         lembra_rate = report["send"].get("messages_per_s_first_to_last_sent") or 0
         report["wire"]["lembra_fraction_of_wire"] = round(lembra_rate / max(report["wire"]["messages_per_s"], 1e-9), 3)
@@ -1183,7 +1186,19 @@ def engine_env(args: argparse.Namespace, database_url: str, secret_keys: str) ->
         env["LEMBRA_SEND_BATCH"] = args.send_batch
     if args.claim_batch:
         env["LEMBRA_CLAIM_BATCH"] = args.claim_batch
+    if args.send_concurrency:
+        env["LEMBRA_SEND_CONCURRENCY"] = args.send_concurrency
     return env
+
+
+def calls_in_flight(args: argparse.Namespace) -> int:
+    """Provider calls one worker process has in flight at most: its actor threads share one pool
+    of `LEMBRA_SEND_CONCURRENCY` threads, so the bare wire runs that many threads per process."""
+    from engine.config import Settings
+
+    concurrency = int(args.send_concurrency or Settings().send_concurrency)
+    batch = int(args.send_batch or Settings().send_batch)
+    return max(1, min(concurrency, args.threads * batch))
 
 
 def _rss_growth(rss_at: dict[str, dict[str, float]]) -> float | None:
@@ -1364,13 +1379,14 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
 
 
 def measure_wire(args: argparse.Namespace, fake: FakeProcess, fake_stats: dict[str, Any]) -> dict[str, Any]:
-    """The bare `requests` baseline (bench/wire.py) against the same fake, same W x T."""
+    """The bare `requests` baseline (bench/wire.py) against the same fake: the same W processes,
+    each with as many threads as a worker process has provider calls in flight."""
     from wire import run_wire
 
     url = f"http://127.0.0.1:{fake.port}{fake_stats['sample_path']}"
     machine0, fake0 = psutil.cpu_times(), fake.cpu_seconds()
     wall0 = time.monotonic()
-    out = run_wire(url, fake_stats["sample_body"], processes=args.workers, threads=args.threads,
+    out = run_wire(url, fake_stats["sample_body"], processes=args.workers, threads=calls_in_flight(args),
                    seconds=args.wire_seconds)
     wall = time.monotonic() - wall0
     machine1 = psutil.cpu_times()
