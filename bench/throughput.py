@@ -1196,8 +1196,9 @@ def calls_in_flight(args: argparse.Namespace) -> int:
     of `LEMBRA_SEND_CONCURRENCY` threads, so the bare wire runs that many threads per process."""
     from engine.config import Settings
 
-    concurrency = int(args.send_concurrency or Settings().send_concurrency)
-    batch = int(args.send_batch or Settings().send_batch)
+    defaults = Settings()
+    concurrency = int(args.send_concurrency or defaults.send_concurrency)
+    batch = int(args.send_batch or defaults.send_batch)
     return max(1, min(concurrency, args.threads * batch))
 
 

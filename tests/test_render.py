@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
-
 from zoneinfo import ZoneInfo
 
 import pytest
