@@ -12,6 +12,7 @@ import click
 from sqlalchemy import func, select
 
 from engine.config import ENV_VARS, ConfigError, Settings
+from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS
 
 EXIT_CONFIG = 2
 
@@ -99,7 +100,8 @@ def main() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Seed the demo clinic on first start.")
-@click.option("--threads", default=4, show_default=True, type=int, help="Worker threads.")
+@click.option("--threads", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Worker threads for sends, and as many for replies and follow-up steps.")
 def up(host: str, port: int, demo: bool, threads: int) -> None:
     from admin.embedded import Embedded
     from engine import demo as demo_seed
@@ -153,17 +155,20 @@ def web(bind: str, workers: int) -> None:
                    "that dies is replaced (with a backoff) while the others keep working; SIGTERM or "
                    "Ctrl+C stops them gracefully. Exits 1 if one keeps dying at start.")
 @click.option("--processes", default=2, show_default=True, type=click.IntRange(min=1))
-@click.option("--threads", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=SEND_THREADS, show_default=True, type=click.IntRange(min=1),
+              help="Threads per process taking send tasks (each task's provider calls run in parallel).")
+@click.option("--conversation-threads", default=CONVERSATION_THREADS, show_default=True, type=click.IntRange(min=1),
+              help="Threads per process taking patient replies and follow-up steps, apart from the sends.")
 @click.option("--shutdown-timeout", default=600, show_default=True, type=click.FloatRange(min=0),
               help="Seconds a graceful stop waits for the messages being worked on.")
-def worker(processes: int, threads: int, shutdown_timeout: float) -> None:
+def worker(processes: int, threads: int, conversation_threads: int, shutdown_timeout: float) -> None:
     settings = _settings()
     if settings.broker_kind == "stub":
         fail("lembra worker needs BROKER_URL (redis:// or amqp://); the embedded default runs workers in `lembra up`")
     _runtime(check_broker=True).close()
     # The supervisor (engine/supervisor.py) replaces this process, so what stays is small.
     child = [sys.executable, "-m", "engine.worker_process", "--threads", str(threads),
-             "--shutdown-timeout", str(shutdown_timeout)]
+             "--conversation-threads", str(conversation_threads), "--shutdown-timeout", str(shutdown_timeout)]
     os.execv(sys.executable, [sys.executable, "-m", "engine.supervisor", "--processes", str(processes), "--", *child])
 
 
@@ -184,10 +189,10 @@ def scheduler(once: bool) -> None:
     if rt.settings.broker_kind == "stub":
         embedded = Embedded(rt)
         if once:
-            embedded.worker.start()
+            embedded.start_workers()
             tick = embedded.scheduler.tick(force_populate=True)
             embedded.drain()
-            embedded.worker.stop()
+            embedded.stop_workers()
             click.echo(f"claimed {tick.claimed} message(s)")
             return
         embedded.start()

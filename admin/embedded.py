@@ -8,19 +8,20 @@ import socket
 import threading
 from typing import Sequence
 
-import dramatiq
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from admin.app import create_app
 from engine.broker import setup_broker
 from engine.runtime import Runtime, install
 from engine.scheduler import Scheduler
+from engine.worker_pools import WorkerPools, start_pools
 
 log = logging.getLogger(__name__)
 
 
 class Embedded:
-    """Scheduler thread + Dramatiq worker threads (+ optionally the web server) in-process."""
+    """Scheduler thread + Dramatiq worker threads (+ optionally the web server) in-process.
+    `worker_threads` threads take sends and as many take replies and follow-up steps."""
 
     def __init__(self, rt: Runtime, *, worker_threads: int = 4) -> None:
         self.rt = rt
@@ -29,7 +30,8 @@ class Embedded:
         import engine.actors as actors
 
         self.actors = actors
-        self.worker = dramatiq.Worker(self.broker, worker_threads=worker_threads)
+        self.worker_threads = worker_threads
+        self.pools: WorkerPools | None = None
         self.scheduler = Scheduler(rt, self.enqueue_send, self.enqueue_flows, self.enqueue_inbound)
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -45,7 +47,7 @@ class Embedded:
 
     def start(self) -> None:
         """Start workers and the scheduler loop in background threads."""
-        self.worker.start()
+        self.start_workers()
         thread = threading.Thread(target=self.scheduler.run, args=(self.stop_event,), name="scheduler", daemon=True)
         thread.start()
         self._threads.append(thread)
@@ -55,13 +57,26 @@ class Embedded:
         """Wait until every queued task has been processed (stub broker only)."""
         for queue in self.broker.get_declared_queues():
             self.broker.join(queue)
-        self.worker.join()
+        if self.pools is not None:
+            self.pools.join()
 
     def stop(self) -> None:
         self.stop_event.set()
         for thread in self._threads:
             thread.join(timeout=10)
-        self.worker.stop()
+        self.stop_workers()
+
+    def start_workers(self) -> None:
+        """Start the worker threads alone (the scheduler runs its passes itself)."""
+        if self.pools is None:
+            self.pools = start_pools(self.broker, send_threads=self.worker_threads,
+                                     conversation_threads=self.worker_threads)
+
+    def stop_workers(self) -> None:
+        """Stop the worker threads gracefully (the work they hold finishes first)."""
+        if self.pools is not None:
+            self.pools.stop()
+            self.pools = None
 
     def listen(self, host: str, port: int) -> BaseWSGIServer:
         """Bind the web console's socket (an OSError when the port is taken), not yet serving."""

@@ -1,7 +1,7 @@
 """Throughput benchmark: populate, then send N reminders through real worker processes.
 
-    .venv/bin/python bench/throughput.py --appointments 100000 --workers 2 --threads 8
-    .venv/bin/python bench/throughput.py --provider http-fake --appointments 50000 --workers 2 --threads 8
+    .venv/bin/python bench/throughput.py --appointments 100000 --workers 2
+    .venv/bin/python bench/throughput.py --provider http-fake --appointments 50000 --workers 2
     .venv/bin/python bench/throughput.py --provider http-fake --appointments 20000 --scale 1,2,4
     .venv/bin/python bench/throughput.py --provider http-fake --rate 200 --duration 60
     .venv/bin/python bench/throughput.py --populate-only --appointments 1000000 --rules 2
@@ -26,8 +26,8 @@ What it does (see docs/benchmarks.md for the figures and how to read them):
 5. `--inline N` (default 1000): claims N more messages and sends them in this process through
    `engine.dispatch.send_batch` (when the engine has it) or `send_one` per id, with every SQL
    statement counted (an executemany counts as its parameter sets) and PostgreSQL's commits;
-6. with the fake, the bare wire (bench/wire.py): plain `requests` from the same W processes x T
-   threads posting the body Lembra posted, for `--wire-seconds`; Lembra's rate is printed as a
+6. with the fake, the bare wire (bench/wire.py): plain `requests` from the same W processes, each
+   with as many threads as it has provider calls in flight, posting the body Lembra posted, for `--wire-seconds`; Lembra's rate is printed as a
    fraction of it (the issue's goal: >= 60 %);
 7. prints messages/s, lateness (sent_at - due_at) percentiles computed in SQL, the duplicate /
    lost / unsent checks, statements and commits per message, RSS, CPU per message and share of
@@ -76,6 +76,7 @@ from engine.migrate import upgrade  # noqa: E402
 from engine.models import reminder_rule_kinds, reminder_rules  # noqa: E402
 from engine.orgs import create_org  # noqa: E402
 from engine.populate import populate, populate_changed  # noqa: E402
+from engine.worker_pools import SEND_THREADS  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 
 UTC = timezone.utc
@@ -800,7 +801,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contacts-per-appointment", type=float, default=0.5,
                    help="contacts created per appointment (0.5: a patient has two appointments on average)")
     p.add_argument("--workers", type=int, default=2, help="dramatiq worker processes")
-    p.add_argument("--threads", type=int, default=8, help="threads per worker process")
+    p.add_argument("--threads", type=int, default=SEND_THREADS, help="send threads per worker process")
     p.add_argument("--worker-layout", choices=("single", "separate"), default="single",
                    help="single: one `lembra worker --processes W`; separate: W x `lembra worker --processes 1`")
     p.add_argument("--populate-only", action="store_true", help="load and time populate, send nothing")

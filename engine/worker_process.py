@@ -1,7 +1,8 @@
-"""One Dramatiq worker process: `python -m engine.worker_process --threads N`.
+"""One Dramatiq worker process: `python -m engine.worker_process --threads N --conversation-threads M`
+(N threads for sends, M for patient replies and follow-up steps: engine/worker_pools.py).
 
-`lembra worker` starts N of these and replaces any that dies (engine/supervisor.py). It does what
-one child of the `dramatiq` command does (boot the broker, run a `dramatiq.Worker`, stop it
+`lembra worker --processes P` starts P of these and replaces any that dies (engine/supervisor.py). It does what
+one child of the `dramatiq` command does (boot the broker, run its `dramatiq.Worker`s, stop them
 gracefully on SIGTERM) without the `dramatiq` main process, whose answer to a dead child is to stop
 every sibling and exit.
 
@@ -20,6 +21,8 @@ import os
 import signal
 import sys
 import threading
+
+from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS
 
 #: Exit codes, as the `dramatiq` command uses them.
 RET_OK, RET_CONFIG, RET_CONNECT = 0, 2, 3
@@ -45,7 +48,9 @@ def _stop_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.worker_process")
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=SEND_THREADS, help="threads taking send tasks")
+    parser.add_argument("--conversation-threads", type=int, default=CONVERSATION_THREADS,
+                        help="threads taking patient replies and follow-up steps")
     parser.add_argument("--shutdown-timeout", type=float, default=600.0,
                         help="seconds a graceful stop waits for the messages being worked on")
     args = parser.parse_args(argv)
@@ -57,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     if supervised:
         _stop_with_parent(int(os.environ[SUPERVISOR_PID_ENV]))
 
-    from dramatiq import Worker
-
     try:
         from dramatiq.errors import BrokerConnectionError
     except ImportError:  # dramatiq < 2.1
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.broker import setup_broker
     from engine.config import ConfigError, Settings
     from engine.logs import configure
+    from engine.worker_pools import start_pools
 
     try:
         settings = Settings.from_env()
@@ -77,17 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         broker = setup_broker(settings)
         broker.emit_after("process_boot")  # what the dramatiq command does: starts the time-limit timer
-        worker = Worker(broker, worker_threads=args.threads)
-        worker.start()
+        pools = start_pools(broker, send_threads=args.threads, conversation_threads=args.conversation_threads)
     except BrokerConnectionError:
         log.exception("broker connection failed")
         return RET_CONNECT
-    log.info("worker process is ready for action", extra={"pid": os.getpid(), "threads": args.threads})
+    log.info("worker process is ready for action",
+             extra={"pid": os.getpid(), "threads": args.threads, "conversation_threads": args.conversation_threads})
 
     while not stop.wait(1):
         pass
     log.info("worker process stopping", extra={"pid": os.getpid()})
-    worker.stop(timeout=int(args.shutdown_timeout * 1000))
+    pools.stop(timeout_ms=int(args.shutdown_timeout * 1000))
     # A worker thread's RabbitMQ connection (it publishes follow-up pokes) sends no heartbeats while
     # idle, so the server has often closed it by now: pika would log each close as an ERROR.
     logging.getLogger("pika").setLevel(logging.CRITICAL)

@@ -1,13 +1,14 @@
-"""The batch send path: a worker task's ~25 messages are checked, marked `sending` and settled
-together. What a batch adds to guard: one message's failure (permanent, transient, ambiguous)
-leaves the others correct, a worker dying mid-batch sends nothing twice, a batch of many costs
-the statements of a batch of few, and two orgs in one batch never see each other's rows."""
+"""The batch send path: a worker task's messages (up to 100) are checked, marked `sending` and
+settled together. What a batch adds to guard: one message's failure (permanent, transient,
+ambiguous) leaves the others correct, a worker dying mid-batch sends nothing twice, a call whose
+lease ran out is not made, a batch of many costs the statements of a batch of few, and two orgs
+in one batch never see each other's rows."""
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from sqlalchemy import create_engine, event, select, text
@@ -165,6 +166,66 @@ def test_a_worker_killed_in_the_middle_of_a_batch_sends_nothing_twice(settings, 
         assert set(dispatch.send_batch(rt, batch).values()) == {"not_claimed"}
         assert len(world.sandbox()) == 2 + 3
         assert world.events(batch[0]) == ["queued", "claimed", "sending", "unknown"]
+    finally:
+        install(previous)
+        rt.close()
+
+
+class _SlowSandbox(SandboxProvider):
+    """The sandbox, whose call to one number lasts longer than a lease (the test's clock moves)."""
+
+    slow_to: str = ""
+    during_slow_call: Callable[[], None] = staticmethod(lambda: None)
+
+    def send(self, message):  # type: ignore[no-untyped-def]
+        result = super().send(message)
+        if message.to == self.slow_to:
+            type(self).during_slow_call()
+        return result
+
+
+@pytest.mark.parametrize("sweep_runs", [False, True], ids=["before-the-sweep", "after-the-sweep"])
+def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(settings, clock, sweep_runs):
+    rt = Runtime.build(dataclasses.replace(settings, send_concurrency=1))  # calls in order: 1 outlasts the lease
+    previous = install(rt)
+    try:
+        with provider_as("sandbox", _SlowSandbox) as slow:
+            world = World(rt)
+            world.channel("whatsapp")
+            world.rule(1440)
+            ids = booked(world, 4)
+            clock.set(DUE)
+            dispatch.claim_due(rt, limit=100)
+
+            def slow_call() -> None:
+                clock.advance(rt.settings.lease + timedelta(seconds=1))
+                if sweep_runs:  # meanwhile the scheduler's sweep takes the whole batch, still `sending`
+                    assert dispatch.sweep_leases(rt) == (0, 4)
+
+            slow.slow_to, slow.during_slow_call = phone(1), staticmethod(slow_call)
+            outcomes = dispatch.send_batch(rt, ids)
+            slow.slow_to = ""
+
+            assert len(world.sandbox()) == 2  # patients 2 and 3 were never called
+            rows = {m.id: m for m in world.messages()}
+            assert [rows[mid].status for mid in ids[:2]] == ["sent", "sent"]  # calls that were made
+            if sweep_runs:  # the sweep's `unknown` stands: an operator may already have acted on it
+                assert [outcomes[mid] for mid in ids[2:]] == ["not_claimed", "not_claimed"]
+                assert [rows[mid].status for mid in ids[2:]] == ["unknown", "unknown"]
+                return
+            assert [outcomes[mid] for mid in ids] == ["sent", "sent", "reclaimed", "reclaimed"]
+            for mid in ids[2:]:
+                row = rows[mid]
+                assert (row.status, row.attempts, row.lease_until, row.error_code) == (
+                    "pending", 0, None, "lease_expired_before_call")
+                assert world.events(mid) == ["queued", "claimed", "sending", "reclaimed"]
+            assert dispatch.sweep_leases(rt) == (0, 0)
+
+            # They go out on the next pass, once each, as their first attempt.
+            assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids[2:])
+            assert set(dispatch.send_batch(rt, ids[2:]).values()) == {"sent"}
+            assert sorted(m.to_address for m in world.sandbox()) == sorted(phone(i) for i in range(4))
+            assert [world.message(mid).attempts for mid in ids] == [1, 1, 1, 1]
     finally:
         install(previous)
         rt.close()

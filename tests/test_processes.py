@@ -149,8 +149,10 @@ def test_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(rt, backl
     assert in_flight.get("sending", 0) >= 1, f"the kill caught nothing mid-send: {in_flight}"
 
     _set_sandbox(rt, backlog.channel_id, delay_ms=150)
-    _start_workers(procs, database_url, 1, **short_lease)
-    _start_scheduler(procs, database_url, **short_lease)
+    # The small tasks again: a task's calls must fit in its 3 s lease (one of 100 takes longer on
+    # a loaded machine, and its late calls would be the sweep's `unknown` too).
+    _start_workers(procs, database_url, 1, **short_lease, **small)
+    _start_scheduler(procs, database_url, **short_lease, **small)
     wait_until(lambda: not any(_status_counts(rt).get(s, 0) for s in OPEN), timeout=180,
                what="the backlog to settle", on_fail=lambda: f"{_status_counts(rt)}\n{procs.logs()}")
 

@@ -52,6 +52,8 @@ class Prepared:
     channel: Any
     rendered: RenderedMessage
     provider: Provider
+    #: When the sweep may take the row: a call not started by then is not made at all.
+    lease_until: datetime
     send_at: datetime | None = None
 
 
@@ -87,7 +89,7 @@ def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], di
             continue
         prepared.append(Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=attempt,
                                  channel=item.channel, rendered=item.rendered, provider=item.provider,
-                                 send_at=item.send_at))
+                                 lease_until=_lease_end(rt, item, now), send_at=item.send_at))
     for mid in message_ids:
         if mid not in outcomes and mid not in moved:
             outcomes[mid] = "not_claimed"
@@ -190,7 +192,7 @@ def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datet
     per_row = {
         mid: {"channel_id": item.channel.id, "subject": item.rendered.outbound.subject,
               "body": item.rendered.outbound.text,
-              **({"lease_until": (item.send_at or now) + rt.settings.lease} if paced else {})}
+              **({"lease_until": _lease_end(rt, item, now)} if paced else {})}
         for mid, item in by_id.items()}
     rows = update_per_row(
         conn, messages, per_row,
@@ -205,6 +207,11 @@ def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datet
          "detail": {"slot": by_id[mid].send_at.isoformat()} if by_id[mid].send_at else None}
         for mid, attempt in moved.items()])
     return moved
+
+
+def _lease_end(rt: Runtime, item: _Ready, now: datetime) -> datetime:
+    """When a `sending` row's lease runs out: a lease from its slot for a paced message."""
+    return (item.send_at or now) + rt.settings.lease
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:

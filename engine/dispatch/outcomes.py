@@ -1,5 +1,5 @@
 """After the provider call (or instead of it): settle a message as sent, retried, failed, dead,
-expired or unknown, each a compare-and-set with its event.
+expired, unknown or reclaimed, each a compare-and-set with its event.
 
 Successes are the common case and are settled together, in one statement per batch; failures
 are rare and each is settled on its own, so one that goes wrong never holds the others back.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock, metrics
@@ -19,7 +19,7 @@ from engine.channels import default_channel
 from engine.dialect import in_values, update_per_row
 from engine.inbox import open_inbox_item
 from engine.models import channels, contacts, messages, reminder_rule_kinds
-from engine.outbox import record_event_rows, transition
+from engine.outbox import record_event_rows, transition, transition_where
 from engine.runtime import Runtime
 from gateway.contract import SendResult
 from gateway.errors import ProviderError
@@ -71,6 +71,21 @@ def park_unknown(rt: Runtime, prepared: "Prepared", code: str, reason: str) -> s
         open_inbox_item(conn, prepared.org_id, "message_unknown", f"message:{prepared.message_id}:unknown",
                         message_id=prepared.message_id, detail=f"outcome unknown: {reason[:200]}")
     return "unknown"
+
+
+def after_lease_ran_out(rt: Runtime, prepared: "Prepared") -> str:
+    """The lease ran out before the provider call, so the call was not made: the message goes
+    back to `pending` at once and the attempt does not count. A row the sweep already took stays
+    the sweep's: as `unknown` an operator may already have acted on it."""
+    now = clock.now()
+    with rt.db.begin() as conn:
+        moved = transition_where(
+            conn, prepared.org_id, and_(messages.c.id == prepared.message_id, messages.c.attempts == prepared.attempt),
+            ("sending",), "pending", "reclaimed",
+            values={"lease_until": None, "claimed_by": None, "next_attempt_at": now,
+                    "attempts": prepared.attempt - 1, "error_code": "lease_expired_before_call"},
+            detail={"reason": "lease_expired_before_call"}, attempt=prepared.attempt)
+    return "reclaimed" if moved else "not_claimed"
 
 
 def after_transient(rt: Runtime, prepared: "Prepared", exc: ProviderError) -> str:

@@ -4,7 +4,8 @@
    before any provider call, so a worker that dies mid-call leaves rows the sweep turns into
    `unknown` (never a blind second send).
 2. The provider calls run in parallel on a small per-process pool of threads (each provider
-   keeps one keep-alive HTTP session), in slot order for paced channels.
+   keeps one keep-alive HTTP session), in slot order for paced channels. A call whose lease ran
+   out while it waited for a thread or a slot is not made: the row is the sweep's by then.
 3. Every accepted message is marked `sent` in one statement; each failure is settled on its
    own (`outcomes`), and one message's failure or crash never stops the others.
 """
@@ -19,7 +20,14 @@ from typing import Sequence
 
 from engine import clock, metrics
 from engine.dispatch.checks import Prepared, prepare
-from engine.dispatch.outcomes import Sent, after_permanent, after_transient, park_unknown, record_sent
+from engine.dispatch.outcomes import (
+    Sent,
+    after_lease_ran_out,
+    after_permanent,
+    after_transient,
+    park_unknown,
+    record_sent,
+)
 from engine.runtime import Runtime
 from gateway.errors import ProviderError
 
@@ -29,13 +37,19 @@ log = logging.getLogger(__name__)
 #: set-based statement's parameters within every backend's limits.
 MAX_BATCH = 100
 
+
+class LeaseRanOut(Exception):
+    """A message's lease ran out before its provider call began (a slow batch, a long wait for a
+    paced slot): the sweep may have taken the row already, so the call is not made."""
+
+
 _pool_lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def send_batch(rt: Runtime, message_ids: Sequence[int]) -> dict[int, str]:
     """Send the claimed messages among `message_ids`; returns what became of each id (for logs
-    and tests): `sent`, `retried`, `failed`, `unknown`, `cancelled`, `deferred`, `not_claimed`…"""
+    and tests): `sent`, `retried`, `failed`, `unknown`, `reclaimed`, `cancelled`, `deferred`, `not_claimed`…"""
     ids = [int(mid) for mid in dict.fromkeys(message_ids)]
     if len(ids) > MAX_BATCH:
         outcomes: dict[int, str] = {}
@@ -97,6 +111,8 @@ def _call(prepared: Prepared) -> object:
             wait = (prepared.send_at - clock.now()).total_seconds()
             if wait > 0:
                 time.sleep(wait)
+        if clock.now() >= prepared.lease_until:
+            return LeaseRanOut()
         return metrics.provider_call(prepared.channel.provider, prepared.provider.send, prepared.rendered.outbound)
     except Exception as exc:
         return exc
@@ -104,6 +120,10 @@ def _call(prepared: Prepared) -> object:
 
 def _settle_failure(rt: Runtime, prepared: Prepared, exc: BaseException) -> str:
     provider = prepared.provider
+    if isinstance(exc, LeaseRanOut):
+        log.warning("lease ran out before the provider call; the call was not made",
+                    extra={"message_id": prepared.message_id})
+        return after_lease_ran_out(rt, prepared)
     if not isinstance(exc, ProviderError):  # a provider bug: the request may or may not have gone out
         log.error("provider raised unexpectedly",
                   extra={"message_id": prepared.message_id, "error": type(exc).__name__})
