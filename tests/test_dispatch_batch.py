@@ -16,6 +16,7 @@ from sqlalchemy.pool import NullPool
 
 from engine import dispatch
 from engine.channels import create_channel
+from engine.config import Settings
 from engine.models import message_events
 from engine.runtime import Runtime, install
 from providers.sandbox.provider import SandboxProvider
@@ -39,14 +40,35 @@ def booked(world: World, count: int, *, first: int = 0) -> list[int]:
     return [m.id for m in world.messages()][-count:]
 
 
-@pytest.fixture
-def quick_rt(settings, clock) -> Iterator[Runtime]:
-    """A runtime whose provider calls give up after half a second (the ambiguous case)."""
-    runtime = Runtime.build(dataclasses.replace(settings, send_timeout=0.5))
+def _installed(settings: Settings, **changes: Any) -> Iterator[Runtime]:
+    runtime = Runtime.build(dataclasses.replace(settings, **changes))
     previous = install(runtime)
     yield runtime
     install(previous)
     runtime.close()
+
+
+@pytest.fixture
+def quick_rt(settings, clock) -> Iterator[Runtime]:
+    """A runtime whose provider calls give up after half a second (the ambiguous case)."""
+    yield from _installed(settings, send_timeout=0.5)
+
+
+@pytest.fixture
+def serial_rt(settings, clock) -> Iterator[Runtime]:
+    """A runtime whose provider calls are made one after the other, in the batch's order."""
+    yield from _installed(settings, send_concurrency=1)
+
+
+def claimed_on_sandbox(rt: Runtime, clock: Any, count: int) -> tuple[World, list[int]]:
+    """`count` reminders on a sandbox WhatsApp channel, due and claimed; returns their ids."""
+    world = World(rt)
+    world.channel("whatsapp")
+    world.rule(1440)
+    ids = booked(world, count)
+    clock.set(DUE)
+    assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids)
+    return world, ids
 
 
 class Graph(FakeServer):
@@ -135,40 +157,30 @@ def dying_provider() -> Iterator[type[_DyingSandbox]]:
         yield provider
 
 
-def test_a_worker_killed_in_the_middle_of_a_batch_sends_nothing_twice(settings, clock, dying_provider):
-    rt = Runtime.build(dataclasses.replace(settings, send_concurrency=1))  # calls in order: 0, 1, then 2 dies
-    previous = install(rt)
-    try:
-        world = World(rt)
-        world.channel("whatsapp")
-        world.rule(1440)
-        batch = booked(world, 5)
-        clock.set(DUE)
-        claimed = dispatch.claim_due(rt, limit=100)
-        dying_provider.dies_at = phone(2)
-        with pytest.raises(SystemExit):
-            dispatch.send_batch(rt, batch)
-        rows = {m.id: m for m in world.messages()}
-        assert [rows[mid].status for mid in batch] == ["sending"] * 5
-        assert len(world.sandbox()) == 2  # patients 0 and 1 were sent before the worker died
+def test_a_worker_killed_in_the_middle_of_a_batch_sends_nothing_twice(serial_rt, clock, dying_provider):
+    rt = serial_rt  # calls in order: 0, 1, then 2 dies
+    world, batch = claimed_on_sandbox(rt, clock, 5)
+    dying_provider.dies_at = phone(2)
+    with pytest.raises(SystemExit):
+        dispatch.send_batch(rt, batch)
+    rows = {m.id: m for m in world.messages()}
+    assert [rows[mid].status for mid in batch] == ["sending"] * 5
+    assert len(world.sandbox()) == 2  # patients 0 and 1 were sent before the worker died
 
-        # Another worker's batch is not held up by it.
-        dying_provider.dies_at = ""
-        others = booked(world, 3, first=10)
-        assert set(dispatch.claim_due(rt, limit=100)) == set(others) and not set(claimed) & set(others)
-        assert set(dispatch.send_batch(rt, others).values()) == {"sent"}
+    # Another worker's batch is not held up by it.
+    dying_provider.dies_at = ""
+    others = booked(world, 3, first=10)
+    assert set(dispatch.claim_due(rt, limit=100)) == set(others) and not set(batch) & set(others)
+    assert set(dispatch.send_batch(rt, others).values()) == {"sent"}
 
-        # The lease runs out: the dead worker's rows become `unknown`, never sent blindly again.
-        clock.advance(rt.settings.lease + timedelta(seconds=1))
-        assert dispatch.sweep_leases(rt) == (0, 5)
-        assert [world.message(mid).status for mid in batch] == ["unknown"] * 5
-        assert dispatch.claim_due(rt, limit=100) == []
-        assert set(dispatch.send_batch(rt, batch).values()) == {"not_claimed"}
-        assert len(world.sandbox()) == 2 + 3
-        assert world.events(batch[0]) == ["queued", "claimed", "sending", "unknown"]
-    finally:
-        install(previous)
-        rt.close()
+    # The lease runs out: the dead worker's rows become `unknown`, never sent blindly again.
+    clock.advance(rt.settings.lease + timedelta(seconds=1))
+    assert dispatch.sweep_leases(rt) == (0, 5)
+    assert [world.message(mid).status for mid in batch] == ["unknown"] * 5
+    assert dispatch.claim_due(rt, limit=100) == []
+    assert set(dispatch.send_batch(rt, batch).values()) == {"not_claimed"}
+    assert len(world.sandbox()) == 2 + 3
+    assert world.events(batch[0]) == ["queued", "claimed", "sending", "unknown"]
 
 
 class _SlowSandbox(SandboxProvider):
@@ -185,50 +197,40 @@ class _SlowSandbox(SandboxProvider):
 
 
 @pytest.mark.parametrize("sweep_runs", [False, True], ids=["before-the-sweep", "after-the-sweep"])
-def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(settings, clock, sweep_runs):
-    rt = Runtime.build(dataclasses.replace(settings, send_concurrency=1))  # calls in order: 1 outlasts the lease
-    previous = install(rt)
-    try:
-        with provider_as("sandbox", _SlowSandbox) as slow:
-            world = World(rt)
-            world.channel("whatsapp")
-            world.rule(1440)
-            ids = booked(world, 4)
-            clock.set(DUE)
-            dispatch.claim_due(rt, limit=100)
+def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(serial_rt, clock, sweep_runs):
+    rt = serial_rt  # calls in order: patient 1's outlasts the lease
+    with provider_as("sandbox", _SlowSandbox) as slow:
+        world, ids = claimed_on_sandbox(rt, clock, 4)
 
-            def slow_call() -> None:
-                clock.advance(rt.settings.lease + timedelta(seconds=1))
-                if sweep_runs:  # meanwhile the scheduler's sweep takes the whole batch, still `sending`
-                    assert dispatch.sweep_leases(rt) == (0, 4)
+        def slow_call() -> None:
+            clock.advance(rt.settings.lease + timedelta(seconds=1))
+            if sweep_runs:  # meanwhile the scheduler's sweep takes the whole batch, still `sending`
+                assert dispatch.sweep_leases(rt) == (0, 4)
 
-            slow.slow_to, slow.during_slow_call = phone(1), staticmethod(slow_call)
-            outcomes = dispatch.send_batch(rt, ids)
-            slow.slow_to = ""
+        slow.slow_to, slow.during_slow_call = phone(1), staticmethod(slow_call)
+        outcomes = dispatch.send_batch(rt, ids)
+        slow.slow_to = ""
 
-            assert len(world.sandbox()) == 2  # patients 2 and 3 were never called
-            rows = {m.id: m for m in world.messages()}
-            assert [rows[mid].status for mid in ids[:2]] == ["sent", "sent"]  # calls that were made
-            if sweep_runs:  # the sweep's `unknown` stands: an operator may already have acted on it
-                assert [outcomes[mid] for mid in ids[2:]] == ["not_claimed", "not_claimed"]
-                assert [rows[mid].status for mid in ids[2:]] == ["unknown", "unknown"]
-                return
-            assert [outcomes[mid] for mid in ids] == ["sent", "sent", "reclaimed", "reclaimed"]
-            for mid in ids[2:]:
-                row = rows[mid]
-                assert (row.status, row.attempts, row.lease_until, row.error_code) == (
-                    "pending", 0, None, "lease_expired_before_call")
-                assert world.events(mid) == ["queued", "claimed", "sending", "reclaimed"]
-            assert dispatch.sweep_leases(rt) == (0, 0)
+        assert len(world.sandbox()) == 2  # patients 2 and 3 were never called
+        rows = {m.id: m for m in world.messages()}
+        assert [rows[mid].status for mid in ids[:2]] == ["sent", "sent"]  # calls that were made
+        if sweep_runs:  # the sweep's `unknown` stands: an operator may already have acted on it
+            assert [outcomes[mid] for mid in ids[2:]] == ["not_claimed", "not_claimed"]
+            assert [rows[mid].status for mid in ids[2:]] == ["unknown", "unknown"]
+            return
+        assert [outcomes[mid] for mid in ids] == ["sent", "sent", "reclaimed", "reclaimed"]
+        for mid in ids[2:]:
+            row = rows[mid]
+            assert (row.status, row.attempts, row.lease_until, row.error_code) == (
+                "pending", 0, None, "lease_expired_before_call")
+            assert world.events(mid) == ["queued", "claimed", "sending", "reclaimed"]
+        assert dispatch.sweep_leases(rt) == (0, 0)
 
-            # They go out on the next pass, once each, as their first attempt.
-            assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids[2:])
-            assert set(dispatch.send_batch(rt, ids[2:]).values()) == {"sent"}
-            assert sorted(m.to_address for m in world.sandbox()) == sorted(phone(i) for i in range(4))
-            assert [world.message(mid).attempts for mid in ids] == [1, 1, 1, 1]
-    finally:
-        install(previous)
-        rt.close()
+        # They go out on the next pass, once each, as their first attempt.
+        assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids[2:])
+        assert set(dispatch.send_batch(rt, ids[2:]).values()) == {"sent"}
+        assert sorted(m.to_address for m in world.sandbox()) == sorted(phone(i) for i in range(4))
+        assert [world.message(mid).attempts for mid in ids] == [1, 1, 1, 1]
 
 
 def _counting(rt: Runtime) -> list[str]:
@@ -282,12 +284,7 @@ def test_two_orgs_in_one_batch_each_get_their_own_channel_template_and_name(rt, 
 
 
 def test_a_message_that_breaks_the_batch_costs_only_itself(rt, clock, monkeypatch):
-    world = World(rt)
-    world.channel("whatsapp")
-    world.rule(1440)
-    ids = booked(world, 4)
-    clock.set(DUE)
-    dispatch.claim_due(rt, limit=100)
+    world, ids = claimed_on_sandbox(rt, clock, 4)
 
     from engine.dispatch import checks
 
