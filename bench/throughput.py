@@ -27,8 +27,8 @@ What it does (see docs/benchmarks.md for the figures and how to read them):
    `engine.dispatch.send_batch` (when the engine has it) or `send_one` per id, with every SQL
    statement counted (an executemany counts as its parameter sets) and PostgreSQL's commits;
 6. with the fake, the bare wire (bench/wire.py): plain `requests` from the same W processes, each
-   with as many threads as it has provider calls in flight, posting the body Lembra posted, for `--wire-seconds`; Lembra's rate is printed as a
-   fraction of it (the issue's goal: >= 60 %);
+   with as many threads as it has provider calls in flight, posting the body Lembra posted, for
+   `--wire-seconds`; Lembra's rate is printed as a fraction of it (the issue's goal: >= 60 %);
 7. prints messages/s, lateness (sent_at - due_at) percentiles computed in SQL, the duplicate /
    lost / unsent checks, statements and commits per message, RSS, CPU per message and share of
    the machine per component, and the machine; `--json FILE` also writes every figure as JSON.

@@ -1,10 +1,10 @@
 """One Dramatiq worker process: `python -m engine.worker_process --threads N --conversation-threads M`
 (N threads for sends, M for patient replies and follow-up steps: engine/worker_pools.py).
 
-`lembra worker --processes P` starts P of these and replaces any that dies (engine/supervisor.py). It does what
-one child of the `dramatiq` command does (boot the broker, run its `dramatiq.Worker`s, stop them
-gracefully on SIGTERM) without the `dramatiq` main process, whose answer to a dead child is to stop
-every sibling and exit.
+`lembra worker --processes P` starts P of these and replaces any that dies (engine/supervisor.py).
+It does what one child of the `dramatiq` command does (boot the broker, run its `dramatiq.Worker`s,
+stop them gracefully on SIGTERM) without the `dramatiq` main process, whose answer to a dead child
+is to stop every sibling and exit.
 
 Signals: SIGTERM asks for a graceful stop (consumers stop, the messages being worked on finish);
 asking again changes nothing, so a SIGTERM that reaches it twice (from the supervisor and from a
@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 
-from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS
+from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS, start_pools
 
 #: Exit codes, as the `dramatiq` command uses them.
 RET_OK, RET_CONFIG, RET_CONNECT = 0, 2, 3
@@ -70,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     from engine.broker import setup_broker
     from engine.config import ConfigError, Settings
     from engine.logs import configure
-    from engine.worker_pools import start_pools
 
     try:
         settings = Settings.from_env()
