@@ -192,8 +192,8 @@ CATALOGUE: dict[str, Text] = {
                       "saiu. Confira com o paciente antes de reenviar."),
     "lease_expired": N_("O processo de envio parou no meio; como o provedor descarta envios repetidos, o Lembra tenta"
                         " de novo sem risco de duplicar."),
-    "lease_expired_before_call": N_("O envio demorou a começar e o prazo de reserva da mensagem acabou antes da "
-                                    "chamada ao provedor; nada saiu, e o Lembra tenta de novo."),
+    "lease_expired_before_call": N_("O envio demorou a começar e o que restava da reserva da mensagem não bastava "
+                                    "para a chamada ao provedor; nada saiu, e o Lembra tenta de novo."),
     "outcome_unknown": N_("O provedor não confirmou o envio; não dá para saber se a mensagem saiu. Confira com o "
                           "paciente antes de reenviar."),
     "unexpected_error": N_("Um erro inesperado aconteceu durante o envio; não dá para saber se a mensagem saiu. "

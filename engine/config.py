@@ -28,7 +28,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_PUBLIC_URL": ("http://127.0.0.1:8000", "base URL of webhooks and opt-out links"),
     "LEMBRA_LOG_LEVEL": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
     "LEMBRA_LOG_FORMAT": ("json", "json or text"),
-    "LEMBRA_LEASE_SECONDS": ("120", "how long a claimed message is reserved for one worker"),
+    "LEMBRA_LEASE_SECONDS": ("120", "how long a claimed message is reserved for one worker (> send timeout)"),
     "LEMBRA_RETRY_DELAYS": ("5m,15m,60m,4h", "waits between attempts after a transient failure; then dead"),
     "LEMBRA_DISPATCH_INTERVAL": ("2", "seconds between scheduler dispatch passes"),
     "LEMBRA_POPULATE_INTERVAL": ("60", "seconds between populate passes"),
@@ -142,6 +142,11 @@ class Settings:
             raise ConfigError(f"LEMBRA_LEASE_SECONDS: {exc}") from None
         if lease <= timedelta(0):
             raise ConfigError("LEMBRA_LEASE_SECONDS must be greater than zero")
+        send_timeout = _positive_float("LEMBRA_SEND_TIMEOUT", get)
+        if lease.total_seconds() <= send_timeout:
+            # A call is begun only while its lease has the send timeout left (engine.dispatch.send).
+            raise ConfigError(f"LEMBRA_LEASE_SECONDS ({lease.total_seconds():g} s) must be longer than "
+                              f"LEMBRA_SEND_TIMEOUT ({send_timeout:g} s): a provider call must fit in a lease")
         try:
             horizon = timedelta(days=_positive_int("LEMBRA_POPULATE_HORIZON_DAYS", get))
         except OverflowError:
@@ -162,7 +167,7 @@ class Settings:
             send_batch=_positive_int("LEMBRA_SEND_BATCH", get),
             send_concurrency=_positive_int("LEMBRA_SEND_CONCURRENCY", get),
             max_in_flight=_positive_int("LEMBRA_MAX_IN_FLIGHT", get),
-            send_timeout=_positive_float("LEMBRA_SEND_TIMEOUT", get),
+            send_timeout=send_timeout,
             ratelimit_url=_ratelimit_url(get("LEMBRA_RATELIMIT_URL"), broker_url),
             provider_allow=_provider_allow(
                 env.get("LEMBRA_PROVIDER_ALLOW", "").strip(),

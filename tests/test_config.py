@@ -104,6 +104,21 @@ def test_bad_values_name_the_variable(name, value):
     assert name in _one_line(info.value)
 
 
+@pytest.mark.parametrize("lease, timeout", [("15", "15"), ("10", "30"), ("3", None)])
+def test_a_lease_no_longer_than_the_send_timeout_is_refused(lease, timeout):
+    """A call is begun only while its lease has the send timeout left, so such a lease sends nothing."""
+    env = {"LEMBRA_LEASE_SECONDS": lease, **({"LEMBRA_SEND_TIMEOUT": timeout} if timeout else {})}
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env)
+    text = _one_line(info.value)
+    assert "LEMBRA_LEASE_SECONDS" in text and "LEMBRA_SEND_TIMEOUT" in text
+
+
+def test_a_short_lease_with_a_shorter_send_timeout_is_accepted():
+    settings = Settings.from_env({"LEMBRA_LEASE_SECONDS": "3", "LEMBRA_SEND_TIMEOUT": "1"})
+    assert (settings.lease, settings.send_timeout) == (timedelta(seconds=3), 1.0)
+
+
 # --- reaching the database and the broker ------------------------------------------------------
 
 

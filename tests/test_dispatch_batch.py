@@ -196,16 +196,22 @@ class _SlowSandbox(SandboxProvider):
         return result
 
 
-@pytest.mark.parametrize("sweep_runs", [False, True], ids=["before-the-sweep", "after-the-sweep"])
-def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(serial_rt, clock, sweep_runs):
-    rt = serial_rt  # calls in order: patient 1's outlasts the lease
+@pytest.mark.parametrize("waited, sweep_runs", [
+    (timedelta(seconds=-0.4), False),  # the lease has 0.4 s left, the send timeout is 0.5 s
+    (timedelta(seconds=1), False),
+    (timedelta(seconds=1), True),
+], ids=["less-than-the-send-timeout-left", "lease-ran-out-before-the-sweep", "lease-ran-out-after-the-sweep"])
+def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(serial_rt, clock, waited, sweep_runs):
+    rt = serial_rt  # calls in order: patient 1's takes the lease (or all but `waited` of it)
     with provider_as("sandbox", _SlowSandbox) as slow:
         world, ids = claimed_on_sandbox(rt, clock, 4)
 
         def slow_call() -> None:
-            clock.advance(rt.settings.lease + timedelta(seconds=1))
+            clock.advance(rt.settings.lease + waited)
             if sweep_runs:  # meanwhile the scheduler's sweep takes the whole batch, still `sending`
                 assert dispatch.sweep_leases(rt) == (0, 4)
+            elif waited < timedelta(0):  # the lease still holds: the sweep has nothing to take
+                assert dispatch.sweep_leases(rt) == (0, 0)
 
         slow.slow_to, slow.during_slow_call = phone(1), staticmethod(slow_call)
         outcomes = dispatch.send_batch(rt, ids)
@@ -231,6 +237,19 @@ def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(serial_rt, clock
         assert set(dispatch.send_batch(rt, ids[2:]).values()) == {"sent"}
         assert sorted(m.to_address for m in world.sandbox()) == sorted(phone(i) for i in range(4))
         assert [world.message(mid).attempts for mid in ids] == [1, 1, 1, 1]
+
+
+def test_a_call_begun_with_the_send_timeout_left_is_made(serial_rt, clock):
+    rt = serial_rt
+    with provider_as("sandbox", _SlowSandbox) as slow:
+        world, ids = claimed_on_sandbox(rt, clock, 4)
+        left = timedelta(seconds=rt.settings.send_timeout)
+        slow.slow_to = phone(1)
+        slow.during_slow_call = staticmethod(lambda: clock.advance(rt.settings.lease - left))
+        outcomes = dispatch.send_batch(rt, ids)
+        slow.slow_to = ""
+    assert [outcomes[mid] for mid in ids] == ["sent"] * 4
+    assert len(world.sandbox()) == 4
 
 
 def _counting(rt: Runtime) -> list[str]:

@@ -423,7 +423,8 @@ def test_a_worker_killed_mid_advance_loses_nothing_and_sends_nothing_twice(rt, w
     n = 2000
     # A short lease, so the sweep finds the killed claims soon; few claims in flight, in small
     # tasks, so the ones waiting in the queue do not outlive it.
-    env = {"LEMBRA_LEASE_SECONDS": "15", "LEMBRA_MAX_IN_FLIGHT": "40", "LEMBRA_SEND_BATCH": "5"}
+    env = {"LEMBRA_LEASE_SECONDS": "15", "LEMBRA_SEND_TIMEOUT": "5", "LEMBRA_MAX_IN_FLIGHT": "40",
+           "LEMBRA_SEND_BATCH": "5"}
     llm = GatedLLM()
     with FakeServer(llm) as server:
         graph = linear(node("inicio", "trigger"),
@@ -496,7 +497,8 @@ def _assert_unique_sends(rt) -> None:
 @pytest.mark.skipif(not (IS_POSTGRES and REAL_BROKER), reason="needs PostgreSQL and Redis or RabbitMQ")
 def test_flushing_the_broker_mid_run_still_completes_every_enrollment_once(rt, world, procs, database_url):
     n = 1000
-    env = {"LEMBRA_LEASE_SECONDS": "10", "LEMBRA_MAX_IN_FLIGHT": "100", "LEMBRA_SEND_BATCH": "5"}
+    env = {"LEMBRA_LEASE_SECONDS": "10", "LEMBRA_SEND_TIMEOUT": "5", "LEMBRA_MAX_IN_FLIGHT": "100",
+           "LEMBRA_SEND_BATCH": "5"}
     pointer = _publish(world, linear(node("inicio", "trigger"),
                                      node("checkin", "action", mode="template", template="followup_checkin"),
                                      node("fim", "end", outcome="exhausted")))

@@ -98,7 +98,7 @@ def test_counters_incremented_in_worker_processes_are_scraped_from_the_fleet(rt,
     contact = world.contact(consent=("whatsapp",))
     worker_port, scheduler_port = _free_port(), _free_port()
     folder = tmp_path / "metrics"
-    env = lembra_env(database_url, LEMBRA_LOG_LEVEL="INFO", LEMBRA_LEASE_SECONDS="5",
+    env = lembra_env(database_url, LEMBRA_LOG_LEVEL="INFO", LEMBRA_LEASE_SECONDS="5", LEMBRA_SEND_TIMEOUT="2",
                      LEMBRA_WORKER_METRICS_PORT=str(worker_port), LEMBRA_SCHEDULER_METRICS_PORT=str(scheduler_port),
                      LEMBRA_METRICS_DIR=str(folder))
     fleet = procs.start("worker", ["worker", "--processes", "2", "--threads", "2"], env)

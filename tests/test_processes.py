@@ -126,7 +126,7 @@ def test_two_workers_send_every_message_exactly_once(rt, backlog, procs, databas
 def test_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(rt, backlog, procs, database_url):
     ids = backlog(300)
     _set_sandbox(rt, backlog.channel_id, delay_ms=150)
-    short_lease = {"LEMBRA_LEASE_SECONDS": "3"}
+    short_lease = {"LEMBRA_LEASE_SECONDS": "3", "LEMBRA_SEND_TIMEOUT": "1"}
     # Small claims and tasks: at most 20 rows are claimed at once, so most of the backlog is still
     # unclaimed when the provider starts hanging, and later tasks surely load the hanging settings
     # (a batch carries the channel settings it loaded; a whole small backlog could be in flight
@@ -175,7 +175,7 @@ def test_flushing_the_broker_mid_run_loses_nothing(rt, backlog, procs, database_
     worker stay with it, as they would across a restart of the broker)."""
     ids = backlog(300)
     _set_sandbox(rt, backlog.channel_id, delay_ms=10)
-    short_lease = {"LEMBRA_LEASE_SECONDS": "3"}
+    short_lease = {"LEMBRA_LEASE_SECONDS": "3", "LEMBRA_SEND_TIMEOUT": "1"}
     _start_workers(procs, database_url, 1, **short_lease)
     _start_scheduler(procs, database_url, **short_lease)
     wait_until(lambda: _status_counts(rt).get("sent", 0) >= 30, timeout=120, what="the first sends",
@@ -195,7 +195,7 @@ def test_a_killed_worker_process_is_replaced_and_the_fleet_keeps_sending(rt, bac
     from tests.processes import child_pids
 
     _set_sandbox(rt, backlog.channel_id, delay_ms=20)
-    env = {"LEMBRA_LOG_LEVEL": "INFO", "LEMBRA_LEASE_SECONDS": "5"}
+    env = {"LEMBRA_LOG_LEVEL": "INFO", "LEMBRA_LEASE_SECONDS": "5", "LEMBRA_SEND_TIMEOUT": "2"}
     fleet = procs.start("worker", ["worker", "--processes", "2", "--threads", "2"], lembra_env(database_url, **env))
     log = procs.logdir / "worker.log"
 

@@ -52,8 +52,9 @@ class Prepared:
     channel: Any
     rendered: RenderedMessage
     provider: Provider
-    #: When the sweep may take the row: a call not started by then is not made at all.
-    lease_until: datetime
+    #: The last moment its provider call may begin: the lease's end less LEMBRA_SEND_TIMEOUT, so a
+    #: call that takes as long as it may still returns before the sweep takes the row as `unknown`.
+    start_by: datetime
     send_at: datetime | None = None
 
 
@@ -89,7 +90,8 @@ def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], di
             continue
         prepared.append(Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=attempt,
                                  channel=item.channel, rendered=item.rendered, provider=item.provider,
-                                 lease_until=_lease_end(rt, item, now), send_at=item.send_at))
+                                 start_by=_lease_end(rt, item, now) - timedelta(seconds=rt.settings.send_timeout),
+                                 send_at=item.send_at))
     for mid in message_ids:
         if mid not in outcomes and mid not in moved:
             outcomes[mid] = "not_claimed"

@@ -74,7 +74,7 @@ def park_unknown(rt: Runtime, prepared: "Prepared", code: str, reason: str) -> s
 
 
 def after_lease_ran_out(rt: Runtime, prepared: "Prepared") -> str:
-    """The lease ran out before the provider call, so the call was not made: the message goes
+    """Too little of the lease was left for the provider call, so it was not made: the message goes
     back to `pending` at once and the attempt does not count. A row the sweep already took stays
     the sweep's: as `unknown` an operator may already have acted on it."""
     now = clock.now()

@@ -4,8 +4,9 @@
    before any provider call, so a worker that dies mid-call leaves rows the sweep turns into
    `unknown` (never a blind second send).
 2. The provider calls run in parallel on a small per-process pool of threads (each provider
-   keeps one keep-alive HTTP session), in slot order for paced channels. A call whose lease ran
-   out while it waited for a thread or a slot is not made: the row is the sweep's by then.
+   keeps one keep-alive HTTP session), in slot order for paced channels. A call is begun only while
+   its lease has LEMBRA_SEND_TIMEOUT left: one that waited longer for a thread or a slot is not
+   made (the row goes back to the queue), so a call never outlives its lease in the ordinary case.
 3. Every accepted message is marked `sent` in one statement; each failure is settled on its
    own (`outcomes`), and one message's failure or crash never stops the others.
 """
@@ -39,8 +40,9 @@ MAX_BATCH = 100
 
 
 class LeaseRanOut(Exception):
-    """A message's lease ran out before its provider call began (a slow batch, a long wait for a
-    paced slot): the sweep may have taken the row already, so the call is not made."""
+    """Too little of a message's lease was left when its provider call could begin (a slow batch,
+    a long wait for a paced slot) for the call to return before the sweep takes the row, so the
+    call is not made."""
 
 
 _pool_lock = threading.Lock()
@@ -111,7 +113,7 @@ def _call(prepared: Prepared) -> object:
             wait = (prepared.send_at - clock.now()).total_seconds()
             if wait > 0:
                 time.sleep(wait)
-        if clock.now() >= prepared.lease_until:
+        if clock.now() > prepared.start_by:
             return LeaseRanOut()
         return metrics.provider_call(prepared.channel.provider, prepared.provider.send, prepared.rendered.outbound)
     except Exception as exc:
@@ -121,7 +123,7 @@ def _call(prepared: Prepared) -> object:
 def _settle_failure(rt: Runtime, prepared: Prepared, exc: BaseException) -> str:
     provider = prepared.provider
     if isinstance(exc, LeaseRanOut):
-        log.warning("lease ran out before the provider call; the call was not made",
+        log.warning("too little of the lease was left for the provider call; the call was not made",
                     extra={"message_id": prepared.message_id})
         return after_lease_ran_out(rt, prepared)
     if not isinstance(exc, ProviderError):  # a provider bug: the request may or may not have gone out
