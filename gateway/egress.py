@@ -18,8 +18,8 @@ the answer is the same whether something listens there or not.
 
 Three clients meet it:
 
-- requests (every HTTP provider): `session(policy)`, a `requests.Session` whose adapter builds
-  urllib3 connections whose `_new_conn` goes through `EgressPolicy.create_connection`;
+- urllib3 (every HTTP provider, through `gateway.http.Client`): `pool_manager(policy)`, whose
+  connections' `_new_conn` goes through `EgressPolicy.create_connection`;
 - httpx / httpx2 (the `openai` package): `httpx_client(policy)`, a client whose transport's
   connection pool has a network backend that resolves, checks and connects to the checked address;
 - smtplib: `GuardedSMTP` / `GuardedSMTP_SSL`, whose `_get_socket` does the same.
@@ -37,12 +37,10 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-from requests.adapters import HTTPAdapter
-from requests.utils import getproxies, select_proxy
+from urllib3 import PoolManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
@@ -53,14 +51,13 @@ from gateway.errors import EgressRefused
 __all__ = [
     "LOOPBACK",
     "STRICT",
-    "EgressAdapter",
     "EgressPolicy",
     "EgressRefused",
     "GuardedSMTP",
     "GuardedSMTP_SSL",
     "httpx_client",
     "is_internal",
-    "session",
+    "pool_manager",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -280,7 +277,7 @@ STRICT = EgressPolicy()
 LOOPBACK = EgressPolicy.parse("127.0.0.0/8,::1/128")
 
 
-# ----------------------------------------------------------------------------------- requests
+# ------------------------------------------------------------------------------------ urllib3
 
 
 class _GuardedConnectionMixin:
@@ -324,44 +321,13 @@ def _pool_classes(policy: EgressPolicy) -> dict[str, type]:
     }
 
 
-class EgressAdapter(HTTPAdapter):
-    """A requests adapter whose every new connection is checked by `policy`."""
-
-    __attrs__: ClassVar[list[str]] = [*HTTPAdapter.__attrs__, "egress_policy"]  # kept when pickled
-
-    def __init__(self, policy: EgressPolicy, **kwargs: Any) -> None:
-        self.egress_policy = policy  # before super().__init__, which builds the pool manager
-        super().__init__(**kwargs)
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = _pool_classes(self.egress_policy)
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        if select_proxy(request.url or "", kwargs.get("proxies")):
-            # Through an ops-configured proxy the proxy connects, not us: check the target's
-            # addresses before handing it over (the proxy's own rules hold after that).
-            try:
-                self.egress_policy.resolve(urlsplit(request.url or "").hostname or "", None)
-            except (OSError, UnicodeError):
-                pass  # a name that does not resolve here is the proxy's to refuse
-        return super().send(request, **kwargs)
-
-
-def session(policy: EgressPolicy) -> requests.Session:
-    """A requests.Session for tenant-set URLs: every new connection is guarded. Redirects are the
-    caller's to refuse (`gateway.http.call` passes allow_redirects=False); one that is followed
-    goes through the guard again."""
-    http = requests.Session()
-    # Without a proxy configured, skip requests' per-call environment look-up (proxy variables,
-    # ~/.netrc): on a loopback or nearby provider it costs a third of the call. Providers send
-    # their own credentials, so netrc is never what authenticates them.
-    http.trust_env = bool(getproxies())
-    # One pool per provider host, as wide as the threads a worker sends on at once.
-    adapter = EgressAdapter(policy, pool_connections=4, pool_maxsize=32)
-    http.mount("http://", adapter)
-    http.mount("https://", adapter)
-    return http
+def pool_manager(policy: EgressPolicy, **kwargs: Any) -> PoolManager:
+    """A urllib3 PoolManager (`kwargs` are its own) whose every new connection, redirected ones
+    included, goes to an address `policy` checked. `gateway.http.Client` (every HTTP provider)
+    sends through one; the guard is in the pools, so no caller can forget it."""
+    manager = PoolManager(**kwargs)
+    manager.pool_classes_by_scheme = _pool_classes(policy)
+    return manager
 
 
 # -------------------------------------------------------------------------------------- httpx

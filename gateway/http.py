@@ -1,22 +1,49 @@
-"""HTTP calls to providers with one mapping of failures to typed errors.
+"""HTTP calls to providers: one keep-alive client, and one mapping of failures to typed errors.
 
 Connection errors, timeouts, 5xx and 429 are transient (429 with its Retry-After); other 4xx
 are permanent unless a provider's own error code says otherwise, which the provider decides
 through `classify`. Bodies of errors are parsed but never logged (they may echo a phone number).
-A session from `gateway.egress.session` refuses internal addresses with `EgressRefused` (permanent,
-code `egress_refused`), which goes through `call` as it is.
+A `Client` refuses internal addresses with `EgressRefused` (permanent, code `egress_refused`),
+which goes through `call` as it is.
+
+The client is urllib3's pools, not requests: per call requests merged settings, built a
+prepared request, a cookie jar and a response object around urllib3's, which cost about as
+much CPU as the loopback call itself (docs/benchmarks.md, 2026-12-03). Lembra needs none of
+that: no cookies, no redirects, no retries (a retry is the outbox's to decide), no netrc.
 """
 
 from __future__ import annotations
 
-import json
+import json as jsonlib
+import threading
+import urllib.request
+from base64 import b64encode
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Mapping
+from urllib.parse import urlencode
 
-import requests
+import certifi
+import urllib3
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ProtocolError,
+    ProxyError,
+    SSLError,
+)
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.util import parse_url
 
+from gateway import egress
 from gateway.errors import PermanentError, ProviderError, TransientError
+
+__all__ = ["Classifier", "Client", "HttpResponse", "call", "default_error", "retry_after_seconds"]
+
+USER_AGENT = "lembra"
+#: Connections kept per provider host: as many as a worker process has provider calls in flight.
+POOL_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -31,6 +58,120 @@ class HttpResponse:
 
 #: Given a non-2xx response, return the error to raise, or None for the default mapping.
 Classifier = Callable[[HttpResponse], "ProviderError | None"]
+
+
+class Client:
+    """One provider account's HTTP client: keep-alive pools whose every new connection passes
+    the egress guard (`gateway.egress.pool_manager`). Thread-safe: a worker's send threads share it.
+
+    A proxy configured in the environment when the client is made (`HTTPS_PROXY`, `NO_PROXY`…)
+    is used as requests used it: the proxy connects, so the target's addresses are checked by
+    the policy first and the proxy's own rules hold after that.
+    """
+
+    def __init__(self, policy: egress.EgressPolicy) -> None:
+        self.policy = policy
+        self._direct = egress.pool_manager(policy, num_pools=4, maxsize=POOL_SIZE, ca_certs=certifi.where())
+        self._proxies = {scheme: url for scheme, url in urllib.request.getproxies().items() if url}
+        self._via_proxy: dict[str, urllib3.ProxyManager] = {}
+        self._lock = threading.Lock()
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        data: Any = None,
+        params: Mapping[str, Any] | None = None,
+        auth: tuple[str, str] | None = None,
+        verify: bool | str = True,
+    ) -> HttpResponse:
+        """One request, its whole answer read. `json` is sent as JSON, `data` as a form (a
+        mapping) or as it is (bytes, str); `auth` is HTTP Basic; `verify` a CA file, or False.
+        Raises urllib3's errors (and EgressRefused); `call` turns them into typed ones."""
+        if params:
+            query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
+            url = f"{url}{'&' if '?' in url else '?'}{query}" if query else url
+        head = urllib3.HTTPHeaderDict({"User-Agent": USER_AGENT, "Accept": "*/*",
+                                       "Accept-Encoding": "gzip, deflate"})
+        body: bytes | None = None
+        if json is not None:
+            body = jsonlib.dumps(json, allow_nan=False).encode("utf-8")
+            head["Content-Type"] = "application/json"
+        elif isinstance(data, (bytes, bytearray)):
+            body = bytes(data)
+        elif isinstance(data, str):
+            body = data.encode("utf-8")
+        elif data is not None:
+            body = urlencode(data, doseq=True).encode("ascii")
+            head["Content-Type"] = "application/x-www-form-urlencoded"
+        if auth is not None:
+            head["Authorization"] = "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode("utf-8")).decode("ascii")
+        head.update(headers or {})
+        options: dict[str, Any] = {
+            "body": body, "headers": head, "redirect": False, "retries": False,
+            "timeout": urllib3.Timeout(connect=timeout, read=timeout), "preload_content": True,
+        }
+        tls: dict[str, Any] = {} if verify is True else (
+            {"ca_certs": verify} if isinstance(verify, str) else {"cert_reqs": "CERT_NONE"})
+        parsed = parse_url(url)
+        proxy = self._proxy_for(parsed.scheme or "http", parsed.host or "")
+        if proxy is not None:
+            # The proxy connects, not us: check the target's addresses before handing it over.
+            self.policy.check_host(parsed.host or "")
+            raw = self._proxy_manager(proxy, tls).urlopen(method, url, **options)
+        else:
+            pool = self._direct.connection_from_host(parsed.host, port=parsed.port, scheme=parsed.scheme,
+                                                     pool_kwargs=tls or None)
+            raw = pool.urlopen(method, parsed.request_uri, assert_same_host=False, **options)
+        text = raw.data.decode(_charset(raw.headers.get("Content-Type", "")), errors="replace")
+        try:
+            parsed_body: Any = jsonlib.loads(text) if text else None
+        except ValueError:
+            parsed_body = None
+        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text)
+
+    def close(self) -> None:
+        """Close every kept connection."""
+        self._direct.clear()
+        with self._lock:
+            for manager in self._via_proxy.values():
+                manager.clear()
+            self._via_proxy.clear()
+
+    def _proxy_for(self, scheme: str, host: str) -> str | None:
+        if not self._proxies:
+            return None
+        proxy = self._proxies.get(scheme) or self._proxies.get("all")
+        if proxy is None or urllib.request.proxy_bypass(host):
+            return None
+        return proxy
+
+    def _proxy_manager(self, proxy: str, tls: dict[str, Any]) -> urllib3.ProxyManager:
+        key = f"{proxy} {sorted(tls.items())}"
+        with self._lock:
+            manager = self._via_proxy.get(key)
+            if manager is None:
+                manager = self._via_proxy[key] = urllib3.ProxyManager(
+                    proxy, num_pools=4, maxsize=POOL_SIZE, ca_certs=certifi.where(), **tls)
+            return manager
+
+
+def _charset(content_type: str) -> str:
+    """The charset a Content-Type names, if Python knows it; else UTF-8 (JSON's encoding)."""
+    for part in content_type.split(";")[1:]:
+        name, _, value = part.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"') or "utf-8"
+            try:
+                "".encode(charset)
+            except LookupError:
+                return "utf-8"
+            return charset
+    return "utf-8"
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -50,7 +191,7 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 
 def call(
-    session: requests.Session,
+    client: Client,
     method: str,
     url: str,
     *,
@@ -58,25 +199,24 @@ def call(
     classify: Classifier | None = None,
     **kwargs: Any,
 ) -> HttpResponse:
-    """Make one request; return the response on 2xx, raise TransientError / PermanentError otherwise."""
+    """Make one request (`kwargs` as `Client.request` takes them); return the response on 2xx,
+    raise TransientError / PermanentError otherwise."""
     try:
-        raw = session.request(method, url, timeout=timeout, allow_redirects=False, **kwargs)
-    except requests.ConnectTimeout:
+        response = client.request(method, url, timeout=timeout, **kwargs)
+    except ProviderError:  # EgressRefused: nothing was sent
+        raise
+    except NewConnectionError:  # before ConnectTimeoutError, which it subclasses
+        raise TransientError("could not connect to the provider", code="connection_error") from None
+    except ConnectTimeoutError:
         raise TransientError("could not reach the provider in time", code="connect_timeout") from None
-    except requests.Timeout:
+    except Urllib3Timeout:
         # The request went out; the provider may have acted on it before we stopped waiting.
         raise TransientError("provider did not answer in time", code="timeout", outcome_unknown=True) from None
-    except requests.ConnectionError:
+    except (ProtocolError, SSLError, ProxyError, OSError):
         raise TransientError("could not connect to the provider", code="connection_error") from None
-    except requests.RequestException as exc:
+    except (HTTPError, ValueError) as exc:
         raise TransientError(f"request failed ({type(exc).__name__})", code="request_error") from None
-    text = raw.text
-    try:
-        body: Any = raw.json() if text else None
-    except (ValueError, json.JSONDecodeError):
-        body = None
-    response = HttpResponse(status=raw.status_code, headers=raw.headers, body=body, text=text)
-    if 200 <= raw.status_code < 300:
+    if 200 <= response.status < 300:
         return response
     if classify is not None:
         error = classify(response)

@@ -1,6 +1,6 @@
 """The egress guard (gateway/egress.py): an address a tenant typed never reaches loopback, private,
 link-local or reserved networks unless ops allow it, and the check holds on the resolved address
-at connect time (DNS rebinding), for requests (the HTTP providers), httpx (the `openai` package
+at connect time (DNS rebinding), for urllib3 (the HTTP providers' client), httpx (the `openai` package
 behind an agent's LLM) and smtplib.
 
 No test here sends a packet to a non-loopback address: the `connects` fixture replaces
@@ -40,10 +40,10 @@ from gateway.egress import (
     GuardedSMTP_SSL,
     httpx_client,
     is_internal,
-    session,
+    pool_manager,
 )
 from gateway.errors import PermanentError, TransientError
-from gateway.http import call
+from gateway.http import Client, call
 from providers.email.resend import ResendProvider
 from providers.email.smtp import SmtpProvider
 from providers.evolution.provider import EvolutionProvider
@@ -146,9 +146,9 @@ REFUSED_HOSTS = ["127.0.0.1", "10.0.0.1", "169.254.169.254", "[::1]", "localhost
 
 
 @pytest.mark.parametrize("host", REFUSED_HOSTS)
-def test_requests_refuse_internal_addresses_before_connecting(host: str, connects: list) -> None:
+def test_the_http_client_refuses_internal_addresses_before_connecting(host: str, connects: list) -> None:
     with pytest.raises(EgressRefused) as caught:
-        call(session(STRICT), "GET", f"http://{host}:8080/instance/connectionState/x", timeout=2)
+        call(Client(STRICT), "GET", f"http://{host}:8080/instance/connectionState/x", timeout=2)
     error = caught.value
     assert isinstance(error, PermanentError) and error.permanent and error.channel_broken
     assert (error.code, error.host) == ("egress_refused", host.strip("[]"))
@@ -174,7 +174,7 @@ def test_smtp_refuses_internal_addresses_before_connecting(host: str, connects: 
 def test_a_name_with_one_internal_address_is_refused_whole(resolver: SimpleNamespace, connects: list) -> None:
     resolver.answers["mixed.example"] = [[PUBLIC, "127.0.0.1"]]
     with pytest.raises(EgressRefused):
-        call(session(STRICT), "GET", "http://mixed.example/", timeout=2)
+        call(Client(STRICT), "GET", "http://mixed.example/", timeout=2)
     assert connects == []
 
 
@@ -222,7 +222,7 @@ def test_the_providers_refuse_internal_addresses(connects: list) -> None:
 ])
 def test_an_allowed_cidr_or_host_passes(allow: str, host: str, server: FakeServer, connects: list) -> None:
     policy = EgressPolicy.parse(allow)
-    response = call(session(policy), "GET", f"http://{host}:{_port(server.url)}/ping", timeout=2)
+    response = call(Client(policy), "GET", f"http://{host}:{_port(server.url)}/ping", timeout=2)
     assert response.status == 200 and [r.path for r in server.requests] == ["/ping"]
     with httpx_client(policy, timeout=2) as client:
         assert client.get(f"http://{host}:{_port(server.url)}/ping").status_code == 200
@@ -235,7 +235,7 @@ def test_an_allowance_opens_only_what_it_names(server: FakeServer, connects: lis
     for allow, host in (("10.0.0.0/8", "127.0.0.1"), ("localhost", "127.0.0.1"), ("evolution", "localhost"),
                         ("127.0.0.1", "127.0.0.2"), ("::1", "127.0.0.1")):
         with pytest.raises(EgressRefused):
-            call(session(EgressPolicy.parse(allow)), "GET", f"http://{host}:{port}/", timeout=2)
+            call(Client(EgressPolicy.parse(allow)), "GET", f"http://{host}:{port}/", timeout=2)
     assert server.requests == [] and connects == []
 
 
@@ -254,13 +254,13 @@ def test_the_allow_list_is_parsed_strictly() -> None:
 # ------------------------------------------------------------------------ resolved once, at connect
 
 
-def test_requests_connect_to_the_address_they_checked(resolver: SimpleNamespace, server: FakeServer,
+def test_the_http_client_connects_to_the_address_it_checked(resolver: SimpleNamespace, server: FakeServer,
                                                       connects: list) -> None:
     """DNS rebinding: the name is public when checked and loopback right after. The guard resolves
     once and connects to what it checked, so the loopback fake never hears from it."""
     port = _port(server.url)
     resolver.answers["rebind.example"] = [[PUBLIC], ["127.0.0.1"]]
-    http = session(STRICT)
+    http = Client(STRICT)
     with pytest.raises(TransientError) as caught:  # the test refuses the public connect
         call(http, "GET", f"http://rebind.example:{port}/", timeout=2)
     assert caught.value.code == "connection_error"
@@ -305,7 +305,7 @@ def test_an_allowed_name_is_still_resolved_once(resolver: SimpleNamespace, serve
                                                 connects: list) -> None:
     port = _port(server.url)
     resolver.answers["evolution"] = [["127.0.0.1"], [PUBLIC]]
-    response = call(session(EgressPolicy.parse("evolution")), "GET", f"http://evolution:{port}/ok", timeout=2)
+    response = call(Client(EgressPolicy.parse("evolution")), "GET", f"http://evolution:{port}/ok", timeout=2)
     assert response.status == 200 and resolver.lookups == ["evolution"] and connects == [("127.0.0.1", port)]
     assert server.requests[0].header("Host") == f"evolution:{port}"  # the name, not the address
 
@@ -317,7 +317,7 @@ def test_redirects_are_not_followed(connects: list) -> None:
     with FakeServer(lambda req: Reply(302, {}, headers={"Location": "/internal"}) if req.path == "/start"
                     else Reply(200, {"secret": True})) as fake:
         with pytest.raises(PermanentError) as caught:
-            call(session(LOOPBACK), "GET", f"{fake.url}/start", timeout=2)
+            call(Client(LOOPBACK), "GET", f"{fake.url}/start", timeout=2)
         assert caught.value.code == "http_302"
         with httpx_client(LOOPBACK, timeout=2) as client:
             assert client.get(f"{fake.url}/start").status_code == 302
@@ -325,11 +325,11 @@ def test_redirects_are_not_followed(connects: list) -> None:
 
 
 def test_a_followed_redirect_is_guarded_too(connects: list) -> None:
-    """A caller that forgets allow_redirects=False still cannot be bounced inside the network."""
+    """Code that follows redirects through the guarded pools still cannot be bounced inside the network."""
     with FakeServer(lambda req: Reply(302, {}, headers={"Location": "http://169.254.169.254/latest/meta-data/"})
                     ) as fake:
         with pytest.raises(EgressRefused):
-            session(LOOPBACK).get(f"{fake.url}/start", timeout=2)
+            pool_manager(LOOPBACK).request("GET", f"{fake.url}/start", redirect=True, timeout=2)
         with httpx_client(LOOPBACK, timeout=2) as client, pytest.raises(EgressRefused):
             client.get(f"{fake.url}/start", follow_redirects=True)
     assert all(ipaddress.ip_address(c[0]).is_loopback for c in connects)
@@ -365,12 +365,12 @@ def test_tls_still_checks_the_certificate_against_the_name(tmp_path: Any, connec
     try:
         policy = EgressPolicy.parse("localhost")
         # Connected to the checked 127.0.0.1, verified (and SNI sent) as "localhost".
-        response = call(session(policy), "GET", f"https://localhost:{tls.port}/", timeout=2, verify=str(cert.cert_path))
+        response = call(Client(policy), "GET", f"https://localhost:{tls.port}/", timeout=2, verify=str(cert.cert_path))
         assert response.status == 200
         with pytest.raises(TransientError):  # no system CA trusts the self-signed certificate
-            call(session(policy), "GET", f"https://localhost:{tls.port}/", timeout=2)
+            call(Client(policy), "GET", f"https://localhost:{tls.port}/", timeout=2)
         with pytest.raises(TransientError):  # the certificate does not name 127.0.0.1
-            call(session(LOOPBACK), "GET", f"https://127.0.0.1:{tls.port}/", timeout=2, verify=str(cert.cert_path))
+            call(Client(LOOPBACK), "GET", f"https://127.0.0.1:{tls.port}/", timeout=2, verify=str(cert.cert_path))
     finally:
         tls.close()
     assert all(c[0] == "127.0.0.1" or c[0] == "::1" for c in connects)

@@ -36,7 +36,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from gateway import egress
 from gateway.contract import (
     Health,
     OutboundMessage,
@@ -53,7 +52,7 @@ from gateway.errors import (
     ProviderError,
     TransientError,
 )
-from gateway.http import HttpResponse, call, retry_after_seconds
+from gateway.http import Client, HttpResponse, call, retry_after_seconds
 from gateway.webhook_body import json_object
 from providers.email import mime
 from providers.email.fields import RESEND_FIELDS
@@ -85,7 +84,7 @@ class ResendProvider(Provider):
 
     def __init__(self, config: Any, context: Any) -> None:
         super().__init__(config, context)
-        self._session = egress.session(self.context.egress)
+        self._http = Client(self.context.egress)
 
     # -- connection check -----------------------------------------------------------------------
 
@@ -94,7 +93,7 @@ class ResendProvider(Provider):
         is enough), means Resend knows the key; anything else raises the typed error."""
         api_key = self._api_key()
         try:
-            call(self._session, "GET", f"{self.base_url}/domains", timeout=self.context.timeout,
+            call(self._http, "GET", f"{self.base_url}/domains", timeout=self.context.timeout,
                  classify=classify, headers={"Authorization": f"Bearer {api_key}", "User-Agent": "lembra"})
         except PermanentError as exc:
             if exc.code != "restricted_api_key":
@@ -140,7 +139,7 @@ class ResendProvider(Provider):
         key = idempotency_key(message.idempotency_key)
         if key:
             headers["Idempotency-Key"] = key
-        response = call(self._session, "POST", f"{self.base_url}/emails", timeout=self.context.timeout,
+        response = call(self._http, "POST", f"{self.base_url}/emails", timeout=self.context.timeout,
                         classify=classify, headers=headers,
                         data=json.dumps(body, ensure_ascii=False).encode("utf-8"))
         email_id = response.body.get("id") if isinstance(response.body, dict) else None

@@ -28,9 +28,7 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import quote
 
 import jwt
-import requests
 
-from gateway import egress
 from gateway.contract import (
     ConnectInfo,
     ConnectionEvent,
@@ -52,7 +50,7 @@ from gateway.errors import (
     TransientError,
     WebhookError,
 )
-from gateway.http import HttpResponse, call
+from gateway.http import Client, HttpResponse, call
 from gateway.phones import InvalidPhone, jid_to_e164, normalize_phone
 from gateway.webhook_body import bounded, json_value
 from providers.evolution.fields import FIELDS
@@ -109,7 +107,7 @@ class EvolutionProvider(Provider):
     credential_fields = FIELDS
     checks_connection = True
 
-    _session: requests.Session | None = None
+    _http: Client | None = None
 
     # ------------------------------------------------------------------ configuration / HTTP
 
@@ -126,10 +124,10 @@ class EvolutionProvider(Provider):
         return f"{base}/{route}/{quote(self._setting('instance'), safe='')}"
 
     def _request(self, method: str, url: str, **kwargs: Any) -> HttpResponse:
-        if self._session is None:
-            self._session = egress.session(self.context.egress)
+        if self._http is None:
+            self._http = Client(self.context.egress)
         headers = {"apikey": self._setting("api_key"), "Accept": "application/json"}
-        return call(self._session, method, url, timeout=self.context.timeout, classify=classify_error,
+        return call(self._http, method, url, timeout=self.context.timeout, classify=classify_error,
                     headers=headers, **kwargs)
 
     # ------------------------------------------------------------------ send

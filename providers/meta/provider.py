@@ -31,7 +31,6 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 from urllib.parse import parse_qsl, quote, urlsplit
 
-from gateway import egress
 from gateway.contract import (
     Health,
     InboundMessageEvent,
@@ -52,7 +51,7 @@ from gateway.errors import (
     ProviderError,
     TransientError,
 )
-from gateway.http import HttpResponse, call, default_error, retry_after_seconds
+from gateway.http import Client, HttpResponse, call, default_error, retry_after_seconds
 from gateway.phones import InvalidPhone, normalize_phone
 from gateway.webhook_body import bounded, json_value
 from providers.meta.fields import FIELDS
@@ -116,7 +115,7 @@ class MetaProvider(Provider):
 
     def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
         super().__init__(config, context)
-        self._session = egress.session(self.context.egress)
+        self._http = Client(self.context.egress)
 
     # ------------------------------------------------------------------ configuration
 
@@ -169,7 +168,7 @@ class MetaProvider(Provider):
 
     def _post(self, url: str, token: str, body: dict[str, Any]) -> SendResult:
         response = call(
-            self._session, "POST", url, timeout=self.context.timeout, classify=classify_error,
+            self._http, "POST", url, timeout=self.context.timeout, classify=classify_error,
             headers={"Authorization": f"Bearer {token}"}, json=body,
         )
         data = response.body
@@ -193,7 +192,7 @@ class MetaProvider(Provider):
         try:
             phone_number_id, token = self._credentials()
             response = call(
-                self._session, "GET", f"{self.base_url}/{phone_number_id}", timeout=self.context.timeout,
+                self._http, "GET", f"{self.base_url}/{phone_number_id}", timeout=self.context.timeout,
                 classify=classify_error, headers={"Authorization": f"Bearer {token}"},
                 params={"fields": HEALTH_FIELDS},
             )

@@ -26,9 +26,6 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 from urllib.parse import parse_qs, quote, urlencode, urlsplit, urlunsplit
 
-import requests
-
-from gateway import egress
 from gateway.contract import (
     Health,
     InboundMessageEvent,
@@ -46,7 +43,7 @@ from gateway.errors import (
     ProviderError,
     TransientError,
 )
-from gateway.http import HttpResponse, call, default_error, retry_after_seconds
+from gateway.http import Client, HttpResponse, call, default_error, retry_after_seconds
 from gateway.phones import InvalidPhone, normalize_phone
 from providers.sms.fields import TWILIO_FIELDS
 
@@ -166,13 +163,13 @@ class TwilioProvider(Provider):
     credential_fields = TWILIO_FIELDS
     checks_connection = True
 
-    _session: requests.Session | None = None
+    _http: Client | None = None
 
     @property
-    def session(self) -> requests.Session:
-        if self._session is None:
-            self._session = egress.session(self.context.egress)
-        return self._session
+    def http(self) -> Client:
+        if self._http is None:
+            self._http = Client(self.context.egress)
+        return self._http
 
     @property
     def base_url(self) -> str:
@@ -193,7 +190,7 @@ class TwilioProvider(Provider):
         token work (nothing is sent); a refusal raises the typed error `send` would."""
         sid, token = self._credentials()
         url = f"{self.base_url}/2010-04-01/Accounts/{quote(sid, safe='')}.json"
-        response = call(self.session, "GET", url, timeout=self.context.timeout, classify=classify_error,
+        response = call(self.http, "GET", url, timeout=self.context.timeout, classify=classify_error,
                         auth=(sid, token))
         body = response.body if isinstance(response.body, dict) else {}
         status = body.get("status")
@@ -223,7 +220,7 @@ class TwilioProvider(Provider):
         fields["Body"] = message.text
         fields["StatusCallback"] = self.webhook_url
         url = f"{self.base_url}/2010-04-01/Accounts/{quote(sid, safe='')}/Messages.json"
-        response = call(self.session, "POST", url, timeout=self.context.timeout, classify=classify_error,
+        response = call(self.http, "POST", url, timeout=self.context.timeout, classify=classify_error,
                         data=fields, auth=(sid, token))
         body = response.body if isinstance(response.body, dict) else {}
         provider_id = body.get("sid")

@@ -34,9 +34,6 @@ from email.utils import formatdate
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-import requests
-
-from gateway import egress
 from gateway.contract import (
     InboundMessageEvent,
     OutboundMessage,
@@ -53,7 +50,7 @@ from gateway.errors import (
     ProviderError,
     TransientError,
 )
-from gateway.http import HttpResponse, call, default_error
+from gateway.http import Client, HttpResponse, call, default_error
 from gateway.phones import InvalidPhone, normalize_phone
 from gateway.webhook_body import bounded, json_object
 from providers.sms.fields import ZENVIA_FIELDS
@@ -112,13 +109,13 @@ class ZenviaProvider(Provider):
     # `externalId` is echoed back but does not make Zenvia refuse a duplicate send.
     honours_idempotency = False
 
-    _session: requests.Session | None = None
+    _http: Client | None = None
 
     @property
-    def session(self) -> requests.Session:
-        if self._session is None:
-            self._session = egress.session(self.context.egress)
-        return self._session
+    def http(self) -> Client:
+        if self._http is None:
+            self._http = Client(self.context.egress)
+        return self._http
 
     @property
     def base_url(self) -> str:
@@ -153,7 +150,7 @@ class ZenviaProvider(Provider):
                 str(secret), "POST", body, "application/json", date, urlsplit(self.base_url).hostname or "",
                 urlsplit(self.base_url).path.rstrip("/") + SEND_PATH,
             )
-        response = call(self.session, "POST", self.base_url + SEND_PATH, timeout=self.context.timeout,
+        response = call(self.http, "POST", self.base_url + SEND_PATH, timeout=self.context.timeout,
                         classify=classify_error, data=body, headers=headers)
         result = response.body if isinstance(response.body, dict) else {}
         provider_id = result.get("id")
