@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -69,11 +70,7 @@ def send_batch(rt: Runtime, message_ids: Sequence[int]) -> dict[int, str]:
     if not prepared:
         return outcomes
     prepared.sort(key=lambda p: (p.send_at is not None, p.send_at or clock.now()))
-    concurrency = min(rt.settings.send_concurrency, len(prepared))
-    if concurrency <= 1:
-        results = [_call(p) for p in prepared]
-    else:
-        results = list(_pool(rt.settings.send_concurrency).map(_call, prepared))
+    results = _call_all(prepared, rt.settings.send_concurrency)
     sent = [Sent(p, result) for p, result in zip(prepared, results) if not isinstance(result, BaseException)]
     try:
         moved = record_sent(rt, sent)
@@ -103,6 +100,28 @@ def _send_alone(rt: Runtime, message_id: int) -> str:
     except Exception:  # the row's lease will expire and the sweep recovers it
         log.exception("send crashed", extra={"message_id": message_id})
         return "crashed"
+
+
+def _call_all(prepared: list[Prepared], concurrency: int) -> list[object]:
+    """Every call's answer (or exception), in order, with at most `concurrency` in flight.
+
+    The pool gets one task per thread, each taking the next message until none is left, rather
+    than one task per message: a Future, its lock and its wake-up per message cost about a tenth
+    of a worker's CPU per message on a fast provider. Messages are taken in order, so paced ones
+    still go in slot order."""
+    width = min(concurrency, len(prepared))
+    if width <= 1:
+        return [_call(p) for p in prepared]
+    results: list[object] = [None] * len(prepared)
+    taken = itertools.count()  # next() on it is atomic under the GIL: each index goes to one thread
+
+    def drain() -> None:
+        while (index := next(taken)) < len(prepared):
+            results[index] = _call(prepared[index])
+
+    for task in [_pool(concurrency).submit(drain) for _ in range(width)]:
+        task.result()
+    return results
 
 
 def _call(prepared: Prepared) -> object:
