@@ -28,6 +28,7 @@ import urllib3
 from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
+    LocationValueError,
     NewConnectionError,
     ProtocolError,
     ProxyError,
@@ -118,10 +119,12 @@ class Client:
         tls: dict[str, Any] = {} if verify is True else (
             {"ca_certs": verify} if isinstance(verify, str) else {"cert_reqs": "CERT_NONE"})
         parsed = parse_url(url)
-        proxy = self._proxy_for(parsed.scheme or "http", parsed.host or "")
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise LocationValueError("not an http(s) URL with a host")
+        proxy = self._proxy_for(parsed.scheme, parsed.host)
         if proxy is not None:
             # The proxy connects, not us: check the target's addresses before handing it over.
-            self.policy.check_host(parsed.host or "")
+            self.policy.check_host(parsed.host)
             raw = self._proxy_manager(proxy, tls).urlopen(method, url, **options)
         else:
             pool = self._direct.connection_from_host(parsed.host, port=parsed.port, scheme=parsed.scheme,

@@ -14,8 +14,10 @@ Every test gets an empty, migrated database, a frozen clock and a runtime bound 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import shutil
+import socket
 import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -141,3 +143,26 @@ def serve(_shared_fake_server: tuple[Any, dict[str, Any]]) -> Any:
         yield server
 
     return _serve
+
+
+_REAL_CONNECT = socket.socket.connect
+
+
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Every socket connect the test makes, as (address, port); only loopback really connects."""
+    seen: list[tuple[Any, ...]] = []
+
+    def connect(sock: socket.socket, address: Any) -> None:
+        seen.append(tuple(address[:2]) if isinstance(address, tuple) else (address,))
+        host = address[0] if isinstance(address, tuple) else ""
+        try:
+            loopback = ipaddress.ip_address(str(host).split("%", 1)[0]).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConnectionRefusedError(111, "refused by the test: not a loopback address")
+        return _REAL_CONNECT(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return seen

@@ -58,33 +58,12 @@ from tests.flows.test_ai import classify
 #: A public address the guard lets through; `connects` refuses it, so nothing is ever sent to it.
 PUBLIC = "93.184.216.34"
 REAL_GETADDRINFO = socket.getaddrinfo
-REAL_CONNECT = socket.socket.connect
 
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
     """This module's runtime has the production default: no LEMBRA_PROVIDER_ALLOW, public only."""
     return Settings(database_url=database_url, broker_url=BROKER_URL, secret_keys=TEST_KEY)
-
-
-@pytest.fixture
-def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """Every socket connect the test makes, as (address, port); only loopback really connects."""
-    seen: list[tuple[Any, ...]] = []
-
-    def connect(sock: socket.socket, address: Any) -> None:
-        seen.append(tuple(address[:2]) if isinstance(address, tuple) else (address,))
-        host = address[0] if isinstance(address, tuple) else ""
-        try:
-            loopback = ipaddress.ip_address(str(host).split("%", 1)[0]).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
-            raise ConnectionRefusedError(111, "refused by the test: not a loopback address")
-        return REAL_CONNECT(sock, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    return seen
 
 
 @pytest.fixture

@@ -15,24 +15,8 @@ from gateway.errors import TransientError
 from gateway.http import USER_AGENT, Client, call
 from tests.fakes.server import FakeServer, Reply
 
-REAL_CONNECT = socket.socket.connect
 REAL_GETADDRINFO = socket.getaddrinfo
 PUBLIC = "93.184.216.34"
-
-
-@pytest.fixture
-def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Every connect the test makes; anything but loopback is refused before a packet leaves."""
-    seen: list[tuple[str, int]] = []
-
-    def connect(sock: socket.socket, address: Any) -> None:
-        seen.append(tuple(address[:2]))
-        if not ipaddress.ip_address(address[0]).is_loopback:
-            raise ConnectionRefusedError(111, "refused by the test: not a loopback address")
-        return REAL_CONNECT(sock, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    return seen
 
 
 @pytest.fixture
@@ -120,3 +104,11 @@ def test_a_proxy_from_the_environment_is_used_after_the_target_is_checked(
             call(client, "GET", f"{direct.url}/x", timeout=2)
     assert len(proxy.requests) == 1 and len(direct.requests) == 1
     assert all(ipaddress.ip_address(host).is_loopback for host, _ in connects)
+
+
+@pytest.mark.parametrize("url", ["graph.example/v26.0/1/messages", "ftp://graph.example/x", "http:///nohost"])
+def test_a_url_that_is_not_http_with_a_host_fails_before_any_connection(url: str, connects: list,
+                                                                        no_proxy_env: None) -> None:
+    with pytest.raises(TransientError) as caught:
+        call(Client(STRICT), "POST", url, timeout=2, json={})
+    assert caught.value.code == "request_error" and connects == []
