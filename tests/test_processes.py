@@ -105,8 +105,11 @@ def test_two_workers_send_every_message_exactly_once(rt, backlog, procs, databas
     # Each send takes a little while outside any transaction, so neither process can keep the
     # (SQLite) write lock to itself.
     _set_sandbox(rt, backlog.channel_id, delay_ms=40)
-    # Small claims and small tasks, so the backlog is shared instead of taken in one pass.
-    small = {"LEMBRA_CLAIM_BATCH": "20", "LEMBRA_SEND_BATCH": "5", "LEMBRA_MAX_IN_FLIGHT": "20",
+    # Small claims and small tasks, so the backlog is shared instead of taken in one pass. Up to
+    # 100 in flight is 20 tasks: more than one worker prefetches (twice its 4 threads), so tasks
+    # wait in the broker for the other one. With 20 (4 tasks) one worker could hold them all, and
+    # as the one that polled last it kept winning the next claim (CI saw one sender of 400).
+    small = {"LEMBRA_CLAIM_BATCH": "20", "LEMBRA_SEND_BATCH": "5", "LEMBRA_MAX_IN_FLIGHT": "100",
              "LEMBRA_LOG_LEVEL": "INFO"}
     for proc in _start_workers(procs, database_url, 2, **small):
         procs.wait_ready(proc)
