@@ -967,10 +967,7 @@ def reminder_variables(
         ZoneInfo(timezone)  # refuse an unknown zone before formatting in it
     except (ZoneInfoNotFoundError, ValueError, TypeError):
         raise ValueError(f"unknown timezone {timezone!r}") from None
-    try:
-        babel_locale = Locale.parse(locale.replace("-", "_"))
-    except (UnknownLocaleError, ValueError, TypeError):
-        raise ValueError(f"unknown locale {locale!r}") from None
+    babel_locale = _babel_locale(locale)
 
     full_name = " ".join((contact_name or "").split())
     labels = _MODE_LABELS.get(babel_locale.language, _MODE_LABELS["pt"])
@@ -980,11 +977,23 @@ def reminder_variables(
         "nome": full_name.split(" ", 1)[0] if full_name else "",
         "nome_completo": full_name,
         "profissional": (professional or "").strip(),
-        **_when(starts_at.astimezone(UTC), timezone, str(babel_locale)),
+        # To the minute: no variable shows seconds, and a clinic's appointments of a day then
+        # share a few dozen cache entries however their instants were typed.
+        **_when(starts_at.astimezone(UTC).replace(second=0, microsecond=0), timezone, str(babel_locale)),
         "modalidade": mode_label,
         "local": (location or "").strip(),
         "clinica": org_name,
     }
+
+
+@functools.lru_cache(maxsize=64)
+def _babel_locale(locale: str) -> Locale:
+    """Babel's Locale for a locale name ("pt_BR" or "pt-BR"); parsing one costs more than a
+    reminder's other variables together, and an install uses a handful."""
+    try:
+        return Locale.parse(locale.replace("-", "_"))
+    except (UnknownLocaleError, ValueError, TypeError, AttributeError):
+        raise ValueError(f"unknown locale {locale!r}") from None
 
 
 @functools.lru_cache(maxsize=64)

@@ -4,12 +4,14 @@ prepared once)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import event, select
 
-from engine.dialect import in_values, update_per_row
-from engine.models import contacts
+from engine.dialect import in_values, insert_rows, update_per_row
+from engine.models import contacts, message_events
 from tests.factories import World
 
 
@@ -65,3 +67,70 @@ def test_update_per_row_has_one_statement_text_for_any_batch(rt: Any, clock: Any
     assert names == {cid: f"Nome {cid}" for cid in ids}
     if rt.db.engine.dialect.name == "postgresql":
         assert len(set(seen)) == 1
+
+
+def test_in_values_keeps_texts_whole(rt: Any) -> None:
+    # Values that an array literal would have to quote: commas, braces, quotes, backslashes.
+    clinic = World(rt)
+    odd = ['Ana, "a" {x}', "Bia \\ barra", "Cé", "NULL"]
+    ids = {clinic.contact(name=name, phone=f"+551699988772{i}"): name for i, name in enumerate(odd)}
+    with rt.db.connect() as conn:
+        found = conn.execute(select(contacts.c.id).where(contacts.c.org_id == clinic.org_id,
+                                                         in_values(conn, contacts.c.name, odd[:2] + ["NULL"]))).scalars()
+        assert sorted(found) == sorted(cid for cid, name in ids.items() if name in (odd[0], odd[1], "NULL"))
+
+
+def _a_message(rt: Any, clock: Any) -> tuple[World, int]:
+    clinic = World(rt)
+    clinic.channel()
+    clinic.rule(offset_minutes=60)
+    clinic.appointment(clinic.contact(), clock.now() + timedelta(days=2))
+    clinic.populate()
+    return clinic, clinic.messages()[0].id
+
+
+def test_insert_rows_writes_every_value_as_given(rt: Any, clock: Any) -> None:
+    clinic, mid = _a_message(rt, clock)
+    brt = timezone(timedelta(hours=-3))
+    rows = [
+        {"org_id": clinic.org_id, "message_id": mid, "event": "note", "attempt": 1,
+         "provider_status": 'aspas "duplas", barra \\ e {chaves}', "created_at": datetime(2026, 3, 21, 14, 0, tzinfo=brt),
+         "detail": {"reason": "pacing", "slot": "2026-03-21T17:00:00+00:00", "n": [1, 2], "ok": True}},
+        {"org_id": clinic.org_id, "message_id": mid, "event": "note", "attempt": 2,
+         "provider_status": None, "created_at": datetime(2026, 3, 21, 17, 0, 0, 123456, tzinfo=timezone.utc),
+         "detail": None},
+        {"org_id": clinic.org_id, "message_id": mid, "event": "note", "attempt": 3,
+         "provider_status": "çãé ✓", "created_at": datetime(2026, 3, 21, 17, 0, tzinfo=timezone.utc),
+         "detail": {}},
+    ]
+    seen, remember = _texts(rt)
+    try:
+        with rt.db.begin() as conn:
+            insert_rows(conn, message_events, rows[:1])
+            insert_rows(conn, message_events, rows[1:])
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", remember)
+    e = message_events.c
+    with rt.db.connect() as conn:
+        written = conn.execute(select(e.org_id, e.message_id, e.event, e.attempt, e.provider_status, e.created_at,
+                                      e.detail).where(e.org_id == clinic.org_id, e.event == "note")
+                               .order_by(e.attempt)).all()
+    assert [row._asdict() for row in written] == rows
+    # None goes in as JSON null on both backends, as SQLAlchemy's own inserts write it.
+    with rt.db.connect() as conn:
+        nulls = conn.execute(select(e.attempt).where(e.org_id == clinic.org_id, e.event == "note",
+                                                     e.detail.is_(None))).scalars().all()
+    assert nulls == []
+    if rt.db.engine.dialect.name == "postgresql":
+        assert len(set(seen)) == 1
+
+
+def test_insert_rows_refuses_a_naive_timestamp_and_writes_none_of_the_batch(rt: Any, clock: Any) -> None:
+    clinic, mid = _a_message(rt, clock)
+    good = {"org_id": clinic.org_id, "message_id": mid, "event": "note", "attempt": 1, "provider_status": None,
+            "created_at": clock.now(), "detail": None}
+    naive = {**good, "attempt": 2, "created_at": datetime(2026, 3, 21, 17, 0)}
+    with pytest.raises(Exception, match="naive datetime"):
+        with rt.db.begin() as conn:
+            insert_rows(conn, message_events, [good, naive])
+    assert "note" not in clinic.events(mid)
