@@ -29,6 +29,13 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")
 BinaryType = LargeBinary().with_variant(BYTEA(), "postgresql")
 
 
+def require_aware(value: datetime) -> datetime:
+    """`value` itself; ValueError when it is naive (a naive timestamp written is a bug)."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("naive datetime given to the database; use aware datetimes")
+    return value
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """An aware datetime in, an aware UTC datetime out, on every backend.
 
@@ -49,9 +56,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if not isinstance(value, datetime):
             raise TypeError("UTCDateTime expects a datetime")
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the database; use aware datetimes")
-        value = value.astimezone(UTC)
+        value = require_aware(value).astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect) -> datetime | None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
+from engine.db import require_aware
+
 
 def insert_ignore(conn: Connection, table: Table, conflict_columns: Sequence[str]) -> Any:
     """`INSERT … ON CONFLICT (cols) DO NOTHING` for the connection's dialect.
@@ -54,8 +56,8 @@ def in_values(conn: Connection, column: Any, values: Iterable[Any]) -> ColumnEle
         if all(type(value) is int for value in values):
             # Ids, the common case, go as one array literal: psycopg dumps a list of ints
             # element by element in Python, five times the cost of this join.
-            literal = "{" + ",".join(map(str, values)) + "}"
-            return column == any_(cast(bindparam(None, literal, type_=Text()), postgresql.ARRAY(column.type)))
+            array_text = "{" + ",".join(map(str, values)) + "}"
+            return column == any_(cast(bindparam(None, array_text, type_=Text()), postgresql.ARRAY(column.type)))
         return column == any_(bindparam(None, values, type_=postgresql.ARRAY(column.type)))
     return column.in_(values)
 
@@ -100,15 +102,13 @@ def _json_params(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> d
     written: dict[datetime, str] = {}  # a batch's rows mostly share one timestamp: write it once
 
     def timestamp(value: Any) -> str:
-        # Only what the JSON encoder does not know: timestamps. Every timestamp column is
-        # timestamptz, so a naive one is a bug, refused as UTCDateTime refuses it.
+        # Only what the JSON encoder does not know: timestamps, all timestamptz columns, so a
+        # naive one is refused as UTCDateTime refuses it.
         if not isinstance(value, datetime):
             raise TypeError(f"{type(value).__name__} cannot be written in a batch of rows")
         text = written.get(value)
         if text is None:
-            if value.tzinfo is None or value.utcoffset() is None:
-                raise ValueError("naive datetime given to the database; use aware datetimes")
-            text = written[value] = value.isoformat()
+            text = written[value] = require_aware(value).isoformat()
         return text
 
     return {"row_values_json": json.dumps([{name: row[name] for name in columns} for row in rows],
