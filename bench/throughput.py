@@ -171,6 +171,15 @@ def postgres_role(title: str, dbname: str) -> str | None:
     return "postgresql-shared"
 
 
+def backend_client_port(title: str) -> int | None:
+    """The client's TCP port of a client backend (`… USER DB 127.0.0.1(54321) STATE`), else None."""
+    for word in title.split():
+        if word.endswith(")") and "(" in word:
+            port = word[word.rindex("(") + 1:-1]
+            return int(port) if port.isdigit() else None
+    return None
+
+
 def _title(proc: psutil.Process) -> str:
     try:
         return " ".join(proc.cmdline())
@@ -381,6 +390,9 @@ class Sampler(threading.Thread):
         self.me = psutil.Process()
         self.dbname = dbname
         self.pg_roles: dict[int, str | None] = {}
+        #: pid of each of our PostgreSQL processes → whose work it does: the role of the process
+        #: holding the backend's connection (worker, scheduler, bench), or autovacuum.
+        self.pg_clients: dict[int, str] = {}
         self.interval = interval
         self.stop_event = threading.Event()
         self.stats: dict[int, ProcStats] = {}
@@ -430,10 +442,29 @@ class Sampler(threading.Thread):
                 role = self.pg_roles[proc.pid]
                 if role is not None:
                     self._sample(proc, role, self.servers, rss=False)
+                    if role == "postgresql" and proc.pid not in self.pg_clients:
+                        self.pg_clients[proc.pid] = self._pg_client(proc)
             elif pname.startswith("redis-server"):
                 self._sample(proc, "redis", self.servers, rss=False)
         self.machine_last = psutil.cpu_times()
         self.ended = time.monotonic()
+
+    def _pg_client(self, proc: psutil.Process) -> str:
+        """Whose work one of the benchmark database's PostgreSQL processes does."""
+        title = _title(proc)
+        if " autovacuum worker " in f" {title} ":
+            return "autovacuum"
+        port = backend_client_port(title)
+        if port is None:
+            return "other"
+        for pid, stat in list(self.stats.items()):
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if any(c.laddr and c.laddr.port == port for c in conns):
+                return stat.role.split(" ")[0]
+        return "other"
 
     def run(self) -> None:
         self.sample_servers()
@@ -488,8 +519,11 @@ class Sampler(threading.Thread):
                 bench += stat.cpu_seconds
                 continue
             groups[stat.role.split(" ")[0]] += stat.cpu_seconds
-        for stat in self.servers.values():
+        pg_by_client: dict[str, float] = defaultdict(float)
+        for pid, stat in self.servers.items():
             groups[stat.role] += stat.cpu_seconds
+            if stat.role == "postgresql":
+                pg_by_client[self.pg_clients.get(pid, "other")] += stat.cpu_seconds
         first, last = self.machine_first, self.machine_last
         busy = sum(getattr(last, f) - getattr(first, f) for f in ("user", "system", "nice", "irq", "softirq",
                                                                     "steal") if hasattr(last, f))
@@ -500,6 +534,8 @@ class Sampler(threading.Thread):
         return {
             "processes": per_role,
             "cpu_seconds_by_group": {k: round(v, 1) for k, v in groups.items()},
+            # The "postgresql" group split by whose work it did (the connection's owner).
+            "postgresql_cpu_seconds_by_client": {k: round(v, 1) for k, v in sorted(pg_by_client.items())},
             # Share of the whole machine (all cores) per group over the drain: which one saturates.
             "cpu_pct_of_machine_by_group": {k: round(100 * v / capacity, 1) for k, v in groups.items()},
             "machine_idle_pct": round(100 * max(capacity - busy, 0) / capacity, 1),
@@ -1154,6 +1190,8 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
     per_msg = {k: round(1000 * v / sent_n, 2) for k, v in groups.items()}
     ours = sum(groups.values())
     report["resources"]["cpu_ms_per_message"] = per_msg
+    report["resources"]["postgresql_cpu_ms_per_message_by_client"] = {
+        k: round(1000 * v / sent_n, 3) for k, v in report["resources"]["postgresql_cpu_seconds_by_client"].items()}
     report["resources"]["cpu_ms_per_message_total"] = round(1000 * ours / sent_n, 2)
     # If nothing else ran on the machine and every core were busy with this pipeline only.
     report["resources"]["ceiling_messages_per_s_dedicated_cores"] = round(
@@ -1478,6 +1516,10 @@ def _print_summary(report: dict[str, Any]) -> None:
         lines.append("CPU/msg    " + ", ".join(f"{k} {v} ms" for k, v in sorted(res["cpu_ms_per_message"].items()))
                      + f"; total {res['cpu_ms_per_message_total']} ms -> at most "
                      f"{res['ceiling_messages_per_s_dedicated_cores']:,.0f} msg/s on {m['nproc']} dedicated cores")
+        by_client = res.get("postgresql_cpu_ms_per_message_by_client")
+        if by_client:
+            lines.append("           postgresql by whose work it did: "
+                         + ", ".join(f"{k} {v} ms" for k, v in by_client.items()))
         pg = report.get("postgres")
         if pg:
             lines.append(f"postgres   per message: {pg['commits_per_message']} commits, {pg['wal_kib_per_message']} KiB WAL (cluster-wide), "
