@@ -459,7 +459,10 @@ class Sampler(threading.Thread):
             return "other"
         for pid, stat in list(self.stats.items()):
             try:
-                conns = psutil.Process(pid).net_connections(kind="tcp")
+                owner = psutil.Process(pid)
+                # `net_connections` since psutil 6; `connections` before (pyproject allows 5.9).
+                list_connections = getattr(owner, "net_connections", None) or owner.connections
+                conns = list_connections(kind="tcp")
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             if any(c.laddr and c.laddr.port == port for c in conns):
