@@ -7,7 +7,8 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import (
-    JSON, Table, Text, any_, bindparam, case, cast, column, func, insert, literal, select, type_coerce, update,
+    JSON, Table, Text, any_, bindparam, case, cast, column, func, insert, literal, select, tuple_, type_coerce,
+    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
@@ -53,13 +54,36 @@ def in_values(conn: Connection, column: Any, values: Iterable[Any]) -> ColumnEle
     count of values). SQLite keeps the IN list."""
     values = list(values)
     if conn.dialect.name == "postgresql":
-        if all(type(value) is int for value in values):
-            # Ids, the common case, go as one array literal: psycopg dumps a list of ints
-            # element by element in Python, five times the cost of this join.
-            array_text = "{" + ",".join(map(str, values)) + "}"
-            return column == any_(cast(bindparam(None, array_text, type_=Text()), postgresql.ARRAY(column.type)))
-        return column == any_(bindparam(None, values, type_=postgresql.ARRAY(column.type)))
+        return column == any_(_array_param(column, values))
     return column.in_(values)
+
+
+def in_pairs(conn: Connection, columns: tuple[Any, Any], pairs: Iterable[tuple[Any, Any]]) -> ColumnElement[bool]:
+    """`(a, b) IN (pairs)`: rows matching one of the given pairs, not every combination of the
+    two columns' values.
+
+    On PostgreSQL `(a, b) IN (SELECT * FROM unnest(:a_values, :b_values))`, one statement text for
+    any number of pairs, read through a two-column index once per pair. `a = ANY(…) AND
+    b = ANY(…)` matches every combination instead: for a batch's 100 contacts in 10 orgs the
+    planner scanned all of `preferences` (2.6 ms on 25,000 rows; 0.46 ms by pairs, measured),
+    and the scan grows with the table, not the batch. SQLite takes the row-value IN list."""
+    pairs = sorted(set(pairs))
+    first, second = columns
+    if conn.dialect.name == "postgresql":
+        source = func.unnest(_array_param(first, [a for a, _ in pairs]),
+                             _array_param(second, [b for _, b in pairs])).table_valued("a", "b").render_derived()
+        return tuple_(first, second).in_(select(source.c.a, source.c.b))
+    return tuple_(first, second).in_(pairs)
+
+
+def _array_param(column: Any, values: list[Any]) -> Any:
+    """One PostgreSQL array parameter of `values`, typed as the column's array."""
+    if all(type(value) is int for value in values):
+        # Ids, the common case, go as one array literal: psycopg dumps a list of ints element by
+        # element in Python, five times the cost of this join.
+        return cast(bindparam(None, "{" + ",".join(map(str, values)) + "}", type_=Text()),
+                    postgresql.ARRAY(column.type))
+    return bindparam(None, values, type_=postgresql.ARRAY(column.type))
 
 
 #: SQLite's (older builds') limit of bound parameters per statement.

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.exc import StatementError
 
-from engine.dialect import in_values, insert_rows, update_per_row
+from engine.dialect import in_pairs, in_values, insert_rows, update_per_row
 from engine.models import contacts, message_events
 from tests.factories import World
 
@@ -47,6 +47,30 @@ def test_in_values_finds_the_same_rows_with_one_statement_text(rt: Any) -> None:
     if rt.db.engine.dialect.name == "postgresql":
         assert len(set(seen)) == 1
         assert "= ANY" in seen[0]
+
+
+def test_in_pairs_finds_the_pairs_not_every_combination(rt: Any) -> None:
+    clinic, other = World(rt), World(rt, slug="outra")
+    mine = clinic.contact(name="Ana", phone="+5516999887701")
+    also_mine = clinic.contact(name="Bia", phone="+5516999887702")
+    theirs = other.contact(name="Caio", phone="+5516999887702")
+    seen, remember = _texts(rt)
+    try:
+        with rt.db.connect() as conn:
+            def found(columns: Any, pairs: Any) -> list[int]:
+                return sorted(conn.execute(select(contacts.c.id).where(in_pairs(conn, columns, pairs))).scalars())
+
+            # (clinic, …702) is a combination of the asked orgs and phones, not an asked pair.
+            by_phone = found((contacts.c.org_id, contacts.c.phone),
+                             [(clinic.org_id, "+5516999887701"), (other.org_id, "+5516999887702")])
+            by_id = [found((contacts.c.org_id, contacts.c.id), pairs) for pairs in (
+                [(clinic.org_id, mine)], [(clinic.org_id, mine), (other.org_id, theirs), (other.org_id, also_mine)])]
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", remember)
+    assert by_phone == sorted([mine, theirs])
+    assert by_id == [[mine], sorted([mine, theirs])]
+    if rt.db.engine.dialect.name == "postgresql":
+        assert len(set(seen[1:])) == 1  # one text for any number of pairs
 
 
 def test_update_per_row_has_one_statement_text_for_any_batch(rt: Any, clock: Any) -> None:

@@ -32,4 +32,4 @@ __all__ = [
 def conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
     """Whether the patient wrote on this channel within the last 24 hours (`Batch.conversation_open`
     for one contact, outside a send)."""
-    return window_open(last_inbound(conn, [org_id], [contact_id]).get((org_id, channel_id, contact_id)), now)
+    return window_open(last_inbound(conn, [(org_id, contact_id)]).get((org_id, channel_id, contact_id)), now)

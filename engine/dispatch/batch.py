@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Connection
 
-from engine.dialect import in_values
+from engine.dialect import in_pairs, in_values
 from engine.models import (
     address_optouts,
     appointments,
@@ -111,7 +111,7 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
             locale = (contact.locale if contact is not None else None) or batch.orgs[r.org_id].locale
             wanted.add((r.org_id, r.template_key, r.channel_kind, locale))
     batch.templates = find_templates(conn, wanted)
-    batch.last_inbound = last_inbound(conn, org_ids, {r.contact_id for r in rows})
+    batch.last_inbound = last_inbound(conn, {(r.org_id, r.contact_id) for r in rows})
     return batch
 
 
@@ -120,12 +120,13 @@ def _by_key(conn: Connection, table: Any, org_ids: Sequence[int], ids: Iterable[
         select(table).where(in_values(conn, table.c.org_id, org_ids), in_values(conn, table.c.id, sorted(ids))))}
 
 
-def last_inbound(conn: Connection, org_ids: Sequence[int], contact_ids: Iterable[int]) -> dict[tuple[int, int, int], datetime]:
-    """(org, channel, contact) → when that contact last wrote on that channel."""
+def last_inbound(conn: Connection, contacts_of_orgs: Iterable[tuple[int, int]]) -> dict[tuple[int, int, int], datetime]:
+    """(org, channel, contact) → when that contact last wrote on that channel, for each
+    (org, contact) pair asked about."""
     im = inbound_messages.c
     return {(r.org_id, r.channel_id, r.contact_id): r.last for r in conn.execute(
         select(im.org_id, im.channel_id, im.contact_id, func.max(im.received_at).label("last"))
-        .where(in_values(conn, im.org_id, org_ids), in_values(conn, im.contact_id, sorted(set(contact_ids))))
+        .where(in_pairs(conn, (im.org_id, im.contact_id), contacts_of_orgs))
         .group_by(im.org_id, im.channel_id, im.contact_id))}
 
 
@@ -137,11 +138,10 @@ def refusals(conn: Connection, contact_rows: dict[Key, Any], wanted: set[tuple[i
     if not wanted:
         return {}
     org_ids = sorted({org for org, _, _ in wanted})
-    contact_ids = sorted({cid for _, cid, _ in wanted})
     p = preferences.c
     consent = {(r.org_id, r.contact_id, r.kind): r for r in conn.execute(
         select(p.org_id, p.contact_id, p.kind, p.opted_in, p.opted_out_at).where(
-            in_values(conn, p.org_id, org_ids), in_values(conn, p.contact_id, contact_ids)))}
+            in_pairs(conn, (p.org_id, p.contact_id), {(org, cid) for org, cid, _ in wanted})))}
     found: dict[tuple[int, int], list[addresses.Address]] = {}
     for org, cid, _ in wanted:
         row = contact_rows.get((org, cid))
