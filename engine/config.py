@@ -34,7 +34,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_POPULATE_INTERVAL": ("60", "seconds between populate passes"),
     "LEMBRA_POPULATE_HORIZON_DAYS": ("8", "reminders are created for appointments starting within this many days"),
     "LEMBRA_CLAIM_BATCH": ("1000", "messages claimed per dispatch pass"),
-    "LEMBRA_SEND_BATCH": ("100", "message ids carried by one worker task"),
+    "LEMBRA_SEND_BATCH": ("200", "message ids carried by one worker task"),
     "LEMBRA_SEND_CONCURRENCY": ("8", "provider calls one worker process makes at once"),
     "LEMBRA_MAX_IN_FLIGHT": ("5000", "claimed-but-unsent messages allowed at once across the fleet"),
     "LEMBRA_SEND_TIMEOUT": ("15", "seconds a provider call may take"),
@@ -87,7 +87,7 @@ class Settings:
     populate_interval: float = 60.0
     populate_horizon: timedelta = timedelta(days=8)
     claim_batch: int = 1000
-    send_batch: int = 100
+    send_batch: int = 200
     send_concurrency: int = 8
     max_in_flight: int = 5000
     send_timeout: float = 15.0

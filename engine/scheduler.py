@@ -41,6 +41,10 @@ FULL_POPULATE_EVERY = timedelta(minutes=15)
 CHANGED_SINCE_MARGIN = timedelta(minutes=2)
 #: How long a stopping scheduler waits for its populate pass to end (seconds).
 STOP_WAIT = 30.0
+#: Follow-up steps and patient replies per worker task at most, whatever LEMBRA_SEND_BATCH says:
+#: each may wait on a model for seconds, so a task of them is kept to what it was when sends and
+#: conversations shared the setting's old default.
+CONVERSATION_TASK = 100
 
 
 @dataclass
@@ -178,8 +182,9 @@ class Scheduler:
             return 0
         self._last_repoke = time.monotonic()
         ids = inbound.unprocessed(self.rt, limit=self.rt.settings.claim_batch)
-        for start in range(0, len(ids), self.rt.settings.send_batch):
-            self.enqueue_inbound(ids[start:start + self.rt.settings.send_batch])
+        size = min(self.rt.settings.send_batch, CONVERSATION_TASK)
+        for start in range(0, len(ids), size):
+            self.enqueue_inbound(ids[start:start + size])
         if ids:
             log.warning("patient messages handed to the workers again", extra={"count": len(ids)})
         return len(ids)
@@ -190,11 +195,12 @@ class Scheduler:
             return 0, 0
         settings = self.rt.settings
         lost = flows.sweep_lost(self.rt, limit=settings.claim_batch)
+        size = min(settings.send_batch, CONVERSATION_TASK)
         claimed = 0
         while True:
             pairs = flows.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
-            for start in range(0, len(pairs), settings.send_batch):
-                self.enqueue_flows([list(p) for p in pairs[start:start + settings.send_batch]])
+            for start in range(0, len(pairs), size):
+                self.enqueue_flows([list(p) for p in pairs[start:start + size]])
             claimed += len(pairs)
             if len(pairs) < settings.claim_batch:
                 break

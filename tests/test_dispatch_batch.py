@@ -1,4 +1,4 @@
-"""The batch send path: a worker task's messages (up to 100) are checked, marked `sending` and
+"""The batch send path: a worker task's messages (up to LEMBRA_SEND_BATCH) are checked, marked `sending` and
 settled together. What a batch adds to guard: one message's failure (permanent, transient,
 ambiguous) leaves the others correct, a worker dying mid-batch sends nothing twice, a call whose
 lease ran out is not made, a batch of many costs the statements of a batch of few, and two orgs
@@ -284,6 +284,30 @@ def test_a_batch_of_twenty_five_costs_the_statements_of_a_batch_of_five(rt, cloc
             sent = conn.execute(select(message_events.c.message_id).where(
                 message_events.c.message_id.in_(large), message_events.c.event == "sent")).scalars().all()
         assert sorted(sent) == sorted(large)
+
+
+def test_a_task_larger_than_the_backends_cap_is_sent_in_slices_each_message_once(rt, clock, monkeypatch):
+    from engine.dispatch import send
+
+    monkeypatch.setattr(send, "MAX_BATCH", 10)
+    monkeypatch.setattr(send, "SQLITE_MAX_BATCH", 10)
+    with Graph({}) as graph:
+        world = meta_world(rt, graph)
+        ids = booked(world, 25)
+        clock.set(DUE)
+        dispatch.claim_due(rt, limit=100)
+        statements = _counting(rt)
+
+        outcomes = dispatch.send_batch(rt, ids)
+
+        assert outcomes == {mid: "sent" for mid in ids}
+        assert sorted(r.json()["to"] for r in graph.requests) == sorted(wa(i) for i in range(25))
+        # Three slices (10, 10, 5), each marked `sending` in one statement before its calls.
+        assert sum(1 for s in statements if s.startswith("UPDATE messages SET channel_id")) == 3
+        with rt.db.connect() as conn:
+            sent = conn.execute(select(message_events.c.message_id).where(
+                message_events.c.message_id.in_(ids), message_events.c.event == "sent")).scalars().all()
+        assert sorted(sent) == sorted(ids)
 
 
 def test_two_orgs_in_one_batch_each_get_their_own_channel_template_and_name(rt, clock):

@@ -1,6 +1,6 @@
 """What the checks before a send read, loaded for a whole batch of messages at once.
 
-A worker task carries up to 100 message ids (`LEMBRA_SEND_BATCH`). Reading each message's org,
+A worker task carries up to 200 message ids (`LEMBRA_SEND_BATCH`). Reading each message's org,
 contact, appointment, consent, rule, run, channel, template and last inbound message one query
 at a time cost ~9 statements per message; here each table is read once per batch, every query
 scoped by the orgs of the batch, and rows are matched to their message by (org, id) so no row of

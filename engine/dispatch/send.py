@@ -35,9 +35,13 @@ from gateway.errors import ProviderError
 
 log = logging.getLogger(__name__)
 
-#: Messages checked and settled together at most (a larger task is sent in slices): keeps each
-#: set-based statement's parameters within every backend's limits.
-MAX_BATCH = 100
+#: Messages checked and settled together at most (a larger task is sent in slices). PostgreSQL
+#: takes a batch's rows as one array per column, whatever their number: the cap only bounds one
+#: transaction's rows, and the rows a worker killed mid-call leaves `unknown`.
+MAX_BATCH = 500
+#: SQLite binds every row's values one by one (a CASE per column in `update_per_row`), and older
+#: builds take at most 999 parameters a statement: a hundred rows fit.
+SQLITE_MAX_BATCH = 100
 
 
 class LeaseRanOut(Exception):
@@ -54,10 +58,11 @@ def send_batch(rt: Runtime, message_ids: Sequence[int]) -> dict[int, str]:
     """Send the claimed messages among `message_ids`; returns what became of each id (for logs
     and tests): `sent`, `retried`, `failed`, `unknown`, `reclaimed`, `cancelled`, `deferred`, `not_claimed`…"""
     ids = [int(mid) for mid in dict.fromkeys(message_ids)]
-    if len(ids) > MAX_BATCH:
+    cap = SQLITE_MAX_BATCH if rt.db.is_sqlite else MAX_BATCH
+    if len(ids) > cap:
         outcomes: dict[int, str] = {}
-        for start in range(0, len(ids), MAX_BATCH):
-            outcomes.update(send_batch(rt, ids[start:start + MAX_BATCH]))
+        for start in range(0, len(ids), cap):
+            outcomes.update(send_batch(rt, ids[start:start + cap]))
         return outcomes
     try:
         prepared, outcomes = prepare(rt, ids)
