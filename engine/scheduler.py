@@ -17,12 +17,13 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine import clock, dispatch, inbound, metrics, statuses
+from engine.config import Settings
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
 from engine.populate import PopulateResult, populate, populate_changed
@@ -30,6 +31,7 @@ from engine.privacy.retention import DailyRetention
 from engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Advisory lock key: "LEMB" as an integer.
 LEADER_LOCK = 0x4C454D42
@@ -45,6 +47,17 @@ STOP_WAIT = 30.0
 #: each may wait on a model for seconds, so a task of them is kept to what it was when sends and
 #: conversations shared the setting's old default.
 CONVERSATION_TASK = 100
+
+
+def conversation_task(settings: Settings) -> int:
+    """How many follow-up steps or patient replies go in one worker task."""
+    return min(settings.send_batch, CONVERSATION_TASK)
+
+
+def in_tasks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """`items` cut into consecutive worker tasks of at most `size`."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 @dataclass
@@ -109,8 +122,8 @@ class Scheduler:
         while True:
             # Bounded in-flight work, so a big backlog is not all leased at the same time.
             ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
-            for start in range(0, len(ids), settings.send_batch):
-                self.enqueue(ids[start:start + settings.send_batch])
+            for task in in_tasks(ids, settings.send_batch):
+                self.enqueue(task)
             claimed += len(ids)
             if len(ids) < settings.claim_batch:
                 break
@@ -182,9 +195,8 @@ class Scheduler:
             return 0
         self._last_repoke = time.monotonic()
         ids = inbound.unprocessed(self.rt, limit=self.rt.settings.claim_batch)
-        size = min(self.rt.settings.send_batch, CONVERSATION_TASK)
-        for start in range(0, len(ids), size):
-            self.enqueue_inbound(ids[start:start + size])
+        for task in in_tasks(ids, conversation_task(self.rt.settings)):
+            self.enqueue_inbound(task)
         if ids:
             log.warning("patient messages handed to the workers again", extra={"count": len(ids)})
         return len(ids)
@@ -195,12 +207,12 @@ class Scheduler:
             return 0, 0
         settings = self.rt.settings
         lost = flows.sweep_lost(self.rt, limit=settings.claim_batch)
-        size = min(settings.send_batch, CONVERSATION_TASK)
+        size = conversation_task(settings)
         claimed = 0
         while True:
             pairs = flows.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
-            for start in range(0, len(pairs), size):
-                self.enqueue_flows([list(p) for p in pairs[start:start + size]])
+            for task in in_tasks(pairs, size):
+                self.enqueue_flows([list(p) for p in task])
             claimed += len(pairs)
             if len(pairs) < settings.claim_batch:
                 break

@@ -588,3 +588,27 @@ def test_a_sair_whose_poke_was_lost_is_handed_to_the_workers_again_once(rt, cloc
     clock.advance(timedelta(minutes=5))
     assert Scheduler(rt, lambda ids: None, enqueue_inbound=lambda ids: pokes.append(list(ids))).tick().repoked == 0
     assert process_inbound(rt, inbound_id) is None, "acted on once"
+
+
+def test_replies_handed_out_again_go_in_tasks_of_a_hundred_whatever_the_send_batch(rt, clock):
+    """A reply may wait seconds on a model: a larger LEMBRA_SEND_BATCH makes send tasks larger,
+    never a task of replies."""
+    from dataclasses import replace
+
+    from engine.runtime import Runtime
+    from engine.scheduler import CONVERSATION_TASK, Scheduler
+
+    world = clinic(rt)
+    channel = world.channels["whatsapp"]
+    stored = [i for n in range(CONVERSATION_TASK + 50) for i in receive(rt, "sandbox", channel, request(
+        {"type": "message", "id": f"in-many-{n}", "from": f"+55169990{n:05d}", "timestamp": rt_now_ts(),
+         "text": "Bom dia"}, sandbox_headers(rt, channel))).inbound_ids]
+    wide = Runtime(settings=replace(rt.settings, send_batch=3 * CONVERSATION_TASK), db=rt.db,
+                   keyring=rt.keyring, providers=rt.providers)
+    tasks: list[list[int]] = []
+    clock.advance(timedelta(minutes=1, seconds=1))
+
+    assert Scheduler(wide, lambda ids: None, enqueue_inbound=lambda ids: tasks.append(list(ids))).tick().repoked == 150
+
+    assert [len(task) for task in tasks] == [CONVERSATION_TASK, 50]
+    assert sorted(i for task in tasks for i in task) == sorted(stored)
