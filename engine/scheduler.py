@@ -121,7 +121,8 @@ class Scheduler:
         claimed = 0
         while True:
             # Bounded in-flight work, so a big backlog is not all leased at the same time.
-            ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
+            ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight,
+                                     task=settings.send_batch)
             for task in in_tasks(ids, settings.send_batch):
                 self.enqueue(task)
             claimed += len(ids)

@@ -36,6 +36,8 @@ class TemplateRef:
 class OutboundMessage:
     """One message to one recipient, already rendered."""
 
+    #: The recipient: an e-mail address, or a phone number in E.164 as the engine stores it
+    #: (`gateway.phones.recipient_phone` gives a provider the number to send to).
     to: str
     text: str
     subject: str | None = None

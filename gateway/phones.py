@@ -21,6 +21,7 @@ __all__ = [
     "e164_to_jid",
     "jid_to_e164",
     "normalize_phone",
+    "recipient_phone",
 ]
 
 _BR_COUNTRY_CODE = 55
@@ -47,6 +48,9 @@ _BR_CARRIER_PLACEHOLDER_RE = re.compile(r"^\s*0\s*xx\s*", re.IGNORECASE)
 # national Brazilian number (those have 10-11 digits), so it is the country
 # code without the '+'. 11-digit runs starting with 55 are area code 55 (RS).
 _BARE_INTERNATIONAL_BR_LENGTHS = (12, 13)
+
+# The shape normalize_phone writes: '+', then 7 to 15 digits, the first not 0.
+_E164_RE = re.compile(r"\+[1-9]\d{6,14}", re.ASCII)
 
 
 class InvalidPhone(ValueError):
@@ -139,6 +143,21 @@ def normalize_phone(raw: str, default_region: str = "BR") -> str:
         text = "+" + digits
 
     return _format_e164(_parse_valid(text, default_region))
+
+
+def recipient_phone(to: str) -> str:
+    """The E.164 number a provider sends to, from an outbound message's `to`.
+
+    Lembra writes every stored number through :func:`normalize_phone` (and so validates it on
+    the way in), so a `to` already in E.164 goes as it is: parsing it again against the
+    numbering plan cost about 36 µs a message, a tenth of a send's own CPU. Anything else is
+    normalised (and validated) here.
+
+    :raises InvalidPhone: if `to` is not E.164 and cannot be normalised.
+    """
+    if isinstance(to, str) and _E164_RE.fullmatch(to):
+        return to
+    return normalize_phone(to)
 
 
 def br_whatsapp_variants(e164: str) -> list[str]:

@@ -459,6 +459,36 @@ def test_claim_respects_max_in_flight(rt, clock):
     assert len(dispatch.claim_due(rt, limit=100, max_in_flight=2)) == 1
 
 
+def test_a_claim_the_in_flight_cap_cuts_short_takes_whole_tasks(rt, clock):
+    """Near the cap the workers free a few rows at a time; a task of two would cost a task's
+    statements and commits for two messages, so the claim waits for a whole task's room."""
+    world = World(rt)
+    world.channel("whatsapp")
+    world.rule(1440)
+    for i in range(16):
+        world.appointment(world.contact(name=f"P{i}", phone=f"+55169999900{i:02d}"), APPOINTMENT)
+    clock.set(DUE)
+
+    def claim() -> list[int]:
+        return dispatch.claim_due(rt, limit=100, max_in_flight=10, task=4)
+
+    def send(ids: list[int]) -> None:
+        assert {dispatch.send_one(rt, mid) for mid in ids} == {"sent"}
+
+    first = claim()
+    assert len(first) == 10, "nothing in flight: the cap's whole room, whatever the task"
+    send(first[:3])
+    assert claim() == [], "room for 3: less than a task"
+    send(first[3:5])
+    second = claim()
+    assert len(second) == 4, "room for 5: one whole task"
+    send(first[5:] + second)
+    last = claim()
+    assert len(last) == 2, "nothing in flight: what is left"
+    send(last)
+    assert len(world.sandbox()) == 16
+
+
 def _many_due(rt: Runtime, n: int) -> World:
     world = World(rt)
     world.channel("whatsapp")

@@ -14,6 +14,7 @@ from gateway.phones import (
     e164_to_jid,
     jid_to_e164,
     normalize_phone,
+    recipient_phone,
 )
 
 E164_RE = re.compile(r"^\+[1-9]\d{7,14}$", re.ASCII)
@@ -200,3 +201,28 @@ def test_old_and_new_mobile_forms_agree(area: str, first: str, rest: str) -> Non
     assert old == new == f"+55{area}9{first}{rest}"
     assert normalize_phone(new) == new
     assert jid_to_e164(e164_to_jid(new)) == new
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=40), _phoneish))
+def test_a_recipient_is_what_normalize_phone_makes_of_it(raw: str) -> None:
+    """A provider's `to` goes through recipient_phone: whatever normalize_phone accepts comes out
+    as normalize_phone writes it, and what it refuses is refused, unless it is already shaped as
+    E.164 (a stored number, validated when it was written)."""
+    try:
+        expected = normalize_phone(raw)
+    except InvalidPhone:
+        if not E164_RE.match(raw):
+            with pytest.raises(InvalidPhone):
+                recipient_phone(raw)
+        return
+    assert recipient_phone(raw) == expected
+    assert recipient_phone(expected) == expected
+
+
+def test_a_recipient_typed_by_hand_is_normalised_and_garbage_is_refused() -> None:
+    assert recipient_phone("(16) 9988-7766") == MOBILE
+    assert recipient_phone(" +5516999887766") == MOBILE
+    for bad in ("not a phone", "", "+55 16", "+\u0665\u0665169998877", "+0516999887766"):
+        with pytest.raises(InvalidPhone):
+            recipient_phone(bad)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections import defaultdict
 
 from sqlalchemy import func, select, update
 
 from engine import clock
 from engine.inbox import open_inbox_item
 from engine.models import channels, messages
-from engine.outbox import record_events, transition
+from engine.outbox import record_event_rows, transition
 from engine.runtime import Runtime
 from gateway import registry
 
@@ -21,11 +20,13 @@ log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> list[int]:
+def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None, task: int | None = None) -> list[int]:
     """Claim up to `limit` due messages (all orgs) with a lease; returns their ids in due order.
 
     `FOR UPDATE SKIP LOCKED` lets several claimers run at once on PostgreSQL without waiting on
     each other or taking the same row; SQLite serialises writers, which gives the same result.
+    With `max_in_flight`, no more than that many are leased at once; with `task` too (how many
+    ids a worker task takes), a claim the cap cuts short takes whole tasks only.
     """
     now = clock.now()
     with rt.db.begin() as conn:
@@ -33,7 +34,13 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
             in_flight = conn.execute(
                 select(func.count()).select_from(messages).where(messages.c.status.in_(("claimed", "sending")))
             ).scalar_one()
-            limit = min(limit, max(max_in_flight - in_flight, 0))
+            free = max(max_in_flight - in_flight, 0)
+            if free < limit:
+                limit = free
+                if task and in_flight and task <= max_in_flight // 2:
+                    # The workers free a few at a time while thousands are in flight: a task of a
+                    # few costs a whole task's statements and commits, so the rest waits a tick.
+                    limit -= limit % task
             if limit == 0:
                 return []
         due = (
@@ -53,11 +60,10 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
             .values(status="claimed", lease_until=now + rt.settings.lease, claimed_by=WORKER_ID, updated_at=now)
             .returning(messages.c.id, messages.c.org_id, messages.c.next_attempt_at)
         ).all()
-        by_org: dict[int, list[int]] = defaultdict(list)
-        for row in rows:
-            by_org[row.org_id].append(row.id)
-        for org_id, ids in by_org.items():
-            record_events(conn, org_id, ids, "claimed", at=now)
+        record_event_rows(conn, [
+            {"org_id": row.org_id, "message_id": row.id, "event": "claimed", "attempt": None,
+             "provider_status": None, "detail": None, "created_at": now}
+            for row in rows])
     return [row.id for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
 
 

@@ -51,7 +51,7 @@ from gateway.errors import (
     WebhookError,
 )
 from gateway.http import Client, HttpResponse, call
-from gateway.phones import InvalidPhone, jid_to_e164, normalize_phone
+from gateway.phones import InvalidPhone, jid_to_e164, normalize_phone, recipient_phone
 from gateway.webhook_body import bounded, json_value
 from providers.evolution.fields import FIELDS
 
@@ -139,7 +139,7 @@ class EvolutionProvider(Provider):
         `src/api/routes/sendMessage.router.ts` (201), `whatsapp.baileys.service.ts` `prepareMessage`.
         """
         try:
-            number = normalize_phone(message.to).lstrip("+")
+            number = recipient_phone(message.to).lstrip("+")
         except InvalidPhone:
             raise PermanentError("recipient is not a valid phone number", code="invalid_number") from None
         if not isinstance(message.text, str) or not message.text.strip():

@@ -52,7 +52,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.http import Client, HttpResponse, call, default_error, retry_after_seconds
-from gateway.phones import InvalidPhone, normalize_phone
+from gateway.phones import InvalidPhone, normalize_phone, recipient_phone
 from gateway.webhook_body import bounded, json_value
 from providers.meta.fields import FIELDS
 
@@ -143,7 +143,7 @@ class MetaProvider(Provider):
     def send(self, message: OutboundMessage) -> SendResult:
         phone_number_id, token = self._credentials()
         try:
-            to = normalize_phone(message.to).lstrip("+")
+            to = recipient_phone(message.to).lstrip("+")
         except InvalidPhone:
             raise PermanentError("recipient is not a valid phone number", code="invalid_number") from None
         url = f"{self.base_url}/{phone_number_id}/messages"

@@ -44,7 +44,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.http import Client, HttpResponse, call, default_error, retry_after_seconds
-from gateway.phones import InvalidPhone, normalize_phone
+from gateway.phones import InvalidPhone, normalize_phone, recipient_phone
 from providers.sms.fields import TWILIO_FIELDS
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class TwilioProvider(Provider):
     def send(self, message: OutboundMessage) -> SendResult:
         sid, token = self._credentials()
         try:
-            to = normalize_phone(message.to)
+            to = recipient_phone(message.to)
         except InvalidPhone:
             raise PermanentError("recipient is not a valid phone number", code="invalid_number") from None
         fields: dict[str, str] = {"To": to}

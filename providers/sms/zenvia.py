@@ -51,7 +51,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.http import Client, HttpResponse, call, default_error
-from gateway.phones import InvalidPhone, normalize_phone
+from gateway.phones import InvalidPhone, normalize_phone, recipient_phone
 from gateway.webhook_body import bounded, json_object
 from providers.sms.fields import ZENVIA_FIELDS
 
@@ -129,7 +129,7 @@ class ZenviaProvider(Provider):
         if not isinstance(token, str) or not token or not sender:
             raise PermanentError("zenvia channel lacks api_token or from", code="config_missing", channel_broken=True)
         try:
-            to = normalize_phone(message.to).lstrip("+")  # SMS `to`: country code + number, digits only
+            to = recipient_phone(message.to).lstrip("+")  # SMS `to`: country code + number, digits only
         except InvalidPhone:
             raise PermanentError("recipient is not a valid phone number", code="invalid_number") from None
         payload: dict[str, Any] = {
