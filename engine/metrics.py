@@ -28,6 +28,7 @@ does not fix the value class before `use_multiprocess()` has set the directory.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import shutil
@@ -101,10 +102,18 @@ _DEFINITIONS: dict[str, tuple[str, str, str, tuple[str, ...], dict[str, Any]]] =
                      (), {}),
 }
 _metrics: dict[str, Any] = {}
+_children: dict[tuple[str, tuple[str, ...]], Any] = {}
 _lock = threading.Lock()
 
 
-def _metric(key: str) -> Any:
+def _metric(key: str, *labels: str) -> Any:
+    """The metric `key`, or its child for `labels`: children are kept, as `labels()` takes a lock
+    and checks its values on every call (labels are bounded words, so there are few)."""
+    if labels:
+        child = _children.get((key, labels))
+        if child is None:
+            child = _children[(key, labels)] = _metric(key).labels(*labels)
+        return child
     metric = _metrics.get(key)
     if metric is None:
         with _lock:
@@ -136,6 +145,7 @@ def _quiet(fn: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+@functools.cache
 def _providers() -> tuple[str, ...]:
     from engine.models import PROVIDERS
 
@@ -172,8 +182,8 @@ def _send_outcome(exc: BaseException) -> str:
 @_quiet
 def _record_call(provider: str, outcome: str, seconds: float) -> None:
     provider = _bounded(provider, _providers())
-    _metric("sends").labels(provider, _bounded(outcome, SEND_OUTCOMES)).inc()
-    _metric("provider_seconds").labels(provider).observe(seconds)
+    _metric("sends", provider, _bounded(outcome, SEND_OUTCOMES)).inc()
+    _metric("provider_seconds", provider).observe(seconds)
 
 
 @_quiet
@@ -186,14 +196,14 @@ def lateness(kind: str, due_at: datetime | None, sent_at: datetime) -> None:
     if sent_at.tzinfo is None:
         sent_at = sent_at.replace(tzinfo=UTC)
     seconds = max((sent_at - due_at).total_seconds(), 0.0)
-    _metric("lateness").labels(_bounded(kind, CHANNEL_KINDS)).observe(seconds)
+    _metric("lateness", _bounded(kind, CHANNEL_KINDS)).observe(seconds)
 
 
 @_quiet
 def message_events(event: str, count: int) -> None:
     """`count` messages recorded `event` (engine.outbox.record_events: every status change)."""
     if count:
-        _metric("message_events").labels(_bounded(event, MESSAGE_EVENTS)).inc(count)
+        _metric("message_events", _bounded(event, MESSAGE_EVENTS)).inc(count)
 
 
 @_quiet
@@ -214,7 +224,7 @@ def webhook(provider: str, result: Any) -> None:
         word = "refused"
     else:
         word = "duplicate" if getattr(result, "duplicate", False) else "accepted"
-    _metric("webhooks").labels(_bounded(provider, _providers()), _bounded(word, WEBHOOK_RESULTS)).inc()
+    _metric("webhooks", _bounded(provider, _providers()), _bounded(word, WEBHOOK_RESULTS)).inc()
 
 
 @_quiet
@@ -227,10 +237,10 @@ def enrollment_event(event_type: str, payload: Any, *, stored: bool) -> None:
     from engine.flows.schema import NODE_TYPES
 
     kind = _bounded((payload or {}).get("kind"), NODE_TYPES + ("wake",))
-    _metric("flow_steps").labels(kind, _bounded(payload.get("status"), STEP_STATUSES)).inc()
+    _metric("flow_steps", kind, _bounded(payload.get("status"), STEP_STATUSES)).inc()
     calls = int(payload.get("llm_calls") or 0)
     if calls > 0:
-        _metric("llm_calls").labels(kind).inc(calls)
+        _metric("llm_calls", kind).inc(calls)
 
 
 _heartbeat = [time.monotonic()]
@@ -251,13 +261,13 @@ def scheduler_pass(tick: Callable[[], T]) -> T:
 @_quiet
 def _record_pass(result: str, seconds: float, tick: Any) -> None:
     _heartbeat[0] = time.monotonic()
-    _metric("scheduler_passes").labels(result).inc()
+    _metric("scheduler_passes", result).inc()
     _metric("scheduler_seconds").observe(seconds)
     _metric("scheduler_leader").set(1)
     if tick is not None:
-        _metric("scheduler_claimed").labels("messages").inc(int(getattr(tick, "claimed", 0) or 0))
-        _metric("scheduler_claimed").labels("enrollments").inc(int(getattr(tick, "advanced", 0) or 0))
-        _metric("scheduler_claimed").labels("inbound_repoked").inc(int(getattr(tick, "repoked", 0) or 0))
+        _metric("scheduler_claimed", "messages").inc(int(getattr(tick, "claimed", 0) or 0))
+        _metric("scheduler_claimed", "enrollments").inc(int(getattr(tick, "advanced", 0) or 0))
+        _metric("scheduler_claimed", "inbound_repoked").inc(int(getattr(tick, "repoked", 0) or 0))
         _metric("scheduler_last_pass").set(time.time())
 
 
