@@ -445,11 +445,7 @@ def test_sending_row_of_an_idempotent_provider_is_retried_safely(rt, clock, idem
 
 
 def test_claim_respects_max_in_flight(rt, clock):
-    world = World(rt)
-    world.channel("whatsapp")
-    world.rule(1440)
-    for i in range(3):
-        world.appointment(world.contact(name=f"P{i}", phone=f"+55169999900{i:02d}"), APPOINTMENT)
+    _many_due(rt, 3)
     clock.set(DUE)
     first = dispatch.claim_due(rt, limit=100, max_in_flight=2)
     assert len(first) == 2
@@ -462,11 +458,7 @@ def test_claim_respects_max_in_flight(rt, clock):
 def test_a_claim_the_in_flight_cap_cuts_short_takes_whole_tasks(rt, clock):
     """Near the cap the workers free a few rows at a time; a task of two would cost a task's
     statements and commits for two messages, so the claim waits for a whole task's room."""
-    world = World(rt)
-    world.channel("whatsapp")
-    world.rule(1440)
-    for i in range(16):
-        world.appointment(world.contact(name=f"P{i}", phone=f"+55169999900{i:02d}"), APPOINTMENT)
+    world = _many_due(rt, 16)
     clock.set(DUE)
 
     def claim() -> list[int]:
