@@ -1,8 +1,8 @@
 """The batch send path: a worker task's messages (up to LEMBRA_SEND_BATCH) are checked, marked
-`sending` and settled together. What a batch adds to guard: one message's failure (permanent, transient,
-ambiguous) leaves the others correct, a worker dying mid-batch sends nothing twice, a call whose
-lease ran out is not made, a batch of many costs the statements of a batch of few, and two orgs
-in one batch never see each other's rows."""
+`sending` and settled together. What a batch adds to guard: one message's failure (permanent,
+transient, ambiguous) leaves the others correct, a worker dying mid-batch sends nothing twice, a
+call whose lease ran out is not made, a batch of many costs the statements of a batch of few,
+and two orgs in one batch never see each other's rows."""
 
 from __future__ import annotations
 

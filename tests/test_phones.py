@@ -212,7 +212,7 @@ def test_a_recipient_is_what_normalize_phone_makes_of_it(raw: str) -> None:
     try:
         expected = normalize_phone(raw)
     except InvalidPhone:
-        if not E164_RE.match(raw):
+        if not re.fullmatch(r"\+[1-9]\d{6,14}", raw, re.ASCII):  # E.164's shape, as recipient_phone reads it
             with pytest.raises(InvalidPhone):
                 recipient_phone(raw)
         return
