@@ -60,8 +60,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect) -> datetime | None:  # type: ignore[no-untyped-def]
-        if value is None:
-            return None
+        if value is None or value.tzinfo is UTC:
+            return value
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
@@ -161,6 +161,15 @@ def _make_engine(url: str, *, pool_size: int, echo: bool) -> Engine:
         connect_args={"connect_timeout": 10, "application_name": "lembra"},
         hide_parameters=True,
     )
+
+    @event.listens_for(engine, "connect")
+    def _utc_session(dbapi_conn: Any, _record: Any) -> None:
+        # Sessions in UTC whatever the server's default: psycopg then hands timestamptz values out
+        # in `timezone.utc` itself, which UTCDateTime passes through without converting. (A SET,
+        # not the connection's `options`, which a DATABASE_URL or PGOPTIONS may already carry.)
+        dbapi_conn.execute("SET TIME ZONE 'UTC'")
+        dbapi_conn.commit()
+
     _ping_when_idle(engine)
     return engine
 

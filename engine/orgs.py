@@ -39,6 +39,8 @@ def parse_hhmm(value: str) -> time:
         raise DomainError(f"not a time of day: {value!r} (use HH:MM)") from None
 
 
+# Cached: a send checks its org's window for every message, and an install has few distinct ones.
+@functools.lru_cache(maxsize=256)
 def window_policy(*, timezone: str, quiet_start: str, quiet_end: str, skip_sundays: bool, skip_holidays: bool,
                   state: str | None) -> WindowPolicy:
     """The sending window these org settings describe; DomainError when they do not make one."""

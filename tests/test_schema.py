@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import create_engine, inspect, insert, select, text
@@ -15,7 +16,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from engine.db import Database
 from engine.migrate import upgrade
-from engine.models import Base, messages
+from engine.models import Base, messages, orgs
 from tests.conftest import DATABASE_URL, IS_POSTGRES
 from tests.factories import World
 
@@ -138,6 +139,29 @@ def test_orm_models_match_migrated_sqlite(sqlite_url):
 
 def test_orm_models_match_migrated_postgresql(pg_url):
     _check_models_match(pg_url)
+
+
+def test_timestamps_read_back_in_utc_whatever_the_server_zone(pg_url):
+    # A server (or a URL's options) set to São Paulo: the engine's sessions still run in UTC, and
+    # every timestamp comes back the same instant, in UTC, as UTCDateTime promises.
+    url = make_url(pg_url).update_query_dict({"options": "-c TimeZone=America/Sao_Paulo"})
+    db = Database(url.render_as_string(hide_password=False))
+    written = datetime(2026, 12, 1, 9, 30, tzinfo=ZoneInfo("America/Sao_Paulo"))
+    try:
+        with db.begin() as conn:
+            assert conn.execute(text("SHOW TimeZone")).scalar() == "UTC"
+            org_id = conn.execute(text(
+                "INSERT INTO orgs (slug, name, timezone, locale, quiet_start, quiet_end, skip_sundays, "
+                "skip_holidays, created_at, updated_at) VALUES ('fuso', 'Fuso', 'America/Sao_Paulo', "
+                "'pt_BR', '08:00', '20:00', true, true, :at, :at) RETURNING id"), {"at": NOW}).scalar()
+            conn.execute(text("UPDATE orgs SET updated_at = :at WHERE id = :id"), {"at": written, "id": org_id})
+        with db.connect() as conn:
+            read = conn.execute(select(orgs.c.created_at, orgs.c.updated_at).where(orgs.c.id == org_id)).one()
+    finally:
+        db.dispose()
+    assert read.created_at == NOW and read.created_at.tzinfo is timezone.utc
+    assert read.updated_at == written and read.updated_at.tzinfo is timezone.utc
+    assert read.updated_at.hour == 12  # 09:30 in São Paulo (UTC-3)
 
 
 def _message(org_id: int, contact_id: int, key: str) -> dict[str, object]:

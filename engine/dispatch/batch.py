@@ -45,6 +45,12 @@ SEND_COLUMNS = tuple(messages.c[name] for name in (
     "id", "org_id", "purpose", "contact_id", "channel_kind", "channel_id", "appointment_id", "appointment_starts_at",
     "enrollment_id", "rule_id", "template_key", "respect_window", "payload", "idempotency_key", "status", "due_at",
     "expires_at", "attempts"))
+#: What the checks and the render read of a message's contact and appointment (their
+#: timestamps and external ids are not read, and would be converted for every row).
+CONTACT_COLUMNS = tuple(contacts.c[name] for name in (
+    "id", "org_id", "name", "phone", "email", "locale", "erased_at"))
+APPOINTMENT_COLUMNS = tuple(appointments.c[name] for name in (
+    "id", "org_id", "contact_id", "professional", "starts_at", "timezone", "mode", "location", "status"))
 
 
 @dataclass
@@ -93,10 +99,10 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
         return batch
     org_ids = sorted({r.org_id for r in rows})
     batch.orgs = {o.id: o for o in conn.execute(select(orgs).where(in_values(conn, orgs.c.id, org_ids)))}
-    batch.contacts = _by_key(conn, contacts, org_ids, {r.contact_id for r in rows})
+    batch.contacts = _by_key(conn, CONTACT_COLUMNS, org_ids, {r.contact_id for r in rows})
     appointment_ids = {r.appointment_id for r in rows if r.appointment_id is not None}
     if appointment_ids:
-        batch.appointments = _by_key(conn, appointments, org_ids, appointment_ids)
+        batch.appointments = _by_key(conn, APPOINTMENT_COLUMNS, org_ids, appointment_ids)
     rule_ids = {r.rule_id for r in rows if r.rule_id is not None}
     if rule_ids:
         batch.triggers = {(r.org_id, r.id): r.trigger for r in conn.execute(
@@ -123,9 +129,11 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
     return batch
 
 
-def _by_key(conn: Connection, table: Any, org_ids: Sequence[int], ids: Iterable[int]) -> dict[Key, Any]:
+def _by_key(conn: Connection, columns: Sequence[Any], org_ids: Sequence[int], ids: Iterable[int]) -> dict[Key, Any]:
+    """The rows of `columns`' table (its `org_id` and `id` among them) with these ids, of these orgs."""
+    table = columns[0].table
     return {(row.org_id, row.id): row for row in conn.execute(
-        select(table).where(in_values(conn, table.c.org_id, org_ids), in_values(conn, table.c.id, sorted(ids))))}
+        select(*columns).where(in_values(conn, table.c.org_id, org_ids), in_values(conn, table.c.id, sorted(ids))))}
 
 
 def last_inbound(conn: Connection, contacts_of_orgs: Iterable[tuple[int, int]]) -> dict[tuple[int, int, int], datetime]:
