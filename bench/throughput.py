@@ -1467,8 +1467,10 @@ def probe_body(args: argparse.Namespace, database_url: str, secret_keys: str, fa
             msg = conn.execute(select(messages).where(messages.c.status == "pending")
                                .order_by(messages.c.id).limit(1)).one()
             org = conn.execute(select(orgs).where(orgs.c.id == msg.org_id)).one()
-            contact = conn.execute(select(contacts).where(contacts.c.id == msg.contact_id)).one()
-            appointment = conn.execute(select(appointments).where(appointments.c.id == msg.appointment_id)).one()
+            contact = conn.execute(select(contacts).where(contacts.c.org_id == msg.org_id,
+                                                          contacts.c.id == msg.contact_id)).one()
+            appointment = conn.execute(select(appointments).where(appointments.c.org_id == msg.org_id,
+                                                                  appointments.c.id == msg.appointment_id)).one()
             channel = default_channel(conn, msg.org_id, msg.channel_kind)
             rendered = render_message(conn, org=org, contact=contact, appointment=appointment, message=msg)
         rt.providers.get(channel).send(replace(rendered.outbound, reference=f"probe-{msg.id}"))

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from engine.db import Database
 from engine.migrate import upgrade
 from engine.models import Base, messages, orgs
+from engine.orgs import create_org
 from tests.conftest import DATABASE_URL, IS_POSTGRES
 from tests.factories import World
 
@@ -150,16 +151,14 @@ def test_timestamps_read_back_in_utc_whatever_the_server_zone(pg_url):
     try:
         with db.begin() as conn:
             assert conn.execute(text("SHOW TimeZone")).scalar() == "UTC"
-            org_id = conn.execute(text(
-                "INSERT INTO orgs (slug, name, timezone, locale, quiet_start, quiet_end, skip_sundays, "
-                "skip_holidays, created_at, updated_at) VALUES ('fuso', 'Fuso', 'America/Sao_Paulo', "
-                "'pt_BR', '08:00', '20:00', true, true, :at, :at) RETURNING id"), {"at": NOW}).scalar()
+            org_id = create_org(conn, slug="fuso", name="Fuso")
+            # Written by the driver itself, not through UTCDateTime: the instant as São Paulo wrote it.
             conn.execute(text("UPDATE orgs SET updated_at = :at WHERE id = :id"), {"at": written, "id": org_id})
         with db.connect() as conn:
             read = conn.execute(select(orgs.c.created_at, orgs.c.updated_at).where(orgs.c.id == org_id)).one()
     finally:
         db.dispose()
-    assert read.created_at == NOW and read.created_at.tzinfo is timezone.utc
+    assert read.created_at.tzinfo is timezone.utc
     assert read.updated_at == written and read.updated_at.tzinfo is timezone.utc
     assert read.updated_at.hour == 12  # 09:30 in São Paulo (UTC-3)
 
