@@ -17,7 +17,9 @@ What it does (see docs/benchmarks.md for the figures and how to read them):
    whose `base_url` is bench/http_fake.py: a separate loopback process that answers as Meta's
    Cloud API does and counts each `biz_opaque_callback_data` it receives;
 2. times `engine.populate.populate` over all of them (and a second, no-op pass: the scheduler
-   repeats it every LEMBRA_POPULATE_INTERVAL);
+   repeats it every LEMBRA_POPULATE_INTERVAL); with `--populate-only`, then the bare write
+   (bench/bare_write.py): the same rows and events written again on their own, the limit of
+   populate on this machine with this schema, and (superuser only) with the foreign keys' checks off;
 3. starts `lembra worker --processes W --threads T` and one `lembra scheduler` against that
    database and Redis (`--redis`, FLUSHDB'd), waits until no message is open any more, and stops
    them (LEMBRA_PROVIDER_ALLOW=127.0.0.1 with the fake, so the egress guard lets loopback through);
@@ -61,6 +63,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -80,7 +83,7 @@ from engine.logs import configure as configure_logs  # noqa: E402
 from engine.migrate import upgrade  # noqa: E402
 from engine.models import reminder_rule_kinds, reminder_rules  # noqa: E402
 from engine.orgs import create_org  # noqa: E402
-from engine.populate import populate, populate_changed  # noqa: E402
+from engine.populate import PARALLEL_ORGS, populate, populate_changed  # noqa: E402
 from engine.worker_pools import SEND_THREADS  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 
@@ -208,6 +211,12 @@ def server_cpu_seconds(dbname: str) -> dict[int, float]:
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU used between two snapshots (a process born in between counts from zero)."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def cpu_meter(dbname: str) -> Callable[[], float]:
+    """Start counting the CPU of `dbname`'s PostgreSQL processes; the returned function reads it."""
+    before = server_cpu_seconds(dbname)
+    return lambda: cpu_delta(before, server_cpu_seconds(dbname))
 
 
 def create_database(server: str, name: str) -> None:
@@ -849,6 +858,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-layout", choices=("single", "separate"), default="single",
                    help="single: one `lembra worker --processes W`; separate: W x `lembra worker --processes 1`")
     p.add_argument("--populate-only", action="store_true", help="load and time populate, send nothing")
+    p.add_argument("--no-bare-write", dest="bare_write", action="store_false",
+                   help="populate-only: skip the bare write (populate's rows written again on their own, "
+                        "bench/bare_write.py)")
     p.add_argument("--realistic-window", action="store_true",
                    help="orgs keep the default window (08:00-20:00, no Sundays/holidays); populate-only")
     p.add_argument("--spread", type=float, default=10.0, help="seconds over which the reminders fall due")
@@ -1077,6 +1089,8 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
             report["populate"]["messages_by_status"] = dict(conn.execute(
                 "SELECT status, count(*) FROM messages GROUP BY status").fetchall())
         db.dispose()
+        if args.bare_write:
+            report["populate"]["bare_write"] = bare_writes(args, conninfo, first.created, populate_s)
         _print_summary(report)
         return 0
     db.dispose()
@@ -1237,6 +1251,24 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
             after["lembra_fraction_of_wire"] = round(lembra_rate / max(after["messages_per_s"], 1e-9), 3)
     _print_summary(report)
     return 0 if run_ok(report) else 1
+
+
+def bare_writes(args: argparse.Namespace, conninfo: str, rows: int, populate_s: float) -> list[dict[str, Any]]:
+    """Populate's rows written again on their own (bench/bare_write.py): as the schema is, then,
+    when this role may, with the foreign keys' triggers off, to show what their checks cost."""
+    from bare_write import run as run_bare_write
+
+    with psycopg.connect(conninfo) as conn:
+        superuser = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+    out = []
+    for foreign_keys in (True, False) if superuser else (True,):
+        log(f"bare write: the {rows:,} reminders and their events written again into the emptied tables, "
+            f"{PARALLEL_ORGS} connection(s)" + ("" if foreign_keys else ", foreign-key triggers off"))
+        bare = run_bare_write(conninfo, PARALLEL_ORGS, lambda: cpu_meter(args.db_name), foreign_keys=foreign_keys)
+        out.append({"rows": bare.rows, "foreign_keys": bare.foreign_keys, "seconds": round(bare.seconds, 2),
+                    "connections": bare.connections, "postgresql_cpu_seconds": round(bare.postgresql_cpu_seconds, 2),
+                    "populate_over_bare": round(populate_s / bare.seconds, 2)})
+    return out
 
 
 def engine_env(args: argparse.Namespace, database_url: str, secret_keys: str) -> dict[str, str]:
@@ -1530,6 +1562,13 @@ def _print_summary(report: dict[str, Any]) -> None:
              f"{pop['python_cpu_seconds']}s Python + {pop['postgresql_cpu_seconds']}s PostgreSQL); "
              f"repeat full pass {pop['repeat_pass_seconds']:.1f}s, incremental pass "
              f"{pop['incremental_pass_seconds']:.2f}s"]
+    for bare in pop.get("bare_write", []):
+        lines.append(f"bare write the same {bare['rows']:,} reminders and their events alone, INSERT ... SELECT from a "
+                     f"copy into the emptied tables, {bare['connections']} connection(s), "
+                     + ("every index and foreign key" if bare["foreign_keys"]
+                        else "foreign-key triggers off (a measurement only)")
+                     + f": {bare['seconds']:.1f}s (PostgreSQL CPU {bare['postgresql_cpu_seconds']}s); populate took "
+                     f"{bare['populate_over_bare']:.2f}x it")
     send = report.get("send")
     if send:
         a = report["args"]
