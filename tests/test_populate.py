@@ -12,7 +12,7 @@ from engine import appointments as appts
 from engine import dispatch
 from engine.contacts import opt_out
 from engine.models import contacts, message_events, messages
-from engine.populate import DEFAULT_HORIZON, populate, refresh_appointment
+from engine.populate import DEFAULT_HORIZON, populate, populate_org, refresh_appointment
 from tests.conftest import IS_POSTGRES
 from tests.factories import World, local
 
@@ -230,6 +230,35 @@ def test_clinic_cancel_cancels_reminders_and_sends_the_notice(rt, clock):
     assert dispatch.send_one(rt, notice.id) == "sent"
     [sent] = world.sandbox()
     assert "cancelada" in sent.body
+
+
+def test_a_whole_org_pass_applies_each_rule_to_its_own_appointments_only(rt, clock):
+    # One org, two triggers: the pass's condition is one part per trigger its rules have.
+    world = World(rt)
+    world.channel("whatsapp")
+    reminder_rule = world.rule(1440)
+    notice_rule = world.rule(0, trigger="on_cancel", purpose="session_cancellation")
+    live = world.appointment(world.contact(), local(2026, 12, 3, 14, 0), refresh=False)
+    cancelled = world.appointment(world.contact(), local(2026, 12, 3, 15, 0), refresh=False)
+    with rt.db.begin() as conn:
+        assert appts.cancel(conn, world.org_id, cancelled, source="clinic")
+
+    assert world.populate().created == 2
+    assert {(m.appointment_id, m.rule_id, m.status) for m in world.messages()} == {
+        (live, reminder_rule, "pending"), (cancelled, notice_rule, "pending")}
+
+
+@pytest.mark.skipif(not IS_POSTGRES, reason="a PostgreSQL planner setting")
+def test_a_whole_org_pass_leaves_the_callers_planner_settings_as_they_were(rt, clock):
+    world = World(rt)
+    world.channel("whatsapp")
+    world.rule(1440)
+    world.appointment(world.contact(), local(2026, 12, 3, 14, 0), refresh=False)
+    with rt.db.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL enable_nestloop = on")
+        result = populate_org(conn, world.org_id, horizon=DEFAULT_HORIZON)
+        assert result.created == 1
+        assert conn.exec_driver_sql("SELECT current_setting('enable_nestloop')").scalar_one() == "on"
 
 
 def test_patient_cancel_gets_no_clinic_notice(rt, clock):
