@@ -66,8 +66,8 @@ def run(conninfo: str, connections: int, cpu_meter: Callable[[], Callable[[], fl
     a function that reads it (the write's own backends are connected before it starts and closed
     after it is read). `foreign_keys=False` writes with PostgreSQL's foreign-key triggers off
     (`session_replication_role = replica`, a superuser's setting, for this write's sessions only):
-    a measurement of what the checks cost, never what Lembra does. The
-    database is left with the same reminders as before (new ids), their events made the same way."""
+    a measurement of what the checks cost, never what Lembra does. The database is left with the
+    same reminders as before (new ids), their events made the same way."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {SOURCE}")
         # Ordered by org, so that each org's rows are read from adjacent pages through the index.
@@ -125,4 +125,5 @@ def run(conninfo: str, connections: int, cpu_meter: Callable[[], Callable[[], fl
         raise failures[0]
     if sum(written) != expected:
         raise RuntimeError(f"the bare write wrote {sum(written)} rows of {expected}")
-    return BareWrite(rows=expected, foreign_keys=foreign_keys, seconds=seconds, postgresql_cpu_seconds=cpu, connections=len(conns))
+    return BareWrite(rows=expected, foreign_keys=foreign_keys, seconds=seconds, postgresql_cpu_seconds=cpu,
+                     connections=len(conns))

@@ -1051,11 +1051,11 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
 
         profiler = cProfile.Profile()
         profiler.enable()
-    pg0 = server_cpu_seconds(args.db_name)
+    populate_pg_cpu_used = cpu_meter(args.db_name)
     started, cpu0 = time.perf_counter(), time.process_time()
     first = populate(db, horizon=HORIZON)
     populate_s, populate_cpu = time.perf_counter() - started, time.process_time() - cpu0
-    populate_pg_cpu = cpu_delta(pg0, server_cpu_seconds(args.db_name))
+    populate_pg_cpu = populate_pg_cpu_used()
     if profiler is not None:
         profiler.disable()
         report["populate_profile"] = populate_breakdown(profiler, populate_s)
@@ -1432,7 +1432,7 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
         measured = [mid for chunk in chunks for mid in chunk]
         counter = StatementCounter(rt.db.engine)
         fake_cpu0 = fake.cpu_seconds() if fake else 0.0
-        pg_cpu0 = server_cpu_seconds(args.db_name)
+        pg_cpu_used = cpu_meter(args.db_name)
         with psycopg.connect(conninfo, autocommit=True) as pg:
             before = pg_snapshot(pg)
             counter.on = True
@@ -1446,7 +1446,7 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
             rt.db.engine.dispose()
             time.sleep(2)
             after = pg_snapshot(pg)
-        pg_cpu = cpu_delta(pg_cpu0, server_cpu_seconds(args.db_name))
+        pg_cpu = pg_cpu_used()
         m = max(len(measured), 1)
         stmts = dict(counter.statements)
         with psycopg.connect(conninfo, autocommit=True) as pg:
