@@ -1441,12 +1441,13 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
                 send(chunk)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             counter.on = False
+            # Read before the pool is closed: a backend that has exited takes its CPU time with it.
+            pg_cpu = pg_cpu_used()
             # The engine's pooled backends report their commits to pg_stat asynchronously (at most
             # once a second while idle); closing them makes them flush on exit.
             rt.db.engine.dispose()
             time.sleep(2)
             after = pg_snapshot(pg)
-        pg_cpu = pg_cpu_used()
         m = max(len(measured), 1)
         stmts = dict(counter.statements)
         with psycopg.connect(conninfo, autocommit=True) as pg:
