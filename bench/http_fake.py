@@ -12,6 +12,9 @@ workers', and it answers what Lembra's Meta provider (providers/meta/provider.py
 - `GET /stats` → how many times each `biz_opaque_callback_data` arrived (the benchmark checks
   0 duplicates / 0 lost against the database), the request count, and one sample body (so the
   bare-wire client posts exactly what Lembra posted);
+- `GET /count` → `{"sends": n}`, the sends so far, cheap enough to poll every second (the
+  benchmark's progress; counting `sent` rows in the database every second cost PostgreSQL
+  0.5 s a poll over a million-row table);
 - `POST /reset` → forget the counts (between phases).
 
 Why hand-written on asyncio rather than http.server: the fake must not be the bottleneck of
@@ -156,6 +159,8 @@ class Handler(asyncio.Protocol):
                       b'"messages":[{"id":"wamid.%s%d"}]}' % (str(to).encode(), str(to).encode(),
                                                              self.prefix.encode(), next(_wamid)))
             return _response(200, "OK", answer, close)
+        if method == "GET" and path == "/count":
+            return _response(200, "OK", b'{"sends":%d}' % state.sends, close)
         if method == "GET" and path == "/stats":
             return _response(200, "OK", json.dumps(state.stats()).encode(), close)
         if method == "POST" and path == "/reset":
