@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -15,6 +17,26 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.db import require_aware
+
+
+@contextmanager
+def planner_setting(conn: Connection, name: str, value: str, *, when: bool = True) -> Iterator[None]:
+    """PostgreSQL: plan the statements run inside with the planner setting `name` at `value`,
+    local to the transaction, and put the previous value back after them; elsewhere (or when
+    `when` is false) nothing.
+
+    For the few statements whose right plan does not depend on what the statistics say, where a
+    plan chosen from stale ones is far slower (each use says why)."""
+    if not when or conn.dialect.name != "postgresql":
+        yield
+        return
+    previous = conn.exec_driver_sql(
+        "SELECT current_setting(%(name)s), set_config(%(name)s, %(value)s, true)", {"name": name, "value": value},
+    ).scalar_one()
+    yield
+    # Not in a `finally`: a statement that failed has aborted the transaction, which undoes the
+    # setting (it is local to the transaction) and would refuse this statement.
+    conn.exec_driver_sql("SELECT set_config(%(name)s, %(value)s, true)", {"name": name, "value": previous})
 
 
 def insert_ignore(conn: Connection, table: Table, conflict_columns: Sequence[str]) -> Any:

@@ -26,9 +26,8 @@ changed since then. The scheduler still runs a full pass now and then as a safet
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,7 +52,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from engine import clock, metrics
 from engine.db import Database
-from engine.dialect import epoch_seconds, insert_ignore
+from engine.dialect import epoch_seconds, insert_ignore, planner_setting
 from engine.models import (
     OPEN_STATUSES,
     appointments,
@@ -371,8 +370,7 @@ def _insert_reminders(
     return sum(counts.values()), counts.get("pending", 0), counts.get("skipped", 0)
 
 
-@contextmanager
-def _joined_by_hash(conn: Connection, whole_org: bool) -> Iterator[None]:
+def _joined_by_hash(conn: Connection, whole_org: bool) -> AbstractContextManager[None]:
     """PostgreSQL, a pass over a whole org: plan the statement inside without nested loops.
 
     The planner estimates the appointments × rules × channel kinds × consents join at a row or so
@@ -382,15 +380,7 @@ def _joined_by_hash(conn: Connection, whole_org: bool) -> Iterator[None]:
     12.7–13.5 s, and its repeat pass's insert 1.9–2.0 s instead of 2.5–2.7 s (docs/benchmarks.md,
     2026-12-04 (end of day)). A pass over one appointment or over what changed joins a few rows,
     which an index does best: those keep the planner's choice."""
-    if not whole_org or conn.dialect.name != "postgresql":
-        yield
-        return
-    previous = conn.exec_driver_sql("SELECT current_setting('enable_nestloop')").scalar_one()
-    conn.exec_driver_sql("SELECT set_config('enable_nestloop', 'off', true)")
-    yield
-    # Not in a `finally`: a statement that failed has aborted the transaction, which undoes the
-    # setting (it is local to the transaction) and would refuse this statement.
-    conn.exec_driver_sql("SELECT set_config('enable_nestloop', %(value)s, true)", {"value": previous})
+    return planner_setting(conn, "enable_nestloop", "off", when=whole_org)
 
 
 def _changed_clause(org_id: int, since: datetime, now: datetime, horizon: timedelta) -> ColumnElement[bool]:

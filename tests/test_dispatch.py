@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import event, insert, select, update
 
 from engine import appointments as appts
 from engine import dispatch
@@ -17,6 +17,7 @@ from engine.models import channels, message_events, preferences, templates
 from engine.populate import refresh_appointment
 from engine.runtime import Runtime, install
 from providers.sandbox.provider import SandboxProvider
+from tests.conftest import IS_POSTGRES
 from tests.factories import World, local, provider_as
 
 UTC = timezone.utc
@@ -453,6 +454,35 @@ def test_claim_respects_max_in_flight(rt, clock):
     for mid in first:
         assert dispatch.send_one(rt, mid) == "sent"
     assert len(dispatch.claim_due(rt, limit=100, max_in_flight=2)) == 1
+
+
+@pytest.mark.skipif(not IS_POSTGRES, reason="a PostgreSQL planner setting")
+def test_the_queue_is_read_by_index_scans_not_bitmap_scans(rt, clock):
+    """A bitmap scan of `messages_leased` visits every entry left by a `claimed` or `sending`
+    version since the last vacuum, on every tick; the in-flight count, the claim and the sweep
+    read the queue by index scan, which skips an entry once it found it dead."""
+    _, _, message = reminder_world(rt)
+    clock.set(DUE)
+    planned_with: dict[str, str] = {}
+
+    def note_setting(conn, cursor, statement, parameters, context, executemany) -> None:
+        if "FROM messages" not in statement:
+            return
+        kind = ("in_flight" if "count(" in statement else "claim" if "SKIP LOCKED" in statement
+                else "sweep" if "lease_until <" in statement else None)
+        if kind is not None:
+            planned_with[kind] = cursor.connection.execute(
+                "SELECT current_setting('enable_bitmapscan')").fetchone()[0]
+
+    event.listen(rt.db.engine, "before_cursor_execute", note_setting)
+    try:
+        assert dispatch.sweep_leases(rt) == (0, 0)
+        assert dispatch.claim_due(rt, limit=100, max_in_flight=10) == [message.id]
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", note_setting)
+    assert planned_with == {"sweep": "off", "in_flight": "off", "claim": "off"}
+    with rt.db.begin() as conn:  # local to the claim's transaction: nothing else planned without them
+        assert conn.exec_driver_sql("SELECT current_setting('enable_bitmapscan')").scalar_one() == "on"
 
 
 def test_a_claim_the_in_flight_cap_cuts_short_takes_whole_tasks(rt, clock):
