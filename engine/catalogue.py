@@ -86,6 +86,13 @@ CATALOGUE: dict[str, Text] = {
     "max_steps": N_("O paciente chegou ao limite de passos do fluxo, que foi encerrado."),
     "claim_expired": N_("O processo que cuidava desta etapa parou no meio; o Lembra tenta de novo."),
     "stale_wake": N_("Um aviso atrasado para uma etapa que o paciente já tinha deixado foi ignorado."),
+    # How a run paused by a hand-off resumes (engine/flows/replies.py: resume_at).
+    "resumed_node_deadline": N_("O atendimento humano terminou. O fluxo retoma no prazo que esta etapa já tinha "
+                                "antes da pausa: o paciente não perde tempo para responder e a espera não fica "
+                                "mais longa."),
+    "resumed_after_grace": N_("O atendimento humano terminou. O fluxo retoma depois do tempo de retomada do fluxo "
+                              "(%(minutes)s min), porque o prazo que esta etapa tinha vence antes disso ou já "
+                              "venceu."),
     # Why a run ended or a contact was not enrolled.
     "opted_out": N_("O paciente pediu para não receber mais mensagens."),
     "replied": N_("O paciente respondeu e o fluxo termina quando há resposta."),

@@ -275,6 +275,8 @@ class Enrollment(Base):
     last_outbound_at: Mapped[datetime | None]
     last_class: Mapped[str | None] = mapped_column(Text)
     ended_at: Mapped[datetime | None]
+    #: The clock a hand-off stopped (`next_eval_at` at the pause), kept to resume on it.
+    paused_next_eval_at: Mapped[datetime | None]
 
 
 class EnrollmentEvent(Base):
