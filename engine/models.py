@@ -389,6 +389,14 @@ class InboundMessage(Base):
     #: When a person of the clinic dealt with a reply no keyword handled (engine/conversations.py).
     handled_at: Mapped[datetime | None]
     handled_by: Mapped[int | None] = _fk("users.id", nullable=True)
+    #: The follow-up run whose waiting node took the reply (engine/flows/replies.py), what the
+    #: flow made of it when it read it (codes and node ids) and, if it understood it, when.
+    # `use_alter`: enrollments point here too (`pending_inbound_id`); without it the two tables form
+    # a cycle the metadata cannot sort.
+    flow_enrollment_id: Mapped[int | None] = mapped_column(PK, ForeignKey("enrollments.id", use_alter=True),
+                                                           nullable=True)
+    flow_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    flow_handled_at: Mapped[datetime | None]
 
 
 class SandboxMessage(Base):

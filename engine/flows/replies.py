@@ -3,7 +3,9 @@
 These run inside the transaction that stored the inbound or the contact event. They never move
 an enrollment from node to node (only `runtime.advance` does); they hand a reply to the node
 that waits for one (making the enrollment due now), end enrollments, or pause and resume them.
-Every change bumps the revision, so a claim taken before it becomes a stale wake.
+Every change bumps the revision, so a claim taken before it becomes a stale wake. A reply a
+node took is marked on its `inbound_messages` row, and `reply_read` (called by the step that
+reads it) records what the flow made of it, for Conversas.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from engine import clock
 from engine.flows import lifecycle
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
-from engine.models import enrollments, flow_pointers, messages
+from engine.models import enrollments, flow_pointers, inbound_messages, messages
 from engine.outbox import cancel_open
 
 
@@ -53,6 +55,11 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
             if moved:
                 lifecycle.record_event(conn, org_id, row.id, "reply", f"reply:{inbound_id}",
                                        node_id=row.current_node_id, payload={"inbound_id": inbound_id, "taken": True})
+                # In the transaction that stores the reply's outcome: Conversas never shows a reply
+                # a run holds as one to answer, not even before the run reads it.
+                conn.execute(update(inbound_messages).where(
+                    inbound_messages.c.org_id == org_id, inbound_messages.c.id == inbound_id,
+                    inbound_messages.c.flow_enrollment_id.is_(None)).values(flow_enrollment_id=row.id))
                 result["routed"] += 1
             continue
         if row.status != "paused_handoff" and _pointer(conn, org_id, row.pointer_id).cancel_on_reply:
@@ -65,6 +72,31 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
                                payload={"inbound_id": inbound_id, "taken": False})
         result["counted"] += 1
     return result
+
+
+#: The reasons of a step that read a reply and understood it: a class matched, or a wait's
+#: `replied` edge. Any other reading (the fallback edge, a run ended at its step limit) leaves
+#: the reply to a person.
+UNDERSTOOD = ("classified", "wait_replied")
+
+
+def reply_read(conn: Connection, row: Any, inbound_id: int, *, reason: str, label: str | None,
+               next_node: str | None) -> None:
+    """The run let go of the reply its node held (runtime.advance, in the step's transaction):
+    record what the flow made of it — codes and node ids, never the text — and, when it
+    understood it and went on, that the flow handled it (Conversas no longer asks a person to
+    answer it). A reply another run already understood keeps that reading."""
+    result: dict[str, Any] = {"reason": reason, "node": row.current_node_id}
+    if label is not None:
+        result["class"] = label
+    if next_node is not None:
+        result["next"] = next_node
+    values: dict[str, Any] = {"flow_enrollment_id": row.id, "flow_result": result}
+    if reason in UNDERSTOOD and next_node is not None:
+        values["flow_handled_at"] = clock.now()
+    conn.execute(update(inbound_messages).where(
+        inbound_messages.c.org_id == row.org_id, inbound_messages.c.id == inbound_id,
+        inbound_messages.c.flow_handled_at.is_(None)).values(**values))
 
 
 def on_opt_out(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[int]:
