@@ -86,6 +86,13 @@ CATALOGUE: dict[str, Text] = {
     "max_steps": N_("O paciente chegou ao limite de passos do fluxo, que foi encerrado."),
     "claim_expired": N_("O processo que cuidava desta etapa parou no meio; o Lembra tenta de novo."),
     "stale_wake": N_("Um aviso atrasado para uma etapa que o paciente já tinha deixado foi ignorado."),
+    # How a run paused by a hand-off resumes (engine/flows/replies.py: resume_at).
+    "resumed_node_deadline": N_("O atendimento humano terminou. O fluxo retoma no prazo que esta etapa já tinha "
+                                "antes da pausa: o paciente não perde tempo para responder e a espera não fica "
+                                "mais longa."),
+    "resumed_after_grace": N_("O atendimento humano terminou. O fluxo retoma depois do tempo de retomada do fluxo "
+                              "(%(minutes)s min), porque o prazo que esta etapa tinha vence antes disso ou já "
+                              "venceu."),
     # Why a run ended or a contact was not enrolled.
     "opted_out": N_("O paciente pediu para não receber mais mensagens."),
     "replied": N_("O paciente respondeu e o fluxo termina quando há resposta."),
@@ -388,6 +395,26 @@ CATALOGUE: dict[str, Text] = {
                                     "mudou."),
     "reply_other": N_("O Lembra recebeu a mensagem, mas não sabe descrever o que fez com ela (código interno "
                       "%(code)s)."),
+    # --- what a follow-up flow made of a reply its waiting step took (engine/conversations.py
+    # FlowReading, shown in Conversas)
+    "reply_flow_reading": N_("O fluxo %(flow)s está lendo esta resposta; ela só fica para responder se o fluxo "
+                             "não a entender."),
+    "reply_flow_understood": N_("O fluxo %(flow)s entendeu a resposta como “%(class)s” e seguiu para a etapa "
+                                "“%(step)s”."),
+    "reply_flow_understood_ended": N_("O fluxo %(flow)s entendeu a resposta como “%(class)s” e encerrou o "
+                                      "acompanhamento."),
+    "reply_flow_replied": N_("O fluxo %(flow)s recebeu a resposta durante a espera e seguiu para a etapa "
+                             "“%(step)s”."),
+    "reply_flow_replied_ended": N_("O fluxo %(flow)s recebeu a resposta durante a espera e encerrou o "
+                                   "acompanhamento."),
+    "reply_flow_not_understood": N_("O fluxo %(flow)s não entendeu esta resposta e seguiu pela saída padrão, para "
+                                    "a etapa “%(step)s”. Leia e responda, se preciso."),
+    "reply_flow_stopped": N_("O fluxo %(flow)s leu esta resposta, mas parou sem tratá-la. %(why)s Leia e "
+                             "responda, se preciso."),
+    "reply_flow_late": N_("O fluxo %(flow)s ainda não conseguiu ler esta resposta (o serviço de IA ou o "
+                          "processamento está atrasado). Leia e responda, se preciso."),
+    "reply_flow_dropped": N_("O fluxo %(flow)s não chegou a ler esta resposta: o acompanhamento foi encerrado, "
+                             "pausado por atendimento humano ou parou por erro. Leia e responda, se preciso."),
     # --- privacy (engine/privacy): refusals that follow the address, erasure, retention -------
     "address_opted_out": N_("Outro cadastro com o mesmo telefone ou e-mail pediu para não receber mensagens por "
                             "este canal; o pedido vale para o endereço, qualquer que seja o cadastro."),

@@ -2,8 +2,13 @@
 
 There is one store of inbound messages (`inbound_messages`, written by engine/inbound.py, read by
 the follow-up engine too); a reply needs a person when `process_inbound` could not act on it
-(free text, a keyword with no appointment, a number no contact carries). A person marks it handled
-(`handled_at` / `handled_by`) or answers it: the answer is an ordinary outbox message (purpose
+(free text, a keyword with no appointment, a number no contact carries) and no follow-up flow
+handles it. A reply a flow's waiting node took is the flow's while a run holds it unread (that
+is decided in the transaction that stores the reply, so a person is never told to answer it
+first); once read, it is the flow's when the flow understood it and went on (`flow_handled_at`),
+and a person's otherwise (the fallback edge, a run that ended, paused or failed before reading
+it, or that has not read it FLOW_CHANCE after it came). A person marks it handled (`handled_at` /
+`handled_by`) or answers it: the answer is an ordinary outbox message (purpose
 `conversation_reply`, linked to the inbound by its payload and idempotency key), so it has its
 events and goes out once through the normal dispatch. On Meta, outside the 24 h customer-service
 window only an approved template may go, so `reply_options` says why and offers it instead.
@@ -14,10 +19,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, case, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -25,7 +30,8 @@ from engine import clock
 from engine.appointments import LIVE
 from engine.channels import default_channel
 from engine.dispatch import conversation_open
-from engine.models import appointments, channels, contacts, inbound_messages, messages, orgs, users
+from engine.flows.lifecycle import CLOCKED
+from engine.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
 from engine.outbox import enqueue
 from engine.templates import find_template
 from gateway.webhook_body import clean_text
@@ -45,6 +51,10 @@ FORM_KEY = re.compile(r"^[0-9a-f]{32}$")
 #: Outbox rows not shown in a thread: reminders still being planned or waiting for their hour.
 _NOT_YET = ("new", "pending", "claimed")
 STATES = ("open", "handled", "all")
+#: How long a reply a run holds unread is the flow's alone: a step reads it within seconds, so a
+#: run that has not read it by then is stuck (its AI failing, the workers down) and the patient
+#: should not wait on it.
+FLOW_CHANCE = timedelta(minutes=15)
 
 
 def needs_person(oid: int) -> ColumnElement[bool]:
@@ -53,6 +63,50 @@ def needs_person(oid: int) -> ColumnElement[bool]:
     im = inbound_messages
     return and_(im.c.org_id == oid, im.c.processed_at.is_not(None), im.c.outcome.in_(NEEDS_PERSON),
                 or_(im.c.intent.is_(None), im.c.intent != "optout"))
+
+
+def held_by_flow(oid: int) -> Any:
+    """A run of the org still holds the reply unread: its waiting node took it and reads it at
+    its next step. A run that ended, died or is paused for a hand-off holds nothing."""
+    e = enrollments
+    return exists().where(e.c.org_id == oid, e.c.pending_inbound_id == inbound_messages.c.id,
+                          e.c.status.in_(CLOCKED))
+
+
+def with_flow(oid: int, now: datetime) -> ColumnElement[bool]:
+    """The reply is the flow's for now: a run holds it unread, and it came less than FLOW_CHANCE ago."""
+    return and_(held_by_flow(oid), inbound_messages.c.processed_at > now - FLOW_CHANCE)
+
+
+def _fresh(row: Any, now: datetime) -> bool:
+    """`with_flow` for a row read with its `held` column."""
+    return bool(row.held) and row.processed_at is not None and row.processed_at > now - FLOW_CHANCE
+
+
+def waiting_for_person(oid: int, now: datetime | None = None) -> ColumnElement[bool]:
+    """"Para responder": a reply a person should see that no one handled, no flow understood and
+    no run holds for now (`with_flow`)."""
+    im = inbound_messages
+    return and_(needs_person(oid), im.c.handled_at.is_(None), im.c.flow_handled_at.is_(None),
+                not_(with_flow(oid, now or clock.now())))
+
+
+@dataclass(frozen=True)
+class FlowReading:
+    """What a follow-up flow did with a reply one of its waiting nodes took. `state` is
+    `reading` (a run holds it unread, `with_flow`), `late` (a run still holds it, past
+    FLOW_CHANCE), `understood` (the flow handled it), `not_understood` (it read it and left it to
+    a person) or `dropped` (the run ended, paused or failed before reading it); the rest are
+    codes and node ids of the reading step."""
+
+    enrollment_id: int
+    pointer_id: int
+    version_id: int
+    state: str
+    reason: str | None = None
+    label: str | None = None
+    node: str | None = None
+    next: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +139,21 @@ class Item:
     handled_at: datetime | None
     handled_by: str | None  # the e-mail of the user who handled it
     appointment: AppointmentRef | None = None
+    flow: FlowReading | None = None
+    held: bool = False  # a run holds it unread, for now (`with_flow`)
+    flow_handled_at: datetime | None = None
+
+    @property
+    def state(self) -> str:
+        """`open` ("Para responder"), `flow` (a run is reading it), `flow_handled` (a flow
+        understood it) or `handled` (a person did)."""
+        if self.handled_at is not None:
+            return "handled"
+        if self.flow_handled_at is not None:
+            return "flow_handled"
+        if self.held:
+            return "flow"
+        return "open"
 
 
 @dataclass(frozen=True)
@@ -99,6 +168,7 @@ class Entry:
     purpose: str | None = None
     outcome: str | None = None
     handled: bool = True
+    flow: FlowReading | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +198,7 @@ def _base_query(oid: int) -> Any:
     return (
         select(im, channels.c.name.label("channel_name"), channels.c.kind.label("channel_kind"),
                channels.c.provider.label("channel_provider"), contacts.c.name.label("contact_name"),
-               users.c.email.label("handler_email"))
+               users.c.email.label("handler_email"), held_by_flow(oid).label("held"))
         .join(channels, and_(channels.c.id == im.c.channel_id, channels.c.org_id == oid))
         .outerjoin(contacts, and_(contacts.c.id == im.c.contact_id, contacts.c.org_id == oid))
         .outerjoin(users, and_(users.c.id == im.c.handled_by, users.c.org_id == oid))
@@ -136,28 +206,73 @@ def _base_query(oid: int) -> Any:
     )
 
 
-def _state_filter(query: Any, state: str) -> Any:
+def _state_filter(query: Any, state: str, oid: int, now: datetime) -> Any:
+    im = inbound_messages
     if state == "open":
-        return query.where(inbound_messages.c.handled_at.is_(None))
+        return query.where(waiting_for_person(oid, now))
     if state == "handled":
-        return query.where(inbound_messages.c.handled_at.is_not(None))
+        return query.where(or_(im.c.handled_at.is_not(None), im.c.flow_handled_at.is_not(None)))
     return query
 
 
-def _item(row: Any, appointment: AppointmentRef | None = None) -> Item:
+def _item(row: Any, now: datetime, appointment: AppointmentRef | None = None, flow: FlowReading | None = None) -> Item:
     return Item(
         id=int(row.id), channel_id=int(row.channel_id), channel_name=row.channel_name, channel_kind=row.channel_kind,
         channel_provider=row.channel_provider, contact_id=row.contact_id, contact_name=row.contact_name,
         from_address=row.from_address, text=row.text, button_payload=row.button_payload, in_reply_to=row.in_reply_to,
         received_at=row.received_at, outcome=row.outcome, handled_at=row.handled_at, handled_by=row.handler_email,
-        appointment=appointment,
+        appointment=appointment, flow=flow, held=_fresh(row, now), flow_handled_at=row.flow_handled_at,
     )
+
+
+def _items(conn: Connection, oid: int, rows: Sequence[Any], now: datetime) -> list[Item]:
+    about = appointments_for(conn, oid, rows)
+    readings = flow_readings(conn, oid, rows, now)
+    return [_item(row, now, about.get(int(row.id)), readings.get(int(row.id))) for row in rows]
+
+
+def flow_readings(conn: Connection, oid: int, inbounds: Sequence[Any], now: datetime) -> dict[int, FlowReading]:
+    """What a flow did with each reply a waiting node took, by inbound id (one query for the
+    runs of a whole page). Each row carries its `flow_*` columns, `processed_at` and `held`
+    (`held_by_flow`)."""
+    taken = [r for r in inbounds if r.flow_enrollment_id is not None]
+    if not taken:
+        return {}
+    e = enrollments
+    runs = {int(row.id): row for row in conn.execute(
+        select(e.c.id, e.c.pointer_id, e.c.version_id)
+        .where(e.c.org_id == oid, e.c.id.in_({int(r.flow_enrollment_id) for r in taken})))}
+    found: dict[int, FlowReading] = {}
+    for r in taken:
+        run = runs.get(int(r.flow_enrollment_id))
+        if run is None:
+            continue
+        result = r.flow_result if isinstance(r.flow_result, dict) else {}
+        if r.flow_handled_at is not None:
+            state = "understood"
+        elif _fresh(r, now):
+            state = "reading"
+        elif r.held:
+            state = "late"
+        elif result:
+            state = "not_understood"
+        else:
+            state = "dropped"
+
+        def text(key: str) -> str | None:
+            value = result.get(key)
+            return value if isinstance(value, str) else None
+
+        found[int(r.id)] = FlowReading(
+            enrollment_id=int(run.id), pointer_id=int(run.pointer_id), version_id=int(run.version_id), state=state,
+            reason=text("reason"), label=text("class"), node=text("node"), next=text("next"))
+    return found
 
 
 def unhandled_count(conn: Connection, oid: int) -> int:
     """How many of the org's replies wait for a person (the menu's count)."""
     return int(conn.execute(select(func.count()).select_from(inbound_messages)
-                            .where(needs_person(oid), inbound_messages.c.handled_at.is_(None))).scalar_one())
+                            .where(waiting_for_person(oid, clock.now()))).scalar_one())
 
 
 def list_items(conn: Connection, oid: int, *, state: str = "open", page: int = 0,
@@ -165,33 +280,50 @@ def list_items(conn: Connection, oid: int, *, state: str = "open", page: int = 0
     """One page of the org's replies in `state` (open first when "all"), newest first, and the total."""
     state = state if state in STATES else "open"
     im = inbound_messages
-    total = int(conn.execute(_state_filter(select(func.count()).select_from(im).where(needs_person(oid)), state))
-                .scalar_one())
+    now = clock.now()
+    total = int(conn.execute(_state_filter(select(func.count()).select_from(im).where(needs_person(oid)), state, oid,
+                                           now)).scalar_one())
     # Open first as a CASE: NULLs sort first on SQLite and last on PostgreSQL.
-    open_first = case((im.c.handled_at.is_(None), 0), else_=1)
-    rows = conn.execute(_state_filter(_base_query(oid), state)
+    open_first = case((waiting_for_person(oid, now), 0), else_=1)
+    rows = conn.execute(_state_filter(_base_query(oid), state, oid, now)
                         .order_by(open_first, im.c.received_at.desc(), im.c.id.desc())
                         .limit(page_size).offset(max(page, 0) * page_size)).all()
-    about = appointments_for(conn, oid, rows)
-    return [_item(row, about.get(int(row.id))) for row in rows], total
+    return _items(conn, oid, rows, now), total
 
 
 def find_item(conn: Connection, oid: int, inbound_id: int) -> Item | None:
     """One of the org's replies that a person should see; None for any other id."""
     row = conn.execute(_base_query(oid).where(inbound_messages.c.id == inbound_id)).first()
-    return _item(row, appointments_for(conn, oid, [row]).get(int(row.id))) if row is not None else None
+    return _items(conn, oid, [row], clock.now())[0] if row is not None else None
 
 
 def appointments_for(conn: Connection, oid: int, inbounds: Sequence[Any]) -> dict[int, AppointmentRef]:
-    """The appointment each reply is about, by inbound id: the one of the message it answered
-    (WhatsApp's context), else the contact's next live one, else their latest past one. Three
-    queries for a whole page, not three per reply."""
-    rows = [r for r in inbounds if r.contact_id is not None]
-    if not rows:
-        return {}
+    """The appointment each reply is about, by inbound id. A reply a follow-up run took is about
+    that run's appointment (none for a run that has none: never a guess). Any other: the one of
+    the message it answered (WhatsApp's context), else the contact's next live one, else their
+    latest past one that was not cancelled. At most four queries for a whole page, not four per
+    reply."""
     a = appointments
-    contact_ids = {int(r.contact_id) for r in rows}
     columns = (a.c.id, a.c.contact_id, a.c.starts_at, a.c.professional, a.c.status)
+    found: dict[int, AppointmentRef] = {}
+    taken = [r for r in inbounds if r.flow_enrollment_id is not None]
+    if taken:
+        e = enrollments
+        of_run = {int(row.run_id): row for row in conn.execute(
+            select(*columns, e.c.id.label("run_id"))
+            .join(e, and_(e.c.appointment_id == a.c.id, e.c.org_id == oid))
+            .where(a.c.org_id == oid, e.c.id.in_({int(r.flow_enrollment_id) for r in taken})))}
+        for r in taken:
+            row = of_run.get(int(r.flow_enrollment_id))
+            if row is not None:
+                found[int(r.id)] = AppointmentRef(id=int(row.id), starts_at=row.starts_at,
+                                                  professional=row.professional, status=row.status)
+    # A taken reply whose run has no appointment is only about the message it answered, if any.
+    rows = [r for r in inbounds if r.contact_id is not None and int(r.id) not in found
+            and (r.flow_enrollment_id is None or r.in_reply_to)]
+    if not rows:
+        return found
+    contact_ids = {int(r.contact_id) for r in rows}
     answered: dict[tuple[int, str, int], Any] = {}
     reply_ids = {r.in_reply_to for r in rows if r.in_reply_to}
     if reply_ids:
@@ -211,12 +343,12 @@ def appointments_for(conn: Connection, oid: int, inbounds: Sequence[Any]) -> dic
         return {int(row.contact_id): row for row in conn.execute(select(ranked).where(ranked.c.rank == 1))}
 
     upcoming = first_per_contact(and_(a.c.starts_at > now, a.c.status.in_(LIVE)), a.c.starts_at)
-    past = first_per_contact(a.c.starts_at <= now, a.c.starts_at.desc())
-    found: dict[int, AppointmentRef] = {}
+    past = first_per_contact(and_(a.c.starts_at <= now, a.c.status != "cancelled"), a.c.starts_at.desc())
     for r in rows:
         cid = int(r.contact_id)
-        row = (answered.get((int(r.channel_id), r.in_reply_to, cid)) if r.in_reply_to else None) \
-            or upcoming.get(cid) or past.get(cid)
+        row = answered.get((int(r.channel_id), r.in_reply_to, cid)) if r.in_reply_to else None
+        if row is None and r.flow_enrollment_id is None:
+            row = upcoming.get(cid) or past.get(cid)
         if row is not None:
             found[int(r.id)] = AppointmentRef(id=int(row.id), starts_at=row.starts_at,
                                               professional=row.professional, status=row.status)
@@ -236,12 +368,19 @@ def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
         theirs = and_(im.c.contact_id.is_(None), im.c.from_address == item.from_address)
     in_rows = conn.execute(
         select(im.c.id, im.c.text, im.c.button_payload, im.c.received_at, im.c.outcome, im.c.intent,
-               im.c.handled_at)
+               im.c.handled_at, im.c.processed_at, im.c.flow_enrollment_id, im.c.flow_result, im.c.flow_handled_at,
+               held_by_flow(oid).label("held"))
         .where(im.c.org_id == oid, theirs).order_by(im.c.id.desc()).limit(THREAD_ROWS)).all()
-    entries = [Entry(outgoing=False, at=r.received_at, row_id=int(r.id), text=r.text or r.button_payload,
-                     outcome=r.outcome,
-                     handled=r.handled_at is not None or r.outcome not in NEEDS_PERSON or r.intent == "optout")
-               for r in in_rows]
+    now = clock.now()
+    readings = flow_readings(conn, oid, in_rows, now)
+    entries = []
+    for r in in_rows:
+        reading = readings.get(int(r.id))
+        entries.append(Entry(
+            outgoing=False, at=r.received_at, row_id=int(r.id), text=r.text or r.button_payload, outcome=r.outcome,
+            handled=(r.handled_at is not None or r.outcome not in NEEDS_PERSON or r.intent == "optout"
+                     or r.flow_handled_at is not None or _fresh(r, now)),
+            flow=reading))
     if item.contact_id is not None:
         out_rows = conn.execute(
             select(messages.c.id, messages.c.body, messages.c.payload, messages.c.status, messages.c.purpose,

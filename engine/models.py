@@ -275,6 +275,8 @@ class Enrollment(Base):
     last_outbound_at: Mapped[datetime | None]
     last_class: Mapped[str | None] = mapped_column(Text)
     ended_at: Mapped[datetime | None]
+    #: The clock a hand-off stopped (`next_eval_at` at the pause), kept to resume on it.
+    paused_next_eval_at: Mapped[datetime | None]
 
 
 class EnrollmentEvent(Base):
@@ -387,6 +389,14 @@ class InboundMessage(Base):
     #: When a person of the clinic dealt with a reply no keyword handled (engine/conversations.py).
     handled_at: Mapped[datetime | None]
     handled_by: Mapped[int | None] = _fk("users.id", nullable=True)
+    #: The follow-up run whose waiting node took the reply (engine/flows/replies.py), what the
+    #: flow made of it when it read it (codes and node ids) and, if it understood it, when.
+    # `use_alter`: enrollments point here too (`pending_inbound_id`); without it the two tables form
+    # a cycle the metadata cannot sort.
+    flow_enrollment_id: Mapped[int | None] = mapped_column(PK, ForeignKey("enrollments.id", use_alter=True),
+                                                           nullable=True)
+    flow_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    flow_handled_at: Mapped[datetime | None]
 
 
 class SandboxMessage(Base):

@@ -13,8 +13,10 @@ from engine.models import messages
 from tests.factories import World
 
 
-def _reply(inbound_id: int, contact_id: int | None, channel_id: int, in_reply_to: str | None = None):
-    return SimpleNamespace(id=inbound_id, contact_id=contact_id, channel_id=channel_id, in_reply_to=in_reply_to)
+def _reply(inbound_id: int, contact_id: int | None, channel_id: int, in_reply_to: str | None = None,
+           flow_enrollment_id: int | None = None):
+    return SimpleNamespace(id=inbound_id, contact_id=contact_id, channel_id=channel_id, in_reply_to=in_reply_to,
+                           flow_enrollment_id=flow_enrollment_id)
 
 
 def test_the_answered_message_then_the_next_booking_then_the_last_one(rt, clock):

@@ -1,5 +1,7 @@
 """Conversas: the patient replies no keyword handled ("Oi, posso remarcar para sexta?"), for a
 person to read, answer and mark handled (engine/conversations.py holds the queries and the reply).
+A reply a follow-up flow took says what the flow made of it and did; it waits for a person only
+when the flow left it to one.
 
 Every role acts here: answering patients is the front desk's job. An answer is an outbox message
 (it goes once, through the channel kind the patient wrote on); outside Meta's 24 h window the page
@@ -31,15 +33,22 @@ from admin.views.base import (
     org_id,
     write_audit,
 )
+from admin.views.followup.queue import flow_names, node_label
+from admin.views.followup.runs import run_url
 from admin.views.sandbox import BUTTON_TITLES
 from admin.views.words import reply_outcome_text
 from engine import clock
 from engine import conversations as convs
 from engine.catalogue import describe
+from engine.flows.queries import sentence as step_sentence
+from engine.flows.versions import FlowNotFound, graph_of
 
 PAGE_SIZE = 50
 #: The list's tabs, in the receptionist's words.
 STATE_LABELS = {"open": _l("Para responder"), "handled": _l("Resolvidas"), "all": _l("Todas")}
+#: One reply's situation (convs.Item.state): its badge's words and colour.
+ITEM_STATES = {"open": (_l("Para responder"), "warning"), "flow": (_l("Com o fluxo"), "info"),
+               "flow_handled": (_l("Resolvida pelo fluxo"), "success"), "handled": (_l("Resolvida"), "success")}
 AUDIT_ENTITY = "inbound_messages"
 
 
@@ -67,6 +76,45 @@ def message_text(text: str | None, button_payload: str | None) -> str:
 def outcome_text(outcome: str | None) -> str:
     """Why the reply is here: what the engine could not do with it."""
     return reply_outcome_text(outcome) if outcome else ""
+
+
+def _ends(conn: Any, oid: int, version_id: int, node_id: str) -> bool:
+    try:
+        return graph_of(conn, oid, version_id).type(node_id) == "end"
+    except (FlowNotFound, KeyError):
+        return False
+
+
+def flow_text(conn: Any, oid: int, reading: convs.FlowReading, names: dict[int, str]) -> str:
+    """What the flow made of a reply and did with it, in the reader's language: reading it now,
+    understood it as a class (or as a reply to a wait) and went on to a step or ended, did not
+    understand it, has not managed to read it yet, or never got to read it."""
+    params: dict[str, Any] = {"flow": names.get(reading.pointer_id, f"#{reading.pointer_id}")}
+    if reading.state == "reading":
+        return sentence("reply_flow_reading", **params)
+    if reading.state == "late":
+        return sentence("reply_flow_late", **params)
+    if reading.state == "dropped":
+        return sentence("reply_flow_dropped", **params)
+    ends = reading.next is not None and _ends(conn, oid, reading.version_id, reading.next)
+    params["step"] = node_label(conn, oid, reading.version_id, reading.next) if reading.next else "—"
+    if reading.state == "understood":
+        if reading.reason == "classified":
+            params["class"] = reading.label or "—"
+            return sentence("reply_flow_understood_ended" if ends else "reply_flow_understood", **params)
+        return sentence("reply_flow_replied_ended" if ends else "reply_flow_replied", **params)
+    if reading.reason == "not_classified" and reading.next is not None:
+        return sentence("reply_flow_not_understood", **params)
+    why = step_sentence(reading.reason)
+    return sentence("reply_flow_stopped", why=translate(why) if why is not None else "", **params)
+
+
+def flow_texts(conn: Any, oid: int, readings: dict[int, convs.FlowReading]) -> dict[int, str]:
+    """`flow_text` for each reply of a page (or a thread), by inbound id."""
+    if not readings:
+        return {}
+    names = flow_names(conn, oid)
+    return {inbound_id: flow_text(conn, oid, reading, names) for inbound_id, reading in readings.items()}
 
 
 def purpose_label(purpose: str | None) -> str:
@@ -105,14 +153,15 @@ class ConversationsView(CountedMenu, TenantPageView):
             state = "open"
         page = parse_id(request.args.get("page", "") or "") or 0
         session = db_session()
-        items, total = convs.list_items(session.connection(), org_id(), state=state,
-                                        page=min(page, 10**6), page_size=PAGE_SIZE)
+        conn = session.connection()
+        items, total = convs.list_items(conn, org_id(), state=state, page=min(page, 10**6), page_size=PAGE_SIZE)
+        notes = flow_texts(conn, org_id(), {item.id: item.flow for item in items if item.flow is not None})
         session.rollback()  # read only; the scoped session is reused by the next request
         return self.render(
             "admin/conversations/list.html", items=items, total=total, state=state, page=page,
             pages=(total + PAGE_SIZE - 1) // PAGE_SIZE, state_labels=STATE_LABELS, local_dt=local_dt,
             kind_labels=KIND_LABELS, badge=badge, message_text=message_text, outcome_text=outcome_text,
-            sender_name=sender_name,
+            sender_name=sender_name, item_states=ITEM_STATES, notes=notes,
         )
 
     @expose("/<inbound_id>/")
@@ -124,13 +173,19 @@ class ConversationsView(CountedMenu, TenantPageView):
         conn = session.connection()
         entries = convs.thread(conn, org_id(), item)
         options = convs.reply_options(conn, org_id(), item)
+        readings = {e.row_id: e.flow for e in entries if not e.outgoing and e.flow is not None}
+        if item.flow is not None:
+            readings[item.id] = item.flow
+        notes = flow_texts(conn, org_id(), readings)
+        flow_name = flow_names(conn, org_id()).get(item.flow.pointer_id) if item.flow is not None else None
         session.rollback()
         return self.render(
             "admin/conversations/details.html", item=item, entries=entries, options=options,
             reason=sentence(options.reason) if options.reason else None, form_key=uuid.uuid4().hex,
             max_reply=convs.MAX_REPLY, local_dt=local_dt, kind_labels=KIND_LABELS, badge=badge,
             message_text=message_text, outcome_text=outcome_text, purpose_label=purpose_label,
-            sender_name=sender_name,
+            sender_name=sender_name, item_states=ITEM_STATES, notes=notes, flow_name=flow_name,
+            run_url=run_url,
         )
 
     @expose("/<inbound_id>/reply/", methods=("POST",))

@@ -3,21 +3,24 @@
 These run inside the transaction that stored the inbound or the contact event. They never move
 an enrollment from node to node (only `runtime.advance` does); they hand a reply to the node
 that waits for one (making the enrollment due now), end enrollments, or pause and resume them.
-Every change bumps the revision, so a claim taken before it becomes a stale wake.
+Every change bumps the revision, so a claim taken before it becomes a stale wake. A reply a
+node took is marked on its `inbound_messages` row, and `reply_read` (called by the step that
+reads it) records what the flow made of it, for Conversas.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Sequence, cast
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.flows import lifecycle
+from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
-from engine.models import enrollments, flow_pointers, messages
+from engine.models import enrollments, flow_pointers, inbound_messages, messages
 from engine.outbox import cancel_open
 
 
@@ -52,6 +55,11 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
             if moved:
                 lifecycle.record_event(conn, org_id, row.id, "reply", f"reply:{inbound_id}",
                                        node_id=row.current_node_id, payload={"inbound_id": inbound_id, "taken": True})
+                # In the transaction that stores the reply's outcome: Conversas never shows a reply
+                # a run holds as one to answer, not even before the run reads it.
+                conn.execute(update(inbound_messages).where(
+                    inbound_messages.c.org_id == org_id, inbound_messages.c.id == inbound_id,
+                    inbound_messages.c.flow_enrollment_id.is_(None)).values(flow_enrollment_id=row.id))
                 result["routed"] += 1
             continue
         if row.status != "paused_handoff" and _pointer(conn, org_id, row.pointer_id).cancel_on_reply:
@@ -66,6 +74,31 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
     return result
 
 
+#: The reasons of a step that read a reply and understood it: a class matched, or a wait's
+#: `replied` edge. Any other reading (the fallback edge, a run ended at its step limit) leaves
+#: the reply to a person.
+UNDERSTOOD = ("classified", "wait_replied")
+
+
+def reply_read(conn: Connection, row: Any, inbound_id: int, *, reason: str, label: str | None,
+               next_node: str | None) -> None:
+    """The run let go of the reply its node held (runtime.advance, in the step's transaction):
+    record what the flow made of it — codes and node ids, never the text — and, when it
+    understood it and went on, that the flow handled it (Conversas no longer asks a person to
+    answer it). A reply another run already understood keeps that reading."""
+    result: dict[str, Any] = {"reason": reason, "node": row.current_node_id}
+    if label is not None:
+        result["class"] = label
+    if next_node is not None:
+        result["next"] = next_node
+    values: dict[str, Any] = {"flow_enrollment_id": row.id, "flow_result": result}
+    if reason in UNDERSTOOD and next_node is not None:
+        values["flow_handled_at"] = clock.now()
+    conn.execute(update(inbound_messages).where(
+        inbound_messages.c.org_id == row.org_id, inbound_messages.c.id == inbound_id,
+        inbound_messages.c.flow_handled_at.is_(None)).values(**values))
+
+
 def on_opt_out(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[int]:
     """The contact refused every message: every live enrollment ends `opted_out`."""
     return lifecycle.end_live(conn, org_id, enrollments.c.contact_id.in_(list(contact_ids)), status="cancelled",
@@ -74,7 +107,8 @@ def on_opt_out(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> lis
 
 def on_handoff_started(conn: Connection, org_id: int, contact_id: int) -> dict[str, int]:
     """A person took the conversation over: each live enrollment follows its flow's policy —
-    `pause` (no clock, follow-ups not yet sent cancelled), `cancel` (ends `handoff`), `allow`."""
+    `pause` (no clock, follow-ups not yet sent cancelled), `cancel` (ends `handoff`), `allow`.
+    A pause keeps the clock it stopped (`paused_next_eval_at`), for the resume."""
     now = clock.now()
     result = {"paused": 0, "cancelled": 0, "allowed": 0}
     for row in lifecycle.live_ids(conn, org_id, [contact_id]):
@@ -85,14 +119,19 @@ def on_handoff_started(conn: Connection, org_id: int, contact_id: int) -> dict[s
             result["cancelled"] += len(lifecycle.end_live(conn, org_id, enrollments.c.id == row.id,
                                                           status="cancelled", outcome="handoff", reason="handoff"))
         elif policy == "pause":
-            moved = conn.execute(update(enrollments).where(
+            # SET's right-hand sides read the row as it was: the clock is kept, then stopped.
+            paused = conn.execute(update(enrollments).where(
                 enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
-            ).values(status="paused_handoff", paused_status=row.status, next_eval_at=None, lease_until=None,
-                     revision=enrollments.c.revision + 1, updated_at=now)).rowcount
-            if moved:
+            ).values(status="paused_handoff", paused_status=row.status, paused_next_eval_at=enrollments.c.next_eval_at,
+                     next_eval_at=None, lease_until=None, revision=enrollments.c.revision + 1, updated_at=now)
+                .returning(enrollments.c.paused_next_eval_at)).first()
+            if paused is not None:
                 cancel_open(conn, org_id, messages.c.enrollment_id == row.id, "handoff")
+                payload: dict[str, Any] = {"reason": "handoff"}
+                if paused.paused_next_eval_at is not None:
+                    payload["deadline"] = paused.paused_next_eval_at.isoformat()
                 lifecycle.record_event(conn, org_id, row.id, "paused", f"paused:{row.revision + 1}",
-                                       node_id=row.current_node_id, payload={"reason": "handoff"}, at=now)
+                                       node_id=row.current_node_id, payload=payload, at=now)
                 result["paused"] += 1
         else:
             lifecycle.record_event(conn, org_id, row.id, "handoff_allowed", f"handoff_allowed:{row.revision}",
@@ -101,23 +140,54 @@ def on_handoff_started(conn: Connection, org_id: int, contact_id: int) -> dict[s
     return result
 
 
+def _own_deadline(conn: Connection, org_id: int, paused: Any) -> datetime | None:
+    """When the paused node was due: the clock the pause kept. A run paused before that clock was
+    kept (an older release) has it worked out from its node, entered at `node_entered_at`: a wait
+    its duration later, a classify its grace later, any other node at once."""
+    if paused.paused_next_eval_at is not None:
+        return cast(datetime, paused.paused_next_eval_at)
+    if paused.node_entered_at is None:
+        return None
+    graph = graph_of(conn, org_id, paused.version_id)
+    return entry(graph, paused.current_node_id, paused.node_entered_at, paused.timing_plan).next_eval_at
+
+
+def resume_at(own_deadline: datetime | None, now: datetime, grace_minutes: int) -> tuple[datetime, str]:
+    """When a run paused by a hand-off resumes, and the reason code the timeline says it with:
+    at the later of its node's own deadline and the flow's grace after the hand-off's end. A
+    resume never shortens the time a patient had left to answer, nor stretches a wait that would
+    end after the grace."""
+    grace = now + timedelta(minutes=grace_minutes)
+    if own_deadline is not None and own_deadline > grace:
+        return own_deadline, "resumed_node_deadline"
+    return grace, "resumed_after_grace"
+
+
 def on_handoff_ended(conn: Connection, org_id: int, contact_id: int) -> int:
-    """The person handed the conversation back: paused enrollments resume after their flow's
-    grace, at the node where they paused. Returns how many resumed."""
+    """The person handed the conversation back: paused enrollments resume at the node where they
+    paused, at the later of that node's own deadline and the flow's grace (`resume_at`), and say
+    which on the run's timeline. Returns how many resumed."""
     now = clock.now()
     resumed = 0
     for row in lifecycle.live_ids(conn, org_id, [contact_id]):
         if row.status != "paused_handoff":
             continue
         pointer = _pointer(conn, org_id, row.pointer_id)
-        current = conn.execute(select(enrollments.c.paused_status).where(enrollments.c.id == row.id)).scalar()
-        at = now + timedelta(minutes=pointer.resume_grace_minutes)
+        paused = conn.execute(select(
+            enrollments.c.paused_status, enrollments.c.paused_next_eval_at, enrollments.c.node_entered_at,
+            enrollments.c.timing_plan, enrollments.c.version_id, enrollments.c.current_node_id,
+        ).where(enrollments.c.org_id == org_id, enrollments.c.id == row.id)).one()
+        deadline = _own_deadline(conn, org_id, paused)
+        at, reason = resume_at(deadline, now, pointer.resume_grace_minutes)
         moved = conn.execute(update(enrollments).where(
             enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
-        ).values(status=current or "active", paused_status=None, next_eval_at=at, lease_until=None,
-                 revision=enrollments.c.revision + 1, updated_at=now)).rowcount
+        ).values(status=paused.paused_status or "active", paused_status=None, paused_next_eval_at=None,
+                 next_eval_at=at, lease_until=None, revision=enrollments.c.revision + 1, updated_at=now)).rowcount
         if moved:
             lifecycle.record_event(conn, org_id, row.id, "resumed", f"resumed:{row.revision + 1}",
-                                   node_id=row.current_node_id, payload={"at": at.isoformat()}, at=now)
+                                   node_id=row.current_node_id, at=now, payload={
+                                       "at": at.isoformat(), "reason": reason,
+                                       "deadline": deadline.isoformat() if deadline is not None else None,
+                                       "params": {"minutes": pointer.resume_grace_minutes}})
             resumed += 1
     return resumed

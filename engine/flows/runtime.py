@@ -23,7 +23,7 @@ from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.flows import lifecycle, nodes
+from engine.flows import lifecycle, nodes, replies
 from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for
 from engine.flows.facts import humans_holding
@@ -285,6 +285,9 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
         return Step("stale", "stale_wake")
     if decision.send is not None:
         _enqueue(conn, snap, decision.send, now)
+    if snap.reply is not None and "pending_inbound_id" in values:  # the run let go of the reply it held
+        replies.reply_read(conn, row, snap.reply.id, reason=decision.reason, label=decision.params.get("class"),
+                           next_node=target if ended is None else None)
     journal.add(row.org_id, row.id, "step", f"step:{revision}", node_id=row.current_node_id, at=now,
                 payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
                                                next_node=target if ended is None else None, until=until,

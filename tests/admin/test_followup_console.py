@@ -496,9 +496,12 @@ def test_handoff_from_the_contact_page_pauses_and_ending_it_resumes(agent, rt, w
     assert "1 acompanhamento(s) retomado(s)" in text_of(ended)
     with rt.db.connect() as conn:
         row = conn.execute(select(enrollments).where(enrollments.c.id == run)).one()
-    assert row.status == "active" and row.next_eval_at == clock.now() + timedelta(minutes=30)  # the flow's grace
+    # A 10-minute hand-off in a 60-minute wait: the wait ends when it would have (not 30 min after).
+    assert row.status == "active" and row.next_eval_at == clock.now() + timedelta(minutes=50)
     timeline = text_of(agent.get(f"/admin/followup_runs/?enrollment={run}"))
     assert "Pausado" in timeline and "Retomado" in timeline and "Uma pessoa da equipe assumiu a conversa." in timeline
+    assert "O fluxo retoma no prazo que esta etapa já tinha antes da pausa" in timeline
+    assert "até 01/12/2026 10:00" in timeline  # the wait's own end, in the org's time zone
     assert [r.action for r in audit_rows(rt, "handoff_started")] == ["handoff_started"]
     assert [r.action for r in audit_rows(rt, "handoff_ended")] == ["handoff_ended"]
 

@@ -88,3 +88,60 @@ def test_a_receptionist_answers_a_free_text_reply(rt, clock, server, page) -> No
     expect(page.get_by_text("1 conversa marcada como resolvida.")).to_be_visible()
     expect(page.get_by_role("link", name=re.compile(r"^Conversas$"))).to_be_visible()
     assert _dispatch_due(rt) == []  # nothing else went to the patient
+
+
+def test_a_reply_the_flow_answered_is_not_left_for_the_receptionist(rt, clock, server, page) -> None:  # noqa: F811
+    """Issue 30, point 5: a follow-up flow asks, the patient answers, the flow understands and
+    answers. The receptionist is never told to answer it: it is under Resolvidas, resolved by
+    the flow, with what the flow understood and did, on the run's appointment."""
+    from engine.flows import triggers
+    from tests.admin.test_conversations_flows import FLOW, STEP, graph
+    from tests.factories import World
+    from tests.flows.helpers import Flows
+
+    steps = Steps(page)
+    world = World(rt, slug="bem-viver", quiet_start="00:00", quiet_end="23:59", skip_sundays=False,
+                  skip_holidays=False)
+    channel_id = world.channel("whatsapp")
+    with rt.db.begin() as conn:
+        create_user(conn, org_id=world.org_id, email=EMAIL, role="agent", password=PASSWORD)
+    contact_id = world.contact(name=PATIENT, phone=PHONE, email=None, consent=("whatsapp",))
+    appointment_id = world.appointment(contact_id, clock.now() + timedelta(days=2), professional="Dr. Paulo Lima")
+    flows = Flows(world)
+    pointer = flows.flow(graph(), name=FLOW)
+    with rt.db.begin() as conn:
+        triggers.enroll(conn, world.org_id, pointer, contact_id, trigger_kind="manual", trigger_key="manual:e2e",
+                        appointment_id=appointment_id, automatic=False)
+    flows.run()  # the flow asks its question
+    clock.advance(timedelta(minutes=1))
+    _patient_writes(rt, channel_id, "sbx-flow-1", FREE_TEXT)  # stored; the flow has not read it yet
+
+    page.goto(f"{server}/admin/")
+    page.fill("#email", EMAIL)
+    page.fill("#password", PASSWORD)
+    page.get_by_role("button", name="Entrar").click()
+    conversas = page.get_by_role("link", name=re.compile(r"^Conversas$"))
+    expect(conversas).to_be_visible()  # no count: nothing waits for the receptionist
+    conversas.click()
+    expect(page.get_by_text("Nenhuma conversa esperando resposta.")).to_be_visible()
+
+    clock.advance(timedelta(seconds=2))
+    flows.run()  # the worker reads it: reschedule → the rebooking message goes out
+    page.get_by_role("link", name="Resolvidas").click()
+    row = page.locator("table tbody tr").filter(has_text=FREE_TEXT)
+    expect(row).to_contain_text("Resolvida pelo fluxo")
+    expect(row).to_contain_text(f"O fluxo {FLOW} entendeu a resposta como “reschedule”")
+    expect(row).to_contain_text("Dr. Paulo Lima")
+    expect(row).not_to_contain_text("sem usar uma palavra-chave")
+    steps.shot("conversas-resolvida-pelo-fluxo")
+
+    row.get_by_role("link", name=PATIENT).click()
+    expect(page.locator("#lembra-sender")).to_contain_text("Resolvida pelo fluxo")
+    expect(page.locator("#lembra-flow")).to_contain_text(f"seguiu para a etapa “{STEP}”")
+    expect(page.locator("#lembra-appointment")).to_contain_text("Dr. Paulo Lima")
+    expect(page.locator(".lembra-msg.out").filter(has_text="Sentimos sua falta na consulta")).to_contain_text(
+        "Enviada")
+    expect(page.get_by_role("button", name="Marcar como resolvida")).to_have_count(0)
+    page.get_by_role("link", name=re.compile(f"Ver a execução de {FLOW}")).click()
+    expect(page.locator("#lembra-timeline")).to_contain_text("A resposta do paciente foi entendida como reschedule.")
+    steps.shot("execucao-do-fluxo")

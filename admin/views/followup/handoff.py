@@ -155,8 +155,9 @@ class ContactFollowupMixin:
             flash(_("Atendimento humano iniciado: %(pausados)d acompanhamento(s) pausado(s), %(encerrados)d "
                     "encerrado(s), conforme a regra de cada fluxo.", pausados=paused, encerrados=ended), "success")
         else:
-            flash(_("Atendimento humano encerrado: %(retomados)d acompanhamento(s) retomado(s) depois do tempo de "
-                    "espera de cada fluxo.", retomados=resumed), "success")
+            flash(_("Atendimento humano encerrado: %(retomados)d acompanhamento(s) retomado(s), cada um no prazo "
+                    "que sua etapa já tinha ou depois do tempo de retomada do fluxo, o que vier por último.",
+                    retomados=resumed), "success")
         return back
 
     # --- enrolling by hand -------------------------------------------------------------------------
