@@ -275,6 +275,9 @@ class Enrollment(Base):
     last_outbound_at: Mapped[datetime | None]
     last_class: Mapped[str | None] = mapped_column(Text)
     ended_at: Mapped[datetime | None]
+    #: When the actor began on the current claim (NULL: the claim has not reached a worker);
+    #: meaningful while `lease_until` is set, cleared by each claim (engine/flows/runtime.py).
+    claim_started_at: Mapped[datetime | None]
 
 
 class EnrollmentEvent(Base):
