@@ -33,8 +33,30 @@ def _with_default_query(url: str, **defaults: str) -> str:
     return urlunsplit(parts._replace(query=urlencode({**defaults, **query})))
 
 
-def check_broker(settings: Settings) -> None:
-    """Raise ConfigError with a one-line reason when the broker cannot be reached."""
+class BrokerUnavailable(Exception):
+    """The broker could not take a message: down, unreachable or restarting (transient). The work
+    stays in the database and is handed over once the broker answers again."""
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """The exception types with which handing a message to the broker says "the broker is not
+    there" (rather than a bug): Dramatiq's own, and the Redis client's, which Dramatiq's Redis
+    broker lets through."""
+    from dramatiq.errors import BrokerConnectionError
+
+    errors: list[type[BaseException]] = [BrokerConnectionError]
+    try:
+        import redis
+    except ImportError:  # pragma: no cover - a dependency, but only the Redis broker needs it
+        pass
+    else:
+        errors += [redis.ConnectionError, redis.TimeoutError]
+    return tuple(errors)
+
+
+def ping(settings: Settings, *, timeout: float = 5) -> None:
+    """Raise BrokerUnavailable with a one-line reason (no credentials) when the broker cannot be
+    reached; the stub broker always can."""
     kind = settings.broker_kind
     if kind == "stub":
         return
@@ -42,20 +64,34 @@ def check_broker(settings: Settings) -> None:
     if kind == "redis":
         import redis
 
+        client = None
         try:
-            redis.Redis.from_url(settings.broker_url, socket_connect_timeout=5).ping()
+            client = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=timeout,
+                                          socket_timeout=timeout)
+            client.ping()
         except (redis.RedisError, ValueError) as exc:
-            raise ConfigError(f"BROKER_URL: cannot connect to redis at {host} ({type(exc).__name__})") from None
+            raise BrokerUnavailable(f"cannot connect to redis at {host} ({type(exc).__name__})") from None
+        finally:
+            if client is not None:
+                client.close()
         return
     import pika
 
     try:
         params = pika.URLParameters(settings.broker_url)
-        params.socket_timeout = 5
+        params.socket_timeout = timeout
         params.connection_attempts = 1
         pika.BlockingConnection(params).close()
     except Exception as exc:  # pika raises many unrelated types for one cause
-        raise ConfigError(f"BROKER_URL: cannot connect to rabbitmq at {host} ({type(exc).__name__})") from None
+        raise BrokerUnavailable(f"cannot connect to rabbitmq at {host} ({type(exc).__name__})") from None
+
+
+def check_broker(settings: Settings) -> None:
+    """Raise ConfigError with a one-line reason when the broker cannot be reached."""
+    try:
+        ping(settings)
+    except BrokerUnavailable as exc:
+        raise ConfigError(f"BROKER_URL: {exc}") from None
 
 
 def setup_broker(settings: Settings) -> dramatiq.Broker:

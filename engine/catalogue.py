@@ -85,6 +85,7 @@ CATALOGUE: dict[str, Text] = {
     "node_error": N_("Um erro interno impediu esta etapa. O Lembra tenta de novo mais tarde."),
     "max_steps": N_("O paciente chegou ao limite de passos do fluxo, que foi encerrado."),
     "claim_expired": N_("O processo que cuidava desta etapa parou no meio; o Lembra tenta de novo."),
+    "claim_not_started": N_("Nenhum processo começou esta etapa a tempo (a fila de tarefas pode ter ficado fora do ar); ela voltou para a fila sem contar como tentativa."),
     "stale_wake": N_("Um aviso atrasado para uma etapa que o paciente já tinha deixado foi ignorado."),
     # How a run paused by a hand-off resumes (engine/flows/replies.py: resume_at).
     "resumed_node_deadline": N_("O atendimento humano terminou. O fluxo retoma no prazo que esta etapa já tinha "

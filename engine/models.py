@@ -277,6 +277,9 @@ class Enrollment(Base):
     ended_at: Mapped[datetime | None]
     #: The clock a hand-off stopped (`next_eval_at` at the pause), kept to resume on it.
     paused_next_eval_at: Mapped[datetime | None]
+    #: When the actor began on the current claim (NULL: the claim has not reached a worker);
+    #: meaningful while `lease_until` is set, cleared by each claim (engine/flows/runtime.py).
+    claim_started_at: Mapped[datetime | None]
 
 
 class EnrollmentEvent(Base):

@@ -8,6 +8,11 @@ while a pass runs; only the active scheduler starts one, and one at a time. A pe
 looks at what changed since the previous one (`populate_changed`); a full pass runs first and then
 every FULL_POPULATE_EVERY as a safety net. `tick()` called directly populates in line, as before. Nothing due is ever parked in
 the broker for later: the database holds `due_at`, the broker only sees what is due now.
+
+A broker outage stops only the hand-overs. The enrollments claimed for a hand-over that failed
+are released at once, free; while the outage lasts a pass sweeps, populates and settles as usual
+but claims nothing until the broker answers a probe, and the outage is logged once, then once a
+minute, then when it ends (engine/outage.py).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine import clock, dispatch, inbound, metrics, statuses
+from engine.broker import BrokerUnavailable, connection_errors, ping
 from engine.config import Settings
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
+from engine.outage import BrokerOutage
 from engine.populate import PopulateResult, populate, populate_changed
 from engine.privacy.retention import DailyRetention
 from engine.runtime import Runtime
@@ -47,6 +54,8 @@ STOP_WAIT = 30.0
 #: each may wait on a model for seconds, so a task of them is kept to what it was when sends and
 #: conversations shared the setting's old default.
 CONVERSATION_TASK = 100
+#: How long the probe of a broker found down waits for its answer (seconds): it runs once a pass.
+PROBE_TIMEOUT = 2.0
 
 
 def conversation_task(settings: Settings) -> int:
@@ -70,6 +79,7 @@ class Tick:
     unknown: int
     advanced: int = 0
     lost_claims: int = 0
+    requeued_claims: int = 0  # enrollment claims no worker started, back in the queue free
     enrolled: int = 0
     retained: int = 0
     repoked: int = 0
@@ -79,15 +89,20 @@ class Tick:
 class Scheduler:
     """One scheduler loop. `enqueue` hands a list of message ids to the workers, `enqueue_flows`
     a list of [enrollment id, revision] claims, `enqueue_inbound` a list of patient messages
-    whose first poke was lost."""
+    whose first poke was lost. `probe` raises BrokerUnavailable while the broker cannot be
+    reached (by default a connection to BROKER_URL); a pass asks it only during an outage."""
 
     def __init__(self, rt: Runtime, enqueue: Callable[[Sequence[int]], None],
                  enqueue_flows: Callable[[Sequence[Sequence[int]]], None] | None = None,
-                 enqueue_inbound: Callable[[Sequence[int]], None] | None = None) -> None:
+                 enqueue_inbound: Callable[[Sequence[int]], None] | None = None,
+                 probe: Callable[[], None] | None = None) -> None:
         self.rt = rt
         self.enqueue = enqueue
         self.enqueue_flows = enqueue_flows
         self.enqueue_inbound = enqueue_inbound
+        self.probe = probe or (lambda: ping(rt.settings, timeout=PROBE_TIMEOUT))
+        self.outage = BrokerOutage(log)
+        self._broker_errors = connection_errors()
         self._last_populate = 0.0
         self._last_repoke = 0.0
         # Engine-clock instants of the last pass's start and of the last full pass's start.
@@ -104,9 +119,11 @@ class Scheduler:
         """One pass: sweep leases, populate when due, claim and enqueue everything due now.
 
         `force_populate` runs a full populate pass in line. With `background` (the loop), a due
-        populate pass starts in its own thread and this pass goes on claiming at once."""
+        populate pass starts in its own thread and this pass goes on claiming at once. Raises
+        BrokerUnavailable (after the rest of the pass) when the broker could not be reached."""
         settings = self.rt.settings
         reclaimed, unknown = dispatch.sweep_leases(self.rt)
+        swept = self._sweep_flows()
         populated = None
         enrolled = 0
         if force_populate:
@@ -118,23 +135,58 @@ class Scheduler:
             else:
                 populated, enrolled = self._populate()
                 self._last_populate = time.monotonic()
+        claimed = advanced = repoked = 0
+        down: BrokerUnavailable | None = None
+        try:
+            self._broker_answers()
+            claimed = self._hand_messages()
+            advanced = self._hand_flows()
+            repoked = self._repoke_inbound()
+        except BrokerUnavailable as exc:
+            down = exc  # what needs no broker goes on; the pass still fails below
+        settled = statuses.settle_early(self.rt)
+        retained = self.retention.maybe_run()
+        if down is not None:
+            raise down
+        return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
+                    advanced=advanced, lost_claims=swept.lost, requeued_claims=swept.requeued, enrolled=enrolled,
+                    retained=retained, repoked=repoked, settled=settled)
+
+    def _broker_answers(self) -> None:
+        """During an outage, claim nothing until the broker answers the probe."""
+        if not self.outage.active:
+            return
+        try:
+            self.probe()
+        except BrokerUnavailable as exc:
+            self.outage.failed(str(exc))
+            raise
+        self.outage.answered()
+
+    def _hand(self, enqueue: Callable[[T], None], task: T) -> None:
+        """Hand one task to the broker; BrokerUnavailable (logged as the outage says) when it is not there."""
+        try:
+            enqueue(task)
+        except self._broker_errors as exc:
+            self.outage.failed(type(exc).__name__)
+            raise BrokerUnavailable(type(exc).__name__) from exc
+        self.outage.answered()
+
+    def _hand_messages(self) -> int:
+        """Claim every due message and hand it to the workers, a task at a time."""
+        settings = self.rt.settings
         claimed = 0
         while True:
             # Bounded in-flight work, so a big backlog is not all leased at the same time.
             ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight,
                                      task=settings.send_batch)
+            # A task the broker did not take stays claimed until its lease runs out; the sweep
+            # then puts it back free (engine/dispatch/claim.py), and no more is claimed meanwhile.
             for task in in_tasks(ids, settings.send_batch):
-                self.enqueue(task)
+                self._hand(self.enqueue, task)
             claimed += len(ids)
             if len(ids) < settings.claim_batch:
-                break
-        lost, advanced = self._tick_flows()
-        repoked = self._repoke_inbound()
-        settled = statuses.settle_early(self.rt)
-        retained = self.retention.maybe_run()
-        return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
-                    advanced=advanced, lost_claims=lost, enrolled=enrolled, retained=retained, repoked=repoked,
-                    settled=settled)
+                return claimed
 
     def populating(self) -> bool:
         """Whether a background populate pass is running."""
@@ -196,28 +248,48 @@ class Scheduler:
             return 0
         self._last_repoke = time.monotonic()
         ids = inbound.unprocessed(self.rt, limit=self.rt.settings.claim_batch)
+        enqueue_inbound = self.enqueue_inbound
         for task in in_tasks(ids, conversation_task(self.rt.settings)):
-            self.enqueue_inbound(task)
+            self._hand(enqueue_inbound, task)
         if ids:
             log.warning("patient messages handed to the workers again", extra={"count": len(ids)})
         return len(ids)
 
-    def _tick_flows(self) -> tuple[int, int]:
-        """Sweep lost enrollment claims, then claim and hand out every due enrollment."""
+    def _sweep_flows(self) -> flows.Swept:
+        """Sweep enrollment claims whose lease ran out (before any hand-over: it needs no broker)."""
         if self.enqueue_flows is None:
-            return 0, 0
+            return flows.Swept(lost=0, requeued=0)
+        return flows.sweep_lost(self.rt, limit=self.rt.settings.claim_batch)
+
+    def _hand_flows(self) -> int:
+        """Claim every due enrollment and hand the claims out, a task at a time. Claims the broker
+        did not take are released at once, free: a lease left to run out would keep them from
+        the next pass for nothing."""
+        if self.enqueue_flows is None:
+            return 0
         settings = self.rt.settings
-        lost = flows.sweep_lost(self.rt, limit=settings.claim_batch)
+        enqueue_flows = self.enqueue_flows
         size = conversation_task(settings)
         claimed = 0
         while True:
             pairs = flows.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight)
-            for task in in_tasks(pairs, size):
-                self.enqueue_flows([list(p) for p in task])
+            handed = 0
+            try:
+                for task in in_tasks(pairs, size):
+                    self._hand(enqueue_flows, [list(p) for p in task])
+                    handed += len(task)
+            except BaseException:
+                self._release(pairs[handed:])
+                raise
             claimed += len(pairs)
             if len(pairs) < settings.claim_batch:
-                break
-        return lost, claimed
+                return claimed
+
+    def _release(self, pairs: Sequence[tuple[int, int]]) -> None:
+        try:
+            flows.release_unhanded(self.rt, pairs)
+        except Exception:  # noqa: BLE001 - their leases run out and the sweep puts them back, free
+            log.exception("releasing enrollment claims the broker did not take failed")
 
     def run(self, stop: threading.Event) -> None:
         """Loop until `stop` is set, active only while holding the leader lock (PostgreSQL)."""
@@ -258,13 +330,20 @@ class Scheduler:
             if not holding():
                 log.warning("scheduler lost the leader lock")
                 return
-            try:
-                metrics.scheduler_pass(lambda: self.tick(background=True))
-            except DBAPIError as exc:
-                log.error("scheduler pass failed", extra={"error": type(exc).__name__})
-            except Exception:
-                log.exception("scheduler pass crashed")
+            self.run_pass()
             stop.wait(interval)
+
+    def run_pass(self) -> None:
+        """One pass of the loop: a failure is logged (a broker outage as engine/outage.py says,
+        not once per pass) and the loop goes on."""
+        try:
+            metrics.scheduler_pass(lambda: self.tick(background=True))
+        except BrokerUnavailable:
+            pass  # already said, once per outage and then once a minute
+        except DBAPIError as exc:
+            log.error("scheduler pass failed", extra={"error": type(exc).__name__})
+        except Exception:
+            log.exception("scheduler pass crashed")
 
 
 def _still_holding(conn) -> bool:  # type: ignore[no-untyped-def]

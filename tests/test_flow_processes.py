@@ -1,6 +1,7 @@
 """The follow-up engine with real `lembra` processes: two workers over one backlog of due
-enrollments, a worker SIGKILLed in the middle of an advance, a flushed broker, a 30-day wait
-across a restart, and a backlog after three days of downtime.
+enrollments, a worker SIGKILLed in the middle of an advance, a flushed broker, a broker stopped
+for longer than the backoff ladder, a 30-day wait across a restart, and a backlog after three
+days of downtime.
 
 As in tests/test_processes.py: on PostgreSQL + Redis these run `lembra scheduler` and
 `lembra worker` processes; on SQLite with the in-process broker each `lembra scheduler` process
@@ -16,9 +17,13 @@ budget), except in the 30-day test, which enrolls its three contacts through `tr
 
 from __future__ import annotations
 
+import shutil
 import signal
+import socket
+import subprocess
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,10 +31,13 @@ from typing import Any, Callable, Iterator, Sequence
 from zoneinfo import ZoneInfo
 
 import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, insert, select, text, update
 
 from engine import clock as engine_clock
 from engine.flows import versions
+from engine.flows.runtime import BACKOFF
 from engine.models import contacts as contacts_table
 from engine.models import (
     enrollment_events,
@@ -57,7 +65,7 @@ ZONES = ("America/Noronha", "America/Sao_Paulo", "America/Manaus", "America/Rio_
 
 #: Claimed-but-unadvanced enrollments allowed at once (`LEMBRA_MAX_IN_FLIGHT`, which bounds the
 #: scheduler's message claims and should bound its enrollment claims alike): a claim that waits in
-#: the broker longer than its lease is swept as a lost worker's, and costs the enrollment an attempt.
+#: the broker longer than its lease is swept back to the queue (free) and claimed again.
 IN_FLIGHT = "500"
 
 CHECKIN_THEN_REBOOK = linear(
@@ -416,10 +424,21 @@ def _deferred_lost(steps: dict[int, list], ids: Sequence[int]) -> set[int]:
     return {eid for eid in ids if any(s[1] == "deferred" and s[2] == "claim_expired" for s in steps.get(eid, []))}
 
 
+def _requeued(rt) -> dict[int, set[str]]:
+    """enrollment id → the keys of its `requeued` events (claims no worker started, put back free)."""
+    out: dict[int, set[str]] = defaultdict(set)
+    with rt.db.connect() as conn:
+        for eid, key in conn.execute(select(enrollment_events.c.enrollment_id, enrollment_events.c.idempotency_key)
+                                     .where(enrollment_events.c.event_type == "requeued")):
+            out[eid].add(key)
+    return out
+
+
 def test_a_worker_killed_mid_advance_loses_nothing_and_sends_nothing_twice(rt, world, procs, database_url):
     """The advance calls a (slow) LLM between its read and its write; the worker is SIGKILLed
     while advances wait on it. Those claims expire, the sweep counts a failed attempt
-    (`claim_expired`) and backs them off; a new worker finishes everything, once."""
+    (`claim_expired`) and backs them off (claims the killed worker had not started go back to
+    the queue free); a new worker finishes everything, once."""
     n = 2000
     # A short lease, so the sweep finds the killed claims soon; few claims in flight, in small
     # tasks, so the ones waiting in the queue do not outlive it.
@@ -453,13 +472,16 @@ def test_a_worker_killed_mid_advance_loses_nothing_and_sends_nothing_twice(rt, w
 
         _run(procs, database_url, 1, tag="b", **env)
         # Once no claim of the killed fleet is left, each of them either advanced (its task was
-        # still in the broker and a new worker ran it) or was swept and backed off.
+        # still in the broker and a new worker ran it), or was swept: backed off if it had
+        # started, put back in the queue free if it had not.
         wait_until(_every(0.5, lambda: all(r.revision != held[r.id][0] for r in _enrollment_rows(rt, leased))),
                    timeout=120,
                    what="the killed claims to be released", on_fail=lambda: f"{_state(rt)}\n{procs.logs()}")
+        requeued = _requeued(rt)
         neither = [(r.id, r.status, r.current_node_id, r.attempts, r.last_error) for r in _enrollment_rows(rt, leased)
-                   if not (r.steps > held[r.id][1] or (r.attempts >= 1 and r.last_error == "claim_expired"))]
-        assert neither == [], f"claims of the killed worker neither advanced nor backed off: {neither[:5]}"
+                   if not (r.steps > held[r.id][1] or (r.attempts >= 1 and r.last_error == "claim_expired")
+                           or f"requeued:{held[r.id][0]}" in requeued.get(r.id, set()))]
+        assert neither == [], f"claims of the killed worker neither advanced nor were swept: {neither[:5]}"
         wait_until(_every(1, lambda: _positions(rt) == Counter({("fim", "completed"): n})
                           and _open_followups(rt) == 0),
                timeout=400, what="every enrollment completed and its message settled",
@@ -514,8 +536,129 @@ def test_flushing_the_broker_mid_run_still_completes_every_enrollment_once(rt, w
                on_fail=lambda: f"{_state(rt)}\n{procs.logs()}")
     steps = _assert_advanced_once(rt, ids, ["inicio", "checkin"])
     _assert_sent_once(rt, {"followup_checkin": n})
+    # The claims lost with the broker never reached a worker: back in the queue, at no cost.
+    assert _deferred_lost(steps, ids) == set(), "a claim lost with the broker cost an attempt"
+    assert Counter(r.attempts for r in _enrollment_rows(rt)) == Counter({0: n})
     if flushed_at[("fim", "completed")] < n:
-        assert _deferred_lost(steps, ids), "claims lost with the broker were never counted as lost"
+        assert _requeued(rt), "claims lost with the broker were never put back in the queue"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class OwnRedis:
+    """A redis-server of the test's own on a free loopback port, without persistence, that the
+    test stops and starts again (never the machine's Redis, which other tests use)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.folder / "redis.log", "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.folder)], stdout=log, stderr=subprocess.STDOUT)
+        wait_until(self.answers, timeout=30, what="the test's redis-server to answer")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def answers(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _scheduler_passes(port: int) -> float:
+    """Passes the scheduler has run, ok or failed (its /metrics)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            exposition = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(sample.value for family in text_string_to_metric_families(exposition) for sample in family.samples
+               if sample.name == "lembra_scheduler_passes_total")
+
+
+@pytest.mark.skipif(not (IS_POSTGRES and REAL_BROKER and shutil.which("redis-server")),
+                    reason="needs PostgreSQL, a real broker run and the redis-server binary")
+def test_a_broker_stopped_for_longer_than_the_backoff_ladder_kills_no_follow_up(rt, world, own_redis, procs,
+                                                                              database_url):
+    """Redis (the test's own) stops while enrollments fall due, for longer than the whole backoff
+    ladder in the runtime's terms: with a 3-second lease, the scheduler passes again and again, and
+    every enrollment's clock is moved past its backoff as many times as the ladder has steps, and
+    more. A claim that never reached a worker costs nothing, so when Redis is back every run takes
+    each step once: none dead, none backed off, each follow-up in the outbox and sent once. The
+    scheduler says the outage once and its end once, without a traceback; the worker starts
+    without Dramatiq's "middleware of the same type twice" warning."""
+    n_before, n_during = 20, 180
+    metrics_port = _free_port()
+    env = {"BROKER_URL": own_redis.url, "LEMBRA_LEASE_SECONDS": "3", "LEMBRA_SEND_TIMEOUT": "1",
+           "LEMBRA_SCHEDULER_METRICS_PORT": str(metrics_port), "LEMBRA_WORKER_METRICS_PORT": "0"}
+    pointer = _publish(world, linear(node("inicio", "trigger"),
+                                     node("checkin", "action", mode="template", template="followup_checkin"),
+                                     node("fim", "end", outcome="exhausted")))
+    contacts = _bulk_contacts(world, n_before + n_during)
+    first = _bulk_enroll(world, pointer, contacts[:n_before])
+    later = _bulk_enroll(world, pointer, contacts[n_before:], due=datetime.now(UTC) + timedelta(days=1))
+    ids = first + later
+    _run(procs, database_url, 1, ready=True, **env)
+    wait_until(lambda: _positions(rt)[("fim", "completed")] == n_before, timeout=120,
+               what="the first runs to complete while the broker is up",
+               on_fail=lambda: f"{_state(rt)}\n{procs.logs()}")
+
+    own_redis.stop()
+    assert _move_clock(rt, later) == n_during  # they fall due while the broker is down
+    for _ in range(len(BACKOFF) + 2):
+        # A few passes of the scheduler, and no claim left waiting on its lease...
+        passes = _scheduler_passes(metrics_port)
+        wait_until(lambda: _scheduler_passes(metrics_port) >= passes + 3
+                   and not any(r.lease_until for r in _enrollment_rows(rt, later)),
+                   timeout=60, what="scheduler passes with no claim held",
+                   on_fail=lambda: f"{_state(rt)}\n{procs.logs()}")
+        # ...then the backoff a lost claim would have earned has passed.
+        _move_clock(rt, later)
+    during = _enrollment_rows(rt, later)
+    assert Counter((r.status, r.attempts) for r in during) == Counter({("active", 0): n_during}), \
+        f"the outage cost attempts: {_state(rt)}"
+
+    own_redis.start()  # empty: whatever it held went with it
+    wait_until(_every(1, lambda: _positions(rt) == Counter({("fim", "completed"): n_before + n_during})
+                      and _sent(rt, "followup_checkin") == n_before + n_during),
+               timeout=300, what="every run completed once the broker is back",
+               on_fail=lambda: f"{_state(rt)}\n{procs.logs()}")
+    steps = _assert_advanced_once(rt, ids, ["inicio", "checkin"])
+    assert _deferred_lost(steps, ids) == set(), "a claim no worker started cost an attempt"
+    _assert_sent_once(rt, {"followup_checkin": n_before + n_during})
+    assert Counter((r.status, r.steps, r.messages_sent, r.attempts) for r in _enrollment_rows(rt)) == \
+        Counter({("completed", 2, 1, 0): n_before + n_during})
+    assert world.inbox() == [], "no Pendência for a run"
+
+    scheduler_log = (procs.logdir / "scheduler.log").read_text(errors="replace")
+    assert scheduler_log.count("broker unreachable: due work waits in the database") == 1, scheduler_log[-3000:]
+    assert scheduler_log.count("broker reachable again") == 1, scheduler_log[-3000:]
+    assert "Traceback" not in scheduler_log and "scheduler pass crashed" not in scheduler_log, scheduler_log[-3000:]
+    worker_log = (procs.logdir / "worker0.log").read_text(errors="replace")
+    assert "ready for action" in worker_log
+    assert "same type twice" not in worker_log, worker_log[-3000:]
 
 
 def test_a_30_day_wait_survives_a_restart(rt, world, procs, database_url):

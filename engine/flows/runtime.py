@@ -8,8 +8,14 @@ read (one query per table), runs each current node (`nodes.decide`, which may ca
 then, in one transaction, writes each enrollment's next node, clock, counters and follow-up
 outbox row, each guarded by its own compare-and-set on (id, revision, status, node), and the
 steps' events in one insert. An actor that runs twice, or a claim overtaken by a reply, finds
-the revision moved on: a stale wake, recorded and otherwise ignored. A worker killed mid-step
-leaves its lease to expire, which the sweep counts as a failed attempt.
+the revision moved on: a stale wake, recorded and otherwise ignored.
+
+A claim's lease runs out in two ways, which the sweep tells apart by `claim_started_at` (set by
+the actor as it begins, one statement per claim; cleared by each claim). A worker killed mid-step
+started it: a failed attempt, backed off. A claim that never reached a worker (the broker was down,
+lost it in a flush or restart, or held it past its lease) goes back to the queue at no cost, as a
+claimed message does (engine/dispatch/claim.py); so does a claim the scheduler could not hand to
+the broker at all, at once (`release_unhanded`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.engine import Connection
@@ -60,7 +66,7 @@ class Step:
 def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> list[tuple[int, int]]:
     """Claim up to `limit` due enrollments (all orgs) with a lease; returns (id, revision) pairs.
     With `max_in_flight`, no more than that many are leased at once: a claim waits in the broker
-    while its lease runs, and one that runs out costs the enrollment an attempt."""
+    while its lease runs (one that runs out before a worker starts it is swept back, free)."""
     now = clock.now()
     with rt.db.begin() as conn:
         if max_in_flight is not None:
@@ -83,15 +89,25 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
         rows = conn.execute(
             update(enrollments)
             .where(enrollments.c.id.in_(select(due_cte.c.id)), enrollments.c.lease_until.is_(None))
-            .values(lease_until=now + rt.settings.lease, revision=enrollments.c.revision + 1)
+            .values(lease_until=now + rt.settings.lease, revision=enrollments.c.revision + 1, claim_started_at=None)
             .returning(enrollments.c.id, enrollments.c.revision, enrollments.c.next_eval_at)
         ).all()
     return [(row.id, row.revision) for row in sorted(rows, key=lambda r: (r.next_eval_at, r.id))]
 
 
-def sweep_lost(rt: Runtime, *, limit: int | None = None) -> int:
-    """Claims whose lease ran out (the worker died mid-step) count as a failed attempt. With
-    `limit`, at most that many per call: one transaction holds the row locks of all it sweeps."""
+class Swept(NamedTuple):
+    """What one sweep did with the claims whose lease ran out."""
+
+    #: Steps a worker started and did not finish: a failed attempt each.
+    lost: int
+    #: Claims no worker started: back in the queue, due as before, attempts unchanged.
+    requeued: int
+
+
+def sweep_lost(rt: Runtime, *, limit: int | None = None) -> Swept:
+    """Claims whose lease ran out. A step the actor started (its worker died mid-step) counts as a
+    failed attempt; a claim no actor started goes back to the queue free, with a `requeued` event.
+    With `limit`, at most that many per call: one transaction holds the row locks of all it sweeps."""
     now = clock.now()
     lost = 0
     with rt.db.begin() as conn:
@@ -99,14 +115,79 @@ def sweep_lost(rt: Runtime, *, limit: int | None = None) -> int:
                  .order_by(enrollments.c.lease_until, enrollments.c.id))
         rows = conn.execute(query.limit(limit) if limit is not None else query).all()
         journal = lifecycle.Journal()
+        unstarted = [(row.id, row.revision) for row in rows if row.claim_started_at is None]
+        # An actor that starts one of them meanwhile wins: the hand-back skips a started claim.
+        requeued = _hand_back(conn, unstarted, unstarted_only=True)
+        for row in requeued:
+            journal.add(row.org_id, row.id, "requeued", f"requeued:{row.revision - 1}", node_id=row.current_node_id,
+                        at=now, payload=dict(reason="claim_not_started"))
         for row in rows:
-            if _fail(conn, journal, row, now, reason="claim_expired", kind=_node_type(conn, row), llm_calls=0,
-                     params={}):
+            if row.claim_started_at is not None and _fail(conn, journal, row, now, reason="claim_expired",
+                                                          kind=_node_type(conn, row), llm_calls=0, params={}):
                 lost += 1
         journal.flush(conn)
     if lost:
         log.warning("lost enrollment claims swept", extra={"count": lost})
-    return lost
+    if requeued:
+        log.warning("enrollment claims no worker started put back in the queue", extra={"count": len(requeued)})
+    return Swept(lost=lost, requeued=len(requeued))
+
+
+def release_unhanded(rt: Runtime, claims: Sequence[Sequence[int]]) -> int:
+    """Put back at once, free, claims the scheduler could not hand to the broker (its enqueue
+    failed): still due, no longer leased, attempts unchanged. A claim an actor has started (its
+    message did reach the broker after all) keeps its lease. Returns how many were released."""
+    pairs = [(int(pair[0]), int(pair[1])) for pair in claims]
+    if not pairs:
+        return 0
+    with rt.db.begin() as conn:
+        return len(_hand_back(conn, pairs, unstarted_only=True))
+
+
+def start_claims(rt: Runtime, claims: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The actor begins on these claims: mark them started, with a fresh lease for the work (the
+    time a claim waited in the broker does not count against it). One statement for the claim;
+    from here, a lease that runs out is a failed attempt. Returns the claims to work on: all of
+    them, unless that statement fails; then each is marked alone and one whose row refuses the
+    write is left to the sweep (never started: back in the queue, free), not its claim-mates."""
+    if not claims:
+        return []
+    now = clock.now()
+
+    def mark(some: Sequence[tuple[int, int]]) -> None:
+        with rt.db.begin() as conn:
+            conn.execute(update(enrollments).where(tuple_(enrollments.c.id, enrollments.c.revision).in_(list(some)))
+                         .values(claim_started_at=now, lease_until=now + rt.settings.lease))
+
+    try:
+        mark(claims)
+        return list(claims)
+    except Exception:
+        log.exception("starting a claim together failed; starting its enrollments one by one",
+                      extra={"enrollments": len(claims)})
+    started = []
+    for claim in claims:
+        try:
+            mark([claim])
+        except Exception:
+            log.exception("starting a claim failed", extra={"enrollment_id": claim[0]})
+        else:
+            started.append(claim)
+    return started
+
+
+def _hand_back(conn: Connection, claims: Sequence[tuple[int, int]], *, unstarted_only: bool = False) -> list[Any]:
+    """Drop the lease of these claims (id, revision), still due, in one statement; the revision
+    moves on, so a message of theirs still in the broker finds a stale wake. Returns the rows."""
+    if not claims:
+        return []
+    where = [tuple_(enrollments.c.id, enrollments.c.revision).in_(list(claims))]
+    if unstarted_only:
+        where.append(enrollments.c.claim_started_at.is_(None))
+    return conn.execute(update(enrollments).where(*where)
+                        .values(lease_until=None, revision=enrollments.c.revision + 1)
+                        .returning(enrollments.c.id, enrollments.c.org_id, enrollments.c.current_node_id,
+                                   enrollments.c.revision)).all()
 
 
 def _node_type(conn: Connection, row: Any) -> str:
@@ -341,9 +422,9 @@ def _open_dead_item(conn: Connection, row: Any, reason: str) -> None:
 
 
 def advance_claimed(rt: Runtime, pairs: Sequence[Sequence[int]], *, ai: Callable[[Any], AI] | None = None) -> int:
-    """The actor's body: advance the claimed enrollments together, chaining the steps that are
-    due at once (up to MAX_HOPS per enrollment). Returns the steps taken."""
-    claims = [(int(pair[0]), int(pair[1])) for pair in pairs]
+    """The actor's body: mark the claims started, then advance the claimed enrollments together,
+    chaining the steps that are due at once (up to MAX_HOPS per enrollment). Returns the steps taken."""
+    claims = start_claims(rt, [(int(pair[0]), int(pair[1])) for pair in pairs])
     taken = 0
     for _hop in range(MAX_HOPS):
         if not claims:
@@ -352,14 +433,13 @@ def advance_claimed(rt: Runtime, pairs: Sequence[Sequence[int]], *, ai: Callable
         taken += len(done)
         claims = [(enrollment_id, step.continue_with) for enrollment_id, step in done.items()
                   if step.continue_with is not None]
-    for enrollment_id, revision in claims:
-        _release(rt, enrollment_id, revision)
+    _release(rt, claims)
     return taken
 
 
-def _release(rt: Runtime, enrollment_id: int, revision: int) -> None:
-    """Hand a run that used its hops back to the scheduler (still due, no longer claimed)."""
-    with rt.db.begin() as conn:
-        conn.execute(update(enrollments).where(enrollments.c.id == enrollment_id, enrollments.c.revision == revision)
-                     .values(lease_until=None, revision=enrollments.c.revision + 1))
+def _release(rt: Runtime, claims: Sequence[tuple[int, int]]) -> None:
+    """Hand runs that used their hops back to the scheduler (still due, no longer claimed)."""
+    if claims:
+        with rt.db.begin() as conn:
+            _hand_back(conn, claims)
 

@@ -12,7 +12,7 @@ from engine.api_events import record_contact_event
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
 from engine.flows.ai.builtin import BuiltinAI
-from engine.models import contact_events, enrollments
+from engine.models import contact_events, enrollment_events, enrollments
 from tests.factories import World
 from tests.flows.helpers import Flows, edge, linear, node, statuses
 
@@ -183,39 +183,69 @@ def test_one_claim_advances_each_org_with_its_own_rows(world, flows, rt, clock):
     assert {m.org_id for m in other_flows.followups()} == {other.org_id}
 
 
-def _fail_updates_of(rt, enrollment_id: int) -> None:
-    """A real write failure for one enrollment: the database refuses every update of its row."""
+def _fail_updates_of(rt, enrollment_id: int, *, but_the_start: bool = False) -> None:
+    """A real write failure for one enrollment: the database refuses every update of its row (with
+    `but_the_start`, every one but the actor's mark that it started: the step's own write fails)."""
+    when = f"OLD.id = {int(enrollment_id)}" + (" AND NEW.revision <> OLD.revision" if but_the_start else "")
     with rt.db.begin() as conn:
         if rt.db.dialect == "postgresql":
             conn.execute(text("CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                               "RAISE EXCEPTION 'refused'; END $$"))
             conn.execute(text(f"CREATE TRIGGER test_refuse BEFORE UPDATE ON enrollments FOR EACH ROW "
-                              f"WHEN (OLD.id = {int(enrollment_id)}) EXECUTE FUNCTION test_refuse()"))
+                              f"WHEN ({when}) EXECUTE FUNCTION test_refuse()"))
         else:
             conn.execute(text(f"CREATE TRIGGER test_refuse BEFORE UPDATE ON enrollments "
-                              f"WHEN OLD.id = {int(enrollment_id)} BEGIN SELECT RAISE(ABORT, 'refused'); END"))
+                              f"WHEN {when} BEGIN SELECT RAISE(ABORT, 'refused'); END"))
+
+
+def _accept_updates_again(rt) -> None:
+    with rt.db.begin() as conn:
+        conn.execute(text("DROP TRIGGER test_refuse" + (" ON enrollments" if rt.db.dialect == "postgresql" else "")))
+        if rt.db.dialect == "postgresql":
+            conn.execute(text("DROP FUNCTION test_refuse()"))
 
 
 def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, flows, rt, clock):
     """The claim's steps are written together; when that fails they are written one by one: the
-    others advance, and the one that fails keeps its lease until the sweep backs it off."""
+    others advance, and the one that fails (a step that started) keeps its lease until the sweep
+    backs it off."""
     flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=10),
                              node("fim", "end", outcome="exhausted")))
     ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
     pairs = runtime.claim_due(rt, limit=10)
     assert len(pairs) == 3
-    _fail_updates_of(rt, ids[1])
+    _fail_updates_of(rt, ids[1], but_the_start=True)
     runtime.advance_claimed(rt, pairs)
     runs = [flows.enrollment(i) for i in ids]
     assert [(r.current_node_id, r.steps) for r in (runs[0], runs[2])] == [("espera", 1), ("espera", 1)]
     assert (runs[1].current_node_id, runs[1].steps) == ("inicio", 0) and runs[1].lease_until is not None
-    with rt.db.begin() as conn:
-        conn.execute(text("DROP TRIGGER test_refuse" + (" ON enrollments" if rt.db.dialect == "postgresql" else "")))
-        if rt.db.dialect == "postgresql":
-            conn.execute(text("DROP FUNCTION test_refuse()"))
+    assert runs[1].claim_started_at is not None
+    _accept_updates_again(rt)
     clock.advance(rt.settings.lease + timedelta(seconds=1))
-    assert runtime.sweep_lost(rt) == 1
+    assert runtime.sweep_lost(rt) == (1, 0)
     assert (flows.enrollment(ids[1]).attempts, flows.enrollment(ids[1]).last_error) == (1, "claim_expired")
+
+
+def test_an_enrollment_whose_claim_cannot_even_start_leaves_its_claim_mates_alone(world, flows, rt, clock):
+    """The actor marks its claim started in one statement; when one row refuses even that, the
+    others are marked one by one and advance, and the one that never started goes back to the
+    queue free once the database takes its writes again."""
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=10),
+                             node("fim", "end", outcome="exhausted")))
+    ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
+    pairs = runtime.claim_due(rt, limit=10)
+    _fail_updates_of(rt, ids[1])
+    assert runtime.advance_claimed(rt, pairs) == 2
+    runs = [flows.enrollment(i) for i in ids]
+    assert [(r.current_node_id, r.steps) for r in (runs[0], runs[2])] == [("espera", 1), ("espera", 1)]
+    assert (runs[1].current_node_id, runs[1].claim_started_at) == ("inicio", None)
+    _accept_updates_again(rt)
+    clock.advance(rt.settings.lease + timedelta(seconds=1))
+    assert runtime.sweep_lost(rt) == (0, 1)
+    run = flows.enrollment(ids[1])
+    assert (run.attempts, run.last_error, run.lease_until) == (0, None, None)
+    flows.run()
+    assert flows.enrollment(ids[1]).current_node_id == "espera"
 
 
 class FailingAI(BuiltinAI):
@@ -256,9 +286,10 @@ def test_node_failures_back_off_then_the_run_is_dead_with_a_pendencia(world, flo
 def test_a_claim_lost_with_its_worker_counts_as_a_failed_attempt(world, flows, rt, clock):
     contact = world.contact()
     enrollment_id = flows.enroll(flows.flow(classify_graph()), contact)
-    runtime.claim_due(rt, limit=10)  # the worker that took it dies: nothing advances
+    pairs = runtime.claim_due(rt, limit=10)
+    assert runtime.start_claims(rt, pairs) == pairs  # the worker that took it starts, and dies mid-step
     clock.advance(rt.settings.lease + timedelta(seconds=1))
-    assert runtime.sweep_lost(rt) == 1
+    assert runtime.sweep_lost(rt) == (1, 0)
     run = flows.enrollment(enrollment_id)
     assert (run.attempts, run.last_error, run.lease_until) == (1, "claim_expired", None)
     assert run.next_eval_at == clock.now() + timedelta(seconds=30)
@@ -269,6 +300,56 @@ def test_a_claim_lost_with_its_worker_counts_as_a_failed_attempt(world, flows, r
     assert len(world.sandbox()) == 1
 
 
+def _requeued(rt, enrollment_id: int) -> list[tuple[str, str | None, str]]:
+    """The run's `requeued` events: (node, reason, key)."""
+    with rt.db.connect() as conn:
+        rows = conn.execute(select(enrollment_events).where(enrollment_events.c.enrollment_id == enrollment_id,
+                                                            enrollment_events.c.event_type == "requeued")
+                            .order_by(enrollment_events.c.id)).all()
+    return [(row.node_id, (row.payload or {}).get("reason"), row.idempotency_key) for row in rows]
+
+
+def test_a_claim_no_worker_started_goes_back_to_the_queue_free_however_often(world, flows, rt, clock):
+    """A claim that never reached a worker (the broker was down, lost it, or held it past its
+    lease) is put back in the queue at no cost, as a message is: more times than the backoff
+    ladder has steps, over longer than the whole ladder, and the run is neither dead nor backed
+    off. The step then runs once."""
+    enrollment_id = flows.enroll(flows.flow(classify_graph()), world.contact())
+    due = flows.enrollment(enrollment_id).next_eval_at
+    claims = []
+    for _ in range(len(runtime.BACKOFF) + 3):
+        pairs = runtime.claim_due(rt, limit=10)
+        assert [p[0] for p in pairs] == [enrollment_id]
+        claims += pairs
+        clock.advance(timedelta(minutes=20))  # 8 × 20 min: well past the ladder's 81 minutes
+        assert runtime.sweep_lost(rt) == (0, 1)
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.attempts, run.last_error, run.lease_until, run.next_eval_at) == \
+        ("active", 0, None, None, due)
+    assert _requeued(rt, enrollment_id) == [("inicio", "claim_not_started", f"requeued:{revision}")
+                                            for _, revision in claims]
+    assert flows.steps(enrollment_id) == [] and world.inbox() == []
+
+    assert runtime.advance_claimed(rt, [claims[0]]) == 1  # a message of an old claim turns up: stale
+    assert [s["status"] for s in flows.steps(enrollment_id)] == ["stale"]
+    flows.run()
+    run = flows.enrollment(enrollment_id)
+    assert (run.status, run.current_node_id, run.attempts, run.messages_sent) == ("waiting_reply", "resposta", 0, 1)
+    assert len(world.sandbox()) == 1
+
+
+def test_a_claim_the_scheduler_could_not_hand_over_is_released_at_once_unless_it_started(world, flows, rt, clock):
+    ids = [flows.enroll(flows.flow(classify_graph()), world.contact()) for _ in range(2)]
+    first, second = runtime.claim_due(rt, limit=10)
+    assert runtime.start_claims(rt, [second]) == [second]  # its message reached a worker after all
+    assert runtime.release_unhanded(rt, [first, second]) == 1
+    runs = {i: flows.enrollment(i) for i in ids}
+    assert (runs[first[0]].lease_until, runs[first[0]].revision, runs[first[0]].attempts) == (None, first[1] + 1, 0)
+    assert runs[second[0]].lease_until is not None and runs[second[0]].revision == second[1]
+    assert _requeued(rt, first[0]) == []  # undone before it left the scheduler: nothing to tell
+    assert [p[0] for p in runtime.claim_due(rt, limit=10)] == [first[0]]  # due again at once
+
+
 def test_claims_in_flight_are_capped_and_lost_ones_are_swept_in_batches(world, flows, rt, clock):
     """A claim waits in the broker while its lease runs: the scheduler leases no more than
     `max_in_flight` at once, and the sweep takes lost claims `limit` at a time, oldest first."""
@@ -277,12 +358,14 @@ def test_claims_in_flight_are_capped_and_lost_ones_are_swept_in_batches(world, f
     first = runtime.claim_due(rt, limit=10, max_in_flight=3)
     assert len(first) == 3
     assert runtime.claim_due(rt, limit=10, max_in_flight=3) == []  # three already in flight
-    assert len(runtime.claim_due(rt, limit=10, max_in_flight=4)) == 1
+    second = runtime.claim_due(rt, limit=10, max_in_flight=4)
+    assert len(second) == 1
 
+    runtime.start_claims(rt, first + second)
     clock.advance(rt.settings.lease + timedelta(seconds=1))  # every worker holding them died
-    assert runtime.sweep_lost(rt, limit=3) == 3
-    assert runtime.sweep_lost(rt, limit=3) == 1
-    assert runtime.sweep_lost(rt, limit=3) == 0
+    assert runtime.sweep_lost(rt, limit=3) == (3, 0)
+    assert runtime.sweep_lost(rt, limit=3) == (1, 0)
+    assert runtime.sweep_lost(rt, limit=3) == (0, 0)
     runs = {i: flows.enrollment(i) for i in ids}
     lost = {i for i, run in runs.items() if run.last_error == "claim_expired"}
     assert len(lost) == 4 and all(runs[i].attempts == 1 and runs[i].lease_until is None for i in lost)

@@ -41,7 +41,7 @@ from engine.models import contacts, enrollments
 EVENT_LABELS = {
     "enrolled": _l("Entrou no fluxo"), "step": _l("Etapa executada"), "reply": _l("O paciente respondeu"),
     "paused": _l("Pausado"), "resumed": _l("Retomado"), "ended": _l("Encerrado"),
-    "handoff_allowed": _l("Atendimento humano (o fluxo segue)"),
+    "handoff_allowed": _l("Atendimento humano (o fluxo segue)"), "requeued": _l("Devolvido à fila"),
 }
 #: How a step went (lifecycle.STEP_STATUSES).
 STEP_STATUS_LABELS = {
