@@ -272,7 +272,7 @@ def test_a_stale_wake_and_the_sweep_cannot_act_on_a_paused_run(world, flows, rt,
     handoff(rt, world, contact, "handoff_started")  # … and the hand-off starts before its worker runs
     assert runtime.advance(rt, [claim])[enrollment_id].status == "stale"
     clock.advance(rt.settings.lease + timedelta(minutes=1))
-    assert runtime.sweep_lost(rt) == 0
+    assert runtime.sweep_lost(rt) == (0, 0)
     assert runtime.claim_due(rt, limit=10) == []
     run = flows.enrollment(enrollment_id)
     assert (run.status, run.current_node_id, run.attempts, run.last_error) == (
