@@ -544,4 +544,9 @@ EnrollmentPage = page_schema(EnrollmentOut, "EnrollmentPage")
 class ErrorOut(Schema):
     error = fields.String(required=True, metadata={"description": "What went wrong, in one line."})
     details = fields.Raw(required=True, allow_none=True,
-                         metadata={"description": "For 422: every field's errors, by field name."})
+                         metadata={"description": "For 422: every field's errors, by field name (the first 50, "
+                                                  "then `_more` with their `count`). For a body that is refused "
+                                                  "before its fields are read (400 not JSON or nested too deep, "
+                                                  "413 too large, 422 a value no database stores: NaN, Infinity, "
+                                                  "numbers past 64 bits, NUL or a lone surrogate): `{code, "
+                                                  "field, message, message_en}`."})
