@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, render_template, request
+from flask import Flask, jsonify, render_template, request
 from flask_babel.speaklater import LazyString
 from werkzeug.exceptions import HTTPException
 
-from admin.i18n import _l
+from admin.i18n import _l, translate
+from admin.json_body import too_large
 
 #: Paths whose callers are programs, not people.
 MACHINE_PREFIXES = ("/api/", "/webhooks/", "/healthz", "/readyz", "/metrics")
@@ -42,6 +43,20 @@ def _for_people() -> bool:
     return not request.path.startswith(MACHINE_PREFIXES)
 
 
+def _json(exc: HTTPException) -> Any:
+    """The error as the console's JSON endpoints answer theirs (`{"error": sentence}`): a request
+    that sent JSON (the flow builder's) reads JSON back, whatever stopped it before its view."""
+    code = exc.code or 500
+    if code == 413:
+        refusal = too_large()
+        body = {"error": translate(refusal.message), "code": refusal.code}
+    else:
+        body = {"error": str(PAGES.get(code, PAGES[500] if code >= 500 else PAGES[400])[1])}
+    response = jsonify(body)
+    response.status_code = code
+    return response
+
+
 def _page(exc: HTTPException) -> Any:
     code = exc.code or 500
     title, text = PAGES.get(code, PAGES[500] if code >= 500 else PAGES[400])
@@ -59,4 +74,6 @@ def init_error_pages(app: Flask) -> None:
     def http_error(exc: HTTPException) -> Any:
         if not _for_people():
             return exc
+        if request.is_json:
+            return _json(exc)
         return _page(exc)

@@ -61,6 +61,11 @@ CATALOGUE: dict[str, Text] = {
     "detail_cooldown_forbidden": N_("só vale quando a repetição é com intervalo (cooldown); remova-o"),
     "detail_no_value": N_("esta operação não usa valor; deixe-o vazio"),
     "detail_class_value": N_("escolha uma das classes da etapa de origem"),
+    "detail_unstorable": N_("tem um caractere que não pode ser guardado (NUL ou metade de um caractere Unicode); "
+                            "remova-o"),
+    "detail_not_finite": N_("use um número finito; NaN e Infinity não existem em JSON"),
+    "detail_number_range": N_("número grande demais; use inteiros de até 19 dígitos e decimais finitos"),
+    "detail_too_deep": N_("aninha mais de %(max)s níveis; simplifique-o"),
     # --- flow steps (engine/flows/runtime.py, nodes.py, triggers.py, replies.py) ---------------
     "trigger_fired": N_("O fluxo começou."),
     "silence_broken": N_("O paciente respondeu (ou recebeu outra mensagem) antes da hora, então este acompanhamento não foi mais necessário."),
@@ -115,6 +120,13 @@ CATALOGUE: dict[str, Text] = {
     "invalid_handoff_policy": N_("A política de atendimento humano deve ser pausar, cancelar ou permitir."),
     "invalid_resume_grace": N_("O tempo para retomar depois do atendimento humano deve ser de 0 a 10080 minutos."),
     "invalid_name": N_("Dê ao fluxo um nome de 1 a 120 caracteres."),
+    # A refusal lists its first issues (engine/flows/issues.py MAX_ISSUES) and counts the rest.
+    "more_issues": N_("E mais %(count)s problema(s), mostrados depois que estes forem corrigidos."),
+    # --- request bodies and documents from outside (engine/strict_json.py, admin/json_body.py) ----
+    "body_not_json": N_("O pedido não é um JSON válido em UTF-8. Confira o que foi enviado e envie de novo."),
+    "body_too_large": N_("O pedido passa do limite de %(max)s KB. Envie um pedido menor."),
+    "body_too_deep": N_("O JSON do pedido aninha mais de %(max)s níveis. Envie um documento mais simples."),
+    "body_invalid_value": N_("O pedido não foi aceito (%(field)s: %(detail)s)."),
     # What the AI answered, and why it could not (engine/flows/ai).
     "builtin_keywords": N_("palavras-chave"),
     "builtin_template": N_("modelo de mensagem"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 from typing import Any, Callable, Iterator, Mapping
 
@@ -15,7 +14,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from admin.i18n import translate_to
+from admin.json_body import BodyRefused, request_json
 from engine.apikeys import ApiKeyIdentity, authenticate
+from engine.catalogue import describe
 from engine.runtime import Runtime
 
 log = logging.getLogger("lembra.api")
@@ -127,19 +129,26 @@ def org_tx() -> Iterator[Connection]:
         yield conn
 
 
+#: The short English `error` of each body refusal (admin/json_body.py); `details` says the rest.
+BODY_ERRORS = {"body_not_json": "the body is not valid JSON", "body_too_deep": "the body nests too deeply"}
+#: How many field errors a 422 lists (one per unknown key would grow with the request).
+MAX_FIELD_ERRORS = 50
+
+
 def json_body() -> Any:
-    """The request's JSON document; 400 when it is not JSON at all."""
-    raw = request.get_data(cache=True)
+    """The request's JSON document, read strictly (admin/json_body.py): 400, 413 or 422 with
+    `details` `{code, field, message, message_en}` when it is refused."""
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the body is not valid JSON") from None
-    except RecursionError:  # e.g. a megabyte of "[": valid JSON, too deep for the parser
-        raise ApiError(400, "the body nests too deeply") from None
+        return request_json()
+    except BodyRefused as exc:
+        raise ApiError(exc.status, BODY_ERRORS.get(exc.code), {
+            "code": exc.code, "field": exc.field, "message": str(exc.message),
+            "message_en": translate_to(exc.message, "en")}) from None
 
 
 def load(schema: Schema, data: Any, extra_errors: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Validate with `schema`; a 422 lists every error (plus `extra_errors` found elsewhere)."""
+    """Validate with `schema`; a 422 lists every field's errors (plus `extra_errors` found
+    elsewhere), up to MAX_FIELD_ERRORS messages, and then `_more` counting the rest."""
     errors: dict[str, Any] = dict(extra_errors or {})
     result: dict[str, Any] = {}
     try:
@@ -148,8 +157,50 @@ def load(schema: Schema, data: Any, extra_errors: Mapping[str, Any] | None = Non
         messages = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
         errors.update(messages)
     if errors:
-        raise ValidationError(errors)
+        raise ValidationError(_bounded_errors(errors))
     return result
+
+
+def _bounded_errors(errors: dict[str, Any]) -> dict[str, Any]:
+    """marshmallow's nested errors with at most MAX_FIELD_ERRORS messages, in their order; when
+    some are left out, `_more` says how many, in both languages."""
+    kept = 0
+    hidden = 0
+
+    def walk(node: Any) -> Any:
+        nonlocal kept, hidden
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                trimmed = walk(value)
+                if trimmed not in (None, {}, []):
+                    out[key] = trimmed
+            return out
+        if isinstance(node, list):
+            out_list = []
+            for item in node:
+                if isinstance(item, (dict, list)):
+                    trimmed = walk(item)
+                    if trimmed not in ({}, []):
+                        out_list.append(trimmed)
+                elif kept < MAX_FIELD_ERRORS:
+                    kept += 1
+                    out_list.append(item)
+                else:
+                    hidden += 1
+            return out_list
+        if kept < MAX_FIELD_ERRORS:
+            kept += 1
+            return node
+        hidden += 1
+        return None
+
+    out = walk(errors)
+    if hidden:
+        more = describe("more_issues", count=hidden)
+        out["_more"] = {"code": "more_issues", "count": hidden, "message": str(more),
+                        "message_en": translate_to(more, "en")}
+    return out
 
 
 def load_query(schema: Schema) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -22,27 +21,23 @@ from marshmallow import (
     validates_schema,
 )
 
+from admin.i18n import translate_to
 from engine.fields import WholeNumber
 from engine.flows.queries import ENROLLMENT_STATUSES
-from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES
+from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES, MAX_VERSION
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
+from engine.strict_json import find_problem, storable_text
 from gateway.phones import InvalidPhone, normalize_phone
 
 MAX_ID = 2**63 - 1
 EVENT_TYPES = ("handoff_started", "handoff_ended", "stage_changed")
 FLOW_STATUSES = ("draft", "active", "disabled")
-#: How deep a JSON document in a body may nest (a flow graph needs about six levels).
-MAX_JSON_DEPTH = 32
 
 
 def _storable(value: str) -> None:
-    """Refuse what a database cannot store as text: NUL bytes and lone surrogates."""
-    if "\x00" in value:
-        raise ValidationError("Must not contain NUL characters.")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValidationError("Must be valid Unicode text.") from None
+    """Refuse what a database cannot store as text: NUL characters and lone surrogates."""
+    if not storable_text(value):
+        raise ValidationError("Must not contain NUL characters or lone surrogates.")
 
 
 class Text(fields.String):
@@ -91,32 +86,16 @@ class Flag(fields.Boolean):
 
 class JsonObject(fields.Dict):
     """A JSON object stored as given (a flow's graph or trigger). Its meaning is the engine's to
-    judge (`engine.flows.schema`); here it only has to be storable: no NUL characters or lone
-    surrogates in any key or string, finite numbers, and no deeper than MAX_JSON_DEPTH."""
+    judge (`engine.flows.schema`); here it only has to be storable (`engine.strict_json`: no NUL
+    characters or lone surrogates, finite numbers within 64 bits, no deeper than MAX_DEPTH). The
+    body's parser refuses all of that already; this keeps the schema true for any other caller."""
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
         result = super()._deserialize(value, attr, data, **kwargs)
-        _storable_json(result)
+        problem = find_problem(result)
+        if problem is not None:
+            raise ValidationError(f"{problem.field()}: {translate_to(problem.detail, 'en')}")
         return result
-
-
-def _storable_json(document: Any) -> None:
-    # Iterative, so a hostile document cannot exhaust the interpreter's stack.
-    pending: list[tuple[Any, int]] = [(document, 1)]
-    while pending:
-        value, depth = pending.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise ValidationError(f"Must not nest deeper than {MAX_JSON_DEPTH} levels.")
-        if isinstance(value, str):
-            _storable(value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ValidationError("Numbers must be finite.")
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                _storable(str(key))
-                pending.append((item, depth + 1))
-        elif isinstance(value, list):
-            pending.extend((item, depth + 1) for item in value)
 
 
 def _phone(value: str) -> None:
@@ -304,7 +283,7 @@ class FlowRollbackIn(Schema):
     class Meta:
         unknown = RAISE
 
-    version = WholeNumber(required=True, validate=validate.Range(min=1, max=2**31 - 1),
+    version = WholeNumber(required=True, validate=validate.Range(min=1, max=MAX_VERSION),
                           metadata={"description": "An earlier version number of this flow."})
 
 
@@ -565,4 +544,9 @@ EnrollmentPage = page_schema(EnrollmentOut, "EnrollmentPage")
 class ErrorOut(Schema):
     error = fields.String(required=True, metadata={"description": "What went wrong, in one line."})
     details = fields.Raw(required=True, allow_none=True,
-                         metadata={"description": "For 422: every field's errors, by field name."})
+                         metadata={"description": "For 422: every field's errors, by field name (the first 50, "
+                                                  "then `_more` with their `count`). For a body that is refused "
+                                                  "before its fields are read (400 not JSON or nested too deep, "
+                                                  "413 too large, 422 a value no database stores: NaN, Infinity, "
+                                                  "numbers past 64 bits, NUL or a lone surrogate): `{code, "
+                                                  "field, message, message_en}`."})

@@ -32,7 +32,8 @@ from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validat
 from engine.catalogue import describe
 from engine.flows import conditions
 from engine.fields import WholeNumber
-from engine.flows.issues import FlowIssue, sort_issues
+from engine.flows.issues import FlowIssue, bounded, sort_issues
+from engine.strict_json import find_problem, storable_text
 from engine.texts import Text
 
 # --- limits (docs/flows.md) ---------------------------------------------------------------------
@@ -88,12 +89,8 @@ class PlainText(fields.String):
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
         result = super()._deserialize(value, attr, data, **kwargs)
-        if "\x00" in result:
+        if not storable_text(result):
             raise ValidationError(MSG_UNSTORABLE)
-        try:
-            result.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValidationError(MSG_UNSTORABLE) from None
         return result
 
 
@@ -401,7 +398,7 @@ _CUSTOM_DETAILS: Mapping[str, Callable[[Mapping[str, Any]], Text]] = {
     MSG_OP_NOT_ALLOWED: lambda data: describe("detail_choice", choices=", ".join(conditions.FIELDS[data["field"]].ops)),
     MSG_CHECK_VALUE: lambda data: _value_detail(conditions.value_kind(data["field"], data["op"])),
     MSG_EDGE_VALUE: lambda data: _edge_value_detail(data["type"]),
-    MSG_UNSTORABLE: lambda data: describe("detail_invalid"),
+    MSG_UNSTORABLE: lambda data: describe("detail_unstorable"),
 }
 
 #: Every detail code this module can put in a Problem (tests check the catalogue has them).
@@ -411,6 +408,7 @@ DETAIL_CODES = (
     "detail_text_range", "detail_text_any", "detail_choice", "detail_list", "detail_too_many", "detail_repeated",
     "detail_slug", "detail_node_id", "detail_reserved_class", "detail_min_over_max", "detail_keyword_class",
     "detail_cooldown_required", "detail_cooldown_forbidden", "detail_no_value", "detail_class_value",
+    "detail_unstorable",
 )
 
 
@@ -545,6 +543,7 @@ def normalize_node_config(node_type: str, config: Mapping[str, Any]) -> dict[str
     when the config does not fit, and ValueError for a node type that does not exist."""
     if node_type not in NODE_CONFIGS:
         raise ValueError(f"unknown node type {node_type!r}")
+    _storable(config)
     shapes = NODE_CONFIGS[node_type]
     return _load(_pick(shapes, config, "mode"), config)
 
@@ -552,23 +551,39 @@ def normalize_node_config(node_type: str, config: Mapping[str, Any]) -> dict[str
 def load_trigger_config(data: Any) -> dict[str, Any]:
     """The flow's trigger config validated, with its defaults (`repeat: once`, no cooldown, no
     conditions, no stage) filled in. Raises `ConfigError` (a `marshmallow.ValidationError`)."""
+    _storable(data)
     return _load(_pick(TRIGGER_CONFIGS, data, "kind"), data)
+
+
+def _storable(data: Any) -> None:
+    """ConfigError unless `data` is JSON both databases store, nested within bounds: checked before
+    the schemas look at it (and deep-copy it, recursively)."""
+    problem = find_problem(data)
+    if problem is not None:
+        raise ConfigError({"_schema": [MSG_UNSTORABLE]}, [Problem(problem.path, problem.detail)])
 
 
 def check_draft(graph: Any) -> list[FlowIssue]:
     """The issues of the graph's shape only, as every auto-save of the builder must satisfy: an
     object with `nodes` and `edges` lists (≤ 200 / ≤ 400), nodes with valid unique ids, known
     types, an object `config` and numeric positions, edges with source/target strings and a
-    known condition. Node configs are NOT checked (a draft is work in progress).
+    known condition, and nothing a database cannot store (engine.strict_json: NUL, lone surrogates,
+    NaN, numbers past 64 bits, nesting past MAX_DEPTH). Node configs are NOT checked otherwise (a
+    draft is work in progress).
 
     Codes: `invalid_graph`, `invalid_node`, `invalid_edge` (params field, detail) and
-    `duplicate_node_id` (params count). An empty list means the draft can be saved."""
+    `duplicate_node_id` (params count), at most MAX_ISSUES of them and then `more_issues`. An
+    empty list means the draft can be saved."""
     if not isinstance(graph, Mapping):
         return [FlowIssue(None, "invalid_graph", {"field": "graph", "detail": describe("detail_object")})]
     oversized = _oversized(graph)
     if oversized:
         # Do not walk a huge list item by item: the size alone is the problem to fix.
         return oversized
+    unstorable = find_problem(graph)
+    if unstorable is not None:
+        # One is enough: the draft cannot be saved until it is gone, whatever else is wrong with it.
+        return [_draft_issue(graph, Problem(unstorable.path, unstorable.detail))]
     schema = GraphSchema()
     try:
         schema.load(graph)
@@ -576,7 +591,7 @@ def check_draft(graph: Any) -> list[FlowIssue]:
     except ValidationError as error:
         problems = _explain_schema(schema, graph, error.messages)
     issues = [_draft_issue(graph, problem) for problem in problems] + _duplicate_ids(graph)
-    return sort_issues(issues, node_ids(graph))
+    return bounded(sort_issues(issues, node_ids(graph)))
 
 
 def normalize_graph(graph: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.flows.graph import edge_key
-from engine.flows.issues import FlowIssue, sort_issues
+from engine.flows.issues import FlowIssue, bounded, sort_issues
 from engine.flows.schema import (
     MIN_GRACE_MINUTES,
     MIN_WAIT_MINUTES,
@@ -54,7 +54,7 @@ CODES = (
     "trigger_count", "unreachable", "no_path_to_end", "dead_end", "edge_unknown_node", "edge_not_allowed",
     "missing_edge", "duplicate_edge", "class_without_edge", "unknown_class", "missing_no_reply",
     "missing_fallback", "grace_too_short", "ai_after_24h", "ai_after_24h_cycle", "cycle_without_wait",
-    "too_many_steps", "unknown_template",
+    "too_many_steps", "unknown_template", "more_issues",
 )
 
 EdgeKey = tuple[str, Any]
@@ -87,17 +87,19 @@ def validate_for_publish(graph: Any, *, trigger_config: Any, max_steps: int,
 
     The draft's shape comes first (check_draft): when it is broken, only those issues (and a bad
     `max_steps`) are returned, since the other rules need well-formed nodes and edges. When
-    `template_exists` is given, every template an action names must exist."""
+    `template_exists` is given, every template an action names must exist.
+
+    The list is bounded (`issues.bounded`): the first MAX_ISSUES, then one `more_issues`."""
     steps = _max_steps_issues(max_steps)
     draft = check_draft(graph)
     if draft:
-        return sort_issues(steps + draft, node_ids(graph))
+        return bounded(sort_issues(steps + draft, node_ids(graph)))
     flow = _build(graph, trigger_config)
     issues = steps + flow.issues + (_too_many_steps(flow, max_steps) if not steps else [])
     for rule in _RULES:
         issues += rule(flow)
     issues += _unknown_templates(flow, template_exists)
-    return sort_issues(issues, flow.order)
+    return bounded(sort_issues(issues, flow.order))
 
 
 # --- building the flow: configs, trigger, usable edges --------------------------------------------

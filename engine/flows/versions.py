@@ -19,15 +19,21 @@ from sqlalchemy.exc import IntegrityError
 from engine import clock
 from engine.flows import lifecycle
 from engine.flows.graph import GraphIndex
-from engine.flows.issues import FlowIssue
+from engine.flows.issues import FlowIssue, bounded
 from engine.catalogue import describe
 from engine.flows.schema import ConfigError, check_draft, load_trigger_config, normalize_graph
 from engine.flows.validate import validate_for_publish
+from engine.ids import valid_id
 from engine.models import enrollments, flow_pointers, flow_versions, templates
 from engine.orgs import DomainError
+from engine.strict_json import storable_text
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")
 DISABLE_LIVE = ("finish", "cancel")
+#: The version numbers a flow can have (flow_versions.version is a 32-bit INTEGER): any other
+#: number is no version, and is answered as one that does not exist before the database sees it
+#: (PostgreSQL refuses to compare a column of that type with 2**31: "integer out of range").
+MAX_VERSION = 2**31 - 1
 EMPTY_GRAPH: dict[str, Any] = {"nodes": [], "edges": []}
 
 
@@ -40,15 +46,19 @@ class FlowNameTaken(DomainError):
 
 
 class FlowRejected(DomainError):
-    """A draft or a publish that breaks the rules; `issues` says where and why, per node."""
+    """A draft or a publish that breaks the rules; `issues` says where and why, per node (the
+    first MAX_ISSUES of them, and how many more: every caller answers a bounded list)."""
 
     def __init__(self, issues: list[FlowIssue]) -> None:
+        issues = bounded(issues)
         super().__init__("; ".join(f"{i.node_id or '-'}: {i.code}" for i in issues))
         self.issues = issues
 
 
 def get_flow(conn: Connection, org_id: int, pointer_id: int) -> Any:
-    """The org's flow pointer row; FlowNotFound otherwise."""
+    """The org's flow pointer row; FlowNotFound otherwise (also for a number no row's id can be)."""
+    if not valid_id(pointer_id):
+        raise FlowNotFound("no such flow")
     row = conn.execute(select(flow_pointers).where(flow_pointers.c.org_id == org_id,
                                                    flow_pointers.c.id == pointer_id)).first()
     if row is None:
@@ -67,7 +77,8 @@ def _check_settings(values: Mapping[str, Any]) -> list[FlowIssue]:
     if "resume_grace_minutes" in values and not (isinstance(grace, int) and not isinstance(grace, bool)
                                                  and 0 <= grace <= 10080):
         issues.append(FlowIssue(None, "invalid_resume_grace"))
-    if "name" in values and not (isinstance(values["name"], str) and 1 <= len(values["name"].strip()) <= 120):
+    name = values.get("name")
+    if "name" in values and not (isinstance(name, str) and 1 <= len(name.strip()) <= 120 and storable_text(name)):
         issues.append(FlowIssue(None, "invalid_name"))
     if "trigger_config" in values:
         try:
@@ -166,8 +177,11 @@ def publish(conn: Connection, org_id: int, pointer_id: int, *, user_id: int | No
 
 
 def rollback(conn: Connection, org_id: int, pointer_id: int, version: int) -> Any:
-    """Point the flow at its earlier version number `version` (and activate it)."""
+    """Point the flow at its earlier version number `version` (and activate it); FlowNotFound when
+    the flow has no such version (any number outside 1 … MAX_VERSION included)."""
     get_flow(conn, org_id, pointer_id)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise FlowNotFound("no such version")
     row = conn.execute(select(flow_versions).where(flow_versions.c.org_id == org_id,
                                                    flow_versions.c.pointer_id == pointer_id,
                                                    flow_versions.c.version == version)).first()

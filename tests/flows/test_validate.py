@@ -464,7 +464,7 @@ def test_every_code_in_the_sources_is_listed_and_catalogued() -> None:
     # Grep the modules, so a code used in the code but missing from CODES is caught too (and a
     # code listed in CODES that nothing returns any more).
     root = Path(validate.__file__).parent
-    source = (root / "validate.py").read_text() + (root / "schema.py").read_text()
+    source = (root / "validate.py").read_text() + (root / "schema.py").read_text() + (root / "issues.py").read_text()
     # The first string literal of each FlowIssue(...) call, skipping subscripts like node["id"].
     issued = set(re.findall(r'FlowIssue\((?:[^"\[]|\[[^\]]*\])*?"(\w+)"', source))
     described = set(re.findall(r'describe\("(\w+)"', source)) | set(re.findall(r'\("(detail_\w+)", \{', source))

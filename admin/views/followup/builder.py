@@ -36,6 +36,7 @@ from admin.api import services
 from admin.api.core import ApiError
 from admin.i18n import _, _l, current_locale, translate
 from admin.ids import parse_id
+from admin.json_body import BodyRefused, request_json
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
 from admin.views.messaging import preview
 from engine.channels import default_channel
@@ -485,7 +486,9 @@ class FlowBuilderView(TenantPageView):
     def _answer(self, run: Any, flow_id: str, *, write: bool = True, rejected: str | None = None) -> Any:
         """Run one request in the console's session: commit what `run` did, or roll all of it back
         and answer the error (a refused draft leaves no trace)."""
-        pk = _flow_pk(flow_id)
+        pk = parse_id(flow_id)
+        if pk is None:  # no row can have this id: the bundle reads a JSON 404, not the error page
+            return _error(404, _("Fluxo não encontrado."))
         if write and not current_user.can_edit:
             return _error(403, _("Apenas proprietários e gestores alteram fluxos."))
         session = db_session()
@@ -532,7 +535,12 @@ def _exists(conn: Connection, oid: int, pk: int) -> None:
 
 
 def _body() -> dict[str, Any]:
-    body = request.get_json(silent=True)
+    """The request's JSON object, read by the REST API's strict parser (admin/json_body.py): a
+    body it refuses is answered with the catalogue's sentence, its `code` and the `field`."""
+    try:
+        body = request_json()
+    except BodyRefused as exc:
+        raise BuilderError(exc.status, translate(exc.message), code=exc.code, field=exc.field) from None
     if not isinstance(body, dict):
         raise BuilderError(400, _("Pedido inválido."))
     return body
