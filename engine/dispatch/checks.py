@@ -1,10 +1,12 @@
-"""Before the provider call: re-check every claimed message of a batch and mark the ones that
-may go `sending`, in one transaction and a few set-based statements.
+"""Before the provider call: re-check every claimed message of a batch (`check`, one transaction
+and a few set-based statements), then mark the ones that may go `sending` as their calls begin
+(`mark_sending`, a wave at a time: engine/dispatch/send.py).
 
 Everything that can have changed since the claim is checked again here, at send time: the
 contact's consent and opt-outs, the appointment (cancelled, moved), the follow-up run, expiry,
 the sending window, the channel, the template, and the number's pacing slot. A message that may
-not go is settled on the spot (cancelled, expired, deferred, failed…) with its own event.
+not go is settled on the spot (cancelled, expired, deferred, failed…) with its own event; one
+that may go stays `claimed` until its wave is marked.
 """
 
 from __future__ import annotations
@@ -59,7 +61,10 @@ class Prepared:
 
 
 @dataclass
-class _Ready:
+class Ready:
+    """A checked message, still `claimed`: rendered, its channel's provider built, its pacing
+    slot (if any) reserved."""
+
     msg: Any
     channel: Any
     rendered: RenderedMessage
@@ -67,38 +72,44 @@ class _Ready:
     send_at: datetime | None
 
 
-def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], dict[int, str]]:
-    """Check the claimed messages among `message_ids`; returns those now `sending` (in order) and,
-    for every other id, what became of it (`not_claimed`, `cancelled`, `deferred`, `failed`…)."""
+def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[int, str]]:
+    """Check the claimed messages among `message_ids`; returns those that may go (in order, still
+    `claimed`) and, for every other id, what became of it (`not_claimed`, `cancelled`, `deferred`,
+    `failed`…)."""
     now = clock.now()
     outcomes: dict[int, str] = {}
+    ready: list[Ready] = []
     with rt.db.begin() as conn:
         batch = batches.load(conn, message_ids, keyring=rt.keyring)
-        ready: list[_Ready] = []
         for msg in batch.messages:
             checked = _check(conn, rt, batch, msg, now)
             if isinstance(checked, str):
                 outcomes[msg.id] = checked
             else:
                 ready.append(checked)
-        moved = _mark_sending(conn, rt, ready, now)
-    prepared = []
-    for item in ready:
-        attempt = moved.get(item.msg.id)
-        if attempt is None:
-            outcomes[item.msg.id] = "not_claimed"
-            continue
-        prepared.append(Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=attempt,
-                                 channel=item.channel, rendered=item.rendered, provider=item.provider,
-                                 start_by=_lease_end(rt, item, now) - timedelta(seconds=rt.settings.send_timeout),
-                                 send_at=item.send_at))
+    loaded = {msg.id for msg in batch.messages}
     for mid in message_ids:
-        if mid not in outcomes and mid not in moved:
+        if mid not in loaded:
             outcomes[mid] = "not_claimed"
+    return ready, outcomes
+
+
+def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], dict[int, str]]:
+    """`check` the claimed messages among `message_ids` and mark those that may go `sending` at
+    once, as one wave; returns those now `sending` (in order) and what became of every other id.
+    Only for as many messages as a worker has calls in flight: `send_batch` marks a larger batch
+    wave by wave."""
+    ready, outcomes = check(rt, message_ids)
+    now = clock.now()
+    with rt.db.begin() as conn:
+        prepared, events = mark_sending(conn, rt, ready, now)
+        record_event_rows(conn, events)
+    marked = {p.message_id for p in prepared}
+    outcomes.update({item.msg.id: "not_claimed" for item in ready if item.msg.id not in marked})
     return prepared, outcomes
 
 
-def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> _Ready | str:
+def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> Ready | str:
     """Whether one claimed message may go now; settles it (and says how) when it may not."""
     org_id = msg.org_id
     org = batch.orgs[org_id]
@@ -180,14 +191,20 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
                        detail={"reason": reason})
             return "deferred"
         send_at = reservation.at
-    return _Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
+    return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
 
 
-def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datetime) -> dict[int, int]:
-    """Move every ready message from `claimed` to `sending` in one compare-and-set, with its
-    event; returns id → attempt of each row that moved (one another worker took is left out)."""
+def mark_sending(conn: Connection, rt: Runtime, ready: Sequence[Ready],
+                 now: datetime) -> tuple[list[Prepared], list[dict[str, Any]]]:
+    """Move the checked messages of a wave from `claimed` to `sending` in one compare-and-set;
+    returns those that moved (in order) and their `sending` events, for the caller to write with
+    the other events of its transaction.
+
+    A row is left out when it is no longer `claimed` (another worker's, or settled) or when its
+    claim's lease has run out: the sweep may already be handing it out again, and, still
+    `claimed`, it goes back to the queue at no cost."""
     if not ready:
-        return {}
+        return [], []
     m = messages.c
     by_id = {item.msg.id: item for item in ready}
     paced = any(item.send_at is not None for item in ready)
@@ -198,20 +215,26 @@ def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datet
         for mid, item in by_id.items()}
     rows = update_per_row(
         conn, messages, per_row,
-        where=[in_values(conn, m.org_id, sorted({item.msg.org_id for item in ready})), m.status == "claimed"],
+        where=[in_values(conn, m.org_id, sorted({item.msg.org_id for item in ready})), m.status == "claimed",
+               m.lease_until > now],
         values={"status": "sending", "attempts": m.attempts + 1, "claimed_by": WORKER_ID, "updated_at": now,
                 **({} if paced else {"lease_until": now + rt.settings.lease})},
         returning=[m.id, m.attempts])
     moved = {row.id: row.attempts for row in rows}
-    record_event_rows(conn, [
+    events = [
         {"org_id": by_id[mid].msg.org_id, "message_id": mid, "event": "sending", "attempt": attempt,
          "provider_status": None, "created_at": now,
          "detail": {"slot": by_id[mid].send_at.isoformat()} if by_id[mid].send_at else None}
-        for mid, attempt in moved.items()])
-    return moved
+        for mid, attempt in moved.items()]
+    send_timeout = timedelta(seconds=rt.settings.send_timeout)
+    prepared = [Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=moved[item.msg.id],
+                         channel=item.channel, rendered=item.rendered, provider=item.provider,
+                         start_by=_lease_end(rt, item, now) - send_timeout, send_at=item.send_at)
+                for item in ready if item.msg.id in moved]
+    return prepared, events
 
 
-def _lease_end(rt: Runtime, item: _Ready, now: datetime) -> datetime:
+def _lease_end(rt: Runtime, item: Ready, now: datetime) -> datetime:
     """When a `sending` row's lease runs out: a lease from its slot for a paced message."""
     return (item.send_at or now) + rt.settings.lease
 
