@@ -10,9 +10,10 @@ on a `sending` row means the worker died when the call may have started, so the 
 
 - `claim`: the scheduler's side (claim what is due, sweep expired leases);
 - `batch`: what the checks read, loaded for a whole batch with one query per table;
-- `checks`: the checks at send time (`check`) and the move to `sending` (`mark_sending`);
+- `checks`: the checks at send time (`check`);
 - `send`: the provider calls of a batch, in waves no larger than the calls in flight;
-- `outcomes`: sent, retried, failed, dead, expired, unknown.
+- `waves`: between two waves, the last one `sent` and the next one `sending`;
+- `outcomes`: retried, failed, dead, expired, unknown.
 """
 
 from datetime import datetime
@@ -20,9 +21,9 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from engine.dispatch.batch import CONVERSATION_WINDOW, last_inbound, refusal, window_open
-from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, Ready, check, prepare
+from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, Ready, check
 from engine.dispatch.claim import WORKER_ID, claim_due, sweep_leases
-from engine.dispatch.send import send_batch, send_one
+from engine.dispatch.send import prepare, send_batch, send_one
 
 __all__ = [
     "CONVERSATION_WINDOW", "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "Ready", "check",

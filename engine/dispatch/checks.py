@@ -1,6 +1,6 @@
-"""Before the provider call: re-check every claimed message of a batch (`check`, one transaction
-and a few set-based statements), then mark the ones that may go `sending` as their calls begin
-(`mark_sending`, a wave at a time: engine/dispatch/send.py).
+"""Before the provider call: re-check every claimed message of a batch, in one transaction and a
+few set-based statements (`check`); the ones that may go are marked `sending` as their calls begin,
+a wave at a time (engine/dispatch/waves.py).
 
 Everything that can have changed since the claim is checked again here, at send time: the
 contact's consent and opt-outs, the appointment (cancelled, moved), the follow-up run, expiry,
@@ -20,14 +20,11 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.dialect import in_values, update_per_row
 from engine.dispatch import batch as batches
-from engine.dispatch.claim import WORKER_ID
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
-from engine.models import messages
 from engine.optout_links import OptOutTarget, make_url
 from engine.orgs import policy_for
-from engine.outbox import record_event_rows, transition
+from engine.outbox import transition
 from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.pacing import DbPacingStore
 from engine.render import TemplateError
@@ -58,6 +55,8 @@ class Prepared:
     #: call that takes as long as it may still returns before the sweep takes the row as `unknown`.
     start_by: datetime
     send_at: datetime | None = None
+    #: When it was due (for the lateness metric once it is sent).
+    due_at: datetime | None = None
 
 
 @dataclass
@@ -92,21 +91,6 @@ def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[in
         if mid not in loaded:
             outcomes[mid] = "not_claimed"
     return ready, outcomes
-
-
-def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], dict[int, str]]:
-    """`check` the claimed messages among `message_ids` and mark those that may go `sending` at
-    once, as one wave; returns those now `sending` (in order) and what became of every other id.
-    Only for as many messages as a worker has calls in flight: `send_batch` marks a larger batch
-    wave by wave."""
-    ready, outcomes = check(rt, message_ids)
-    now = clock.now()
-    with rt.db.begin() as conn:
-        prepared, events = mark_sending(conn, rt, ready, now)
-        record_event_rows(conn, events)
-    marked = {p.message_id for p in prepared}
-    outcomes.update({item.msg.id: "not_claimed" for item in ready if item.msg.id not in marked})
-    return prepared, outcomes
 
 
 def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> Ready | str:
@@ -192,51 +176,6 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
             return "deferred"
         send_at = reservation.at
     return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
-
-
-def mark_sending(conn: Connection, rt: Runtime, ready: Sequence[Ready],
-                 now: datetime) -> tuple[list[Prepared], list[dict[str, Any]]]:
-    """Move the checked messages of a wave from `claimed` to `sending` in one compare-and-set;
-    returns those that moved (in order) and their `sending` events, for the caller to write with
-    the other events of its transaction.
-
-    A row is left out when it is no longer `claimed` (another worker's, or settled) or when its
-    claim's lease has run out: the sweep may already be handing it out again, and, still
-    `claimed`, it goes back to the queue at no cost."""
-    if not ready:
-        return [], []
-    m = messages.c
-    by_id = {item.msg.id: item for item in ready}
-    paced = any(item.send_at is not None for item in ready)
-    per_row = {
-        mid: {"channel_id": item.channel.id, "subject": item.rendered.outbound.subject,
-              "body": item.rendered.outbound.text,
-              **({"lease_until": _lease_end(rt, item, now)} if paced else {})}
-        for mid, item in by_id.items()}
-    rows = update_per_row(
-        conn, messages, per_row,
-        where=[in_values(conn, m.org_id, sorted({item.msg.org_id for item in ready})), m.status == "claimed",
-               m.lease_until > now],
-        values={"status": "sending", "attempts": m.attempts + 1, "claimed_by": WORKER_ID, "updated_at": now,
-                **({} if paced else {"lease_until": now + rt.settings.lease})},
-        returning=[m.id, m.attempts])
-    moved = {row.id: row.attempts for row in rows}
-    events = [
-        {"org_id": by_id[mid].msg.org_id, "message_id": mid, "event": "sending", "attempt": attempt,
-         "provider_status": None, "created_at": now,
-         "detail": {"slot": by_id[mid].send_at.isoformat()} if by_id[mid].send_at else None}
-        for mid, attempt in moved.items()]
-    send_timeout = timedelta(seconds=rt.settings.send_timeout)
-    prepared = [Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=moved[item.msg.id],
-                         channel=item.channel, rendered=item.rendered, provider=item.provider,
-                         start_by=_lease_end(rt, item, now) - send_timeout, send_at=item.send_at)
-                for item in ready if item.msg.id in moved]
-    return prepared, events
-
-
-def _lease_end(rt: Runtime, item: Ready, now: datetime) -> datetime:
-    """When a `sending` row's lease runs out: a lease from its slot for a paced message."""
-    return (item.send_at or now) + rt.settings.lease
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:

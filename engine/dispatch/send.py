@@ -13,11 +13,12 @@
    has LEMBRA_SEND_TIMEOUT left: one that waited longer for its paced slot is not made (the row
    goes back to the queue), so a call never outlives its lease in the ordinary case.
 4. After each wave, one transaction marks its accepted messages `sent` and the next wave
-   `sending` (two UPDATEs and one INSERT of their events); each failure is settled on its own
-   before it (`outcomes`), and one message's failure or crash never stops the others. A batch of
-   B messages costs ⌈B/N⌉ + 2 transactions (its checks' one included) and 3⌈B/N⌉ + 1 writes, N
-   being the calls in flight, against 2 and 4 when a whole batch was marked at once: 27 and 76
-   for a task of 200 at the default 8 (docs/benchmarks.md).
+   `sending`, with their events (`waves`: one statement on PostgreSQL); each failure is settled
+   on its own before it (`outcomes`), and one message's failure or crash never stops the others.
+   A batch of B messages costs ⌈B/N⌉ + 2 transactions (its checks' one included) and ⌈B/N⌉ + 1
+   writes on PostgreSQL, N being the calls in flight, against 2 transactions and 4 writes when a
+   whole batch was marked at once: 27 and 26 for a task of 200 at the default 8
+   (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -31,17 +32,9 @@ from datetime import datetime
 from typing import Sequence
 
 from engine import clock, metrics
-from engine.dispatch.checks import Prepared, Ready, check, mark_sending
-from engine.dispatch.outcomes import (
-    Sent,
-    after_lease_ran_out,
-    after_permanent,
-    after_transient,
-    mark_sent,
-    observe_sent,
-    park_unknown,
-)
-from engine.outbox import record_event_rows
+from engine.dispatch.checks import Prepared, Ready, check
+from engine.dispatch.outcomes import after_lease_ran_out, after_permanent, after_transient, park_unknown
+from engine.dispatch.waves import Sent, observe_sent, settle_wave
 from engine.runtime import Runtime
 from gateway.errors import ProviderError
 
@@ -153,16 +146,14 @@ def _send_in_waves(rt: Runtime, ready: list[Ready], outcomes: dict[int, str]) ->
 def _record_and_mark(rt: Runtime, landed: list[tuple[Prepared, object]], wave: list[Ready],
                      outcomes: dict[int, str]) -> list[Prepared]:
     """In one transaction, the accepted calls of the wave that `landed` `sent` and the next `wave`
-    `sending`; returns the messages of `wave` now `sending`."""
+    `sending` (`waves.settle_wave`); returns the messages of `wave` now `sending`."""
     sent = [Sent(p, result) for p, result in landed if not isinstance(result, BaseException)]
     if not sent and not wave:
         return []
     now = clock.now()
     try:
         with rt.db.begin() as conn:
-            rows, events = mark_sent(conn, sent, now)
-            prepared, sending = mark_sending(conn, rt, wave, now)
-            record_event_rows(conn, events + sending)
+            moved, prepared = settle_wave(conn, rt, sent, wave, now)
     except Exception:
         # Nothing of it is written: the accepted calls' rows stay `sending` (their lease runs out
         # and the sweep settles them), the wave's stay `claimed` (handed out again at no cost).
@@ -170,8 +161,7 @@ def _record_and_mark(rt: Runtime, landed: list[tuple[Prepared, object]], wave: l
         outcomes.update({s.prepared.message_id: "not_claimed" for s in sent})
         outcomes.update({item.msg.id: "crashed" for item in wave})
         return []
-    observe_sent(rows, now)
-    moved = {row.id for row in rows}
+    observe_sent(sent, moved, now)
     outcomes.update({s.prepared.message_id: "sent" if s.prepared.message_id in moved else "not_claimed"
                      for s in sent})
     marked = {p.message_id for p in prepared}
@@ -202,6 +192,20 @@ def _wait_until(moment: datetime | None) -> None:
         wait = (moment - clock.now()).total_seconds()
         if wait > 0:
             time.sleep(wait)
+
+
+def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], dict[int, str]]:
+    """`check` the claimed messages among `message_ids` and mark those that may go `sending` at
+    once, as one wave; returns those now `sending` (in order) and what became of every other id.
+    For as many messages as a worker has calls in flight: `send_batch` marks a larger batch wave
+    by wave, and makes the calls."""
+    ready, outcomes = check(rt, message_ids)
+    now = clock.now()
+    with rt.db.begin() as conn:
+        _, prepared = settle_wave(conn, rt, [], ready, now)
+    marked = {p.message_id for p in prepared}
+    outcomes.update({item.msg.id: "not_claimed" for item in ready if item.msg.id not in marked})
+    return prepared, outcomes
 
 
 def send_one(rt: Runtime, message_id: int) -> str:
