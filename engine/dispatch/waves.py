@@ -7,7 +7,7 @@ lease runs.
 PostgreSQL does all of it in one statement, built once: two `UPDATE … FROM unnest(…)` in CTEs and
 the INSERT of their events. A wave is at most the calls a worker process has in flight (8 by
 default), and the three statements built anew for each wave (two `update_per_row`, one
-`record_event_rows`) cost a worker about 0.45 ms of CPU per message, as much again as everything
+`record_event_rows`) cost a worker about 0.5 ms of CPU per message, as much again as everything
 else it does (docs/benchmarks.md). SQLite runs the three statements.
 """
 
