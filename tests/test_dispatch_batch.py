@@ -7,6 +7,9 @@ and two orgs in one batch never see each other's rows."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
@@ -14,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.pool import NullPool
 
+from engine import appointments as appts
 from engine import dispatch
 from engine.channels import create_channel
 from engine.config import Settings
@@ -24,6 +28,7 @@ from tests.conftest import IS_POSTGRES
 from tests.factories import World, local, provider_as
 from tests.fakes.meta import notes_error
 from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.processes import wait_until
 
 APPOINTMENT = local(2026, 12, 3, 14, 0)
 DUE = local(2026, 12, 2, 14, 0)
@@ -158,13 +163,15 @@ def dying_provider() -> Iterator[type[_DyingSandbox]]:
 
 
 def test_a_worker_killed_in_the_middle_of_a_batch_sends_nothing_twice(serial_rt, clock, dying_provider):
-    rt = serial_rt  # calls in order: 0, 1, then 2 dies
+    rt = serial_rt  # one call in flight: calls in order, 0, 1, then 2 dies
     world, batch = claimed_on_sandbox(rt, clock, 5)
     dying_provider.dies_at = phone(2)
     with pytest.raises(SystemExit):
         dispatch.send_batch(rt, batch)
     rows = {m.id: m for m in world.messages()}
-    assert [rows[mid].status for mid in batch] == ["sending"] * 5
+    # Only the call in flight is `sending`; the calls not begun are still `claimed`.
+    assert [rows[mid].status for mid in batch] == ["sent", "sent", "sending", "claimed", "claimed"]
+    assert [rows[mid].attempts for mid in batch] == [1, 1, 1, 0, 0]
     assert len(world.sandbox()) == 2  # patients 0 and 1 were sent before the worker died
 
     # Another worker's batch is not held up by it.
@@ -173,14 +180,102 @@ def test_a_worker_killed_in_the_middle_of_a_batch_sends_nothing_twice(serial_rt,
     assert set(dispatch.claim_due(rt, limit=100)) == set(others) and not set(batch) & set(others)
     assert set(dispatch.send_batch(rt, others).values()) == {"sent"}
 
-    # The lease runs out: the dead worker's rows become `unknown`, never sent blindly again.
+    # The leases run out: the row caught mid-call becomes `unknown`, never sent blindly again;
+    # the two whose calls never began go back to the queue at no cost and go out once.
     clock.advance(rt.settings.lease + timedelta(seconds=1))
-    assert dispatch.sweep_leases(rt) == (0, 5)
-    assert [world.message(mid).status for mid in batch] == ["unknown"] * 5
-    assert dispatch.claim_due(rt, limit=100) == []
-    assert set(dispatch.send_batch(rt, batch).values()) == {"not_claimed"}
-    assert len(world.sandbox()) == 2 + 3
-    assert world.events(batch[0]) == ["queued", "claimed", "sending", "unknown"]
+    assert dispatch.sweep_leases(rt) == (2, 1)
+    assert [world.message(mid).status for mid in batch] == ["sent", "sent", "unknown", "pending", "pending"]
+    assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(batch[3:])
+    assert dispatch.send_batch(rt, batch) == {batch[0]: "not_claimed", batch[1]: "not_claimed",
+                                              batch[2]: "not_claimed", batch[3]: "sent", batch[4]: "sent"}
+    assert sorted(m.to_address for m in world.sandbox()) == sorted(
+        [phone(i) for i in (0, 1, 3, 4)] + [phone(i) for i in range(10, 13)])
+    assert world.events(batch[2]) == ["queued", "claimed", "sending", "unknown"]
+    assert world.events(batch[3]) == ["queued", "claimed", "reclaimed", "claimed", "sending", "sent"]
+    assert [world.message(mid).attempts for mid in batch] == [1, 1, 1, 1, 1]
+
+
+class HeldGraph(Graph):
+    """The Graph fake, holding every call open until the test lets it answer (a provider slow to
+    answer); it knows which calls reached it."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        super().__init__({})
+
+    def _answer(self, request: Recorded) -> Reply:
+        self.gate.wait(timeout=60)  # a bound only, so a broken run cannot hang the suite
+        return super()._answer(request)
+
+    def reached(self) -> list[str]:
+        with self._lock:
+            return [r.json()["to"] for r in self.requests]
+
+
+@pytest.fixture
+def three_in_flight(settings, clock) -> Iterator[Runtime]:
+    """A runtime whose worker process makes three provider calls at once."""
+    yield from _installed(settings, send_concurrency=3)
+
+
+def _statuses(world: World, ids: list[int]) -> dict[int, str]:
+    return {m.id: m.status for m in world.messages() if m.id in ids}
+
+
+def test_a_batch_larger_than_the_calls_in_flight_marks_only_those_sending(three_in_flight, clock):
+    """`sending` means "this call may have started": with the provider holding the calls open,
+    the rows `sending` are the three calls that reached it, the other seven are still `claimed`."""
+    rt = three_in_flight
+    with HeldGraph() as graph:
+        world = meta_world(rt, graph)
+        ids = booked(world, 10)
+        clock.set(DUE)
+        assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids)
+        with ThreadPoolExecutor(1) as worker:
+            batch = worker.submit(dispatch.send_batch, rt, ids)
+            try:
+                wait_until(lambda: len(graph.reached()) == 3, timeout=60, what="three calls on the wire")
+                statuses = _statuses(world, ids)
+                reached = set(graph.reached())
+            finally:
+                graph.gate.set()
+            outcomes = batch.result(timeout=120)
+
+        assert sorted(statuses.values()) == ["claimed"] * 7 + ["sending"] * 3, statuses
+        assert {wa(i) for i, mid in enumerate(ids) if statuses[mid] == "sending"} == reached
+        assert outcomes == {mid: "sent" for mid in ids}
+        assert sorted(graph.reached()) == sorted(wa(i) for i in range(10))  # each once
+
+
+def test_two_batches_at_once_share_the_calls_in_flight_of_their_process(three_in_flight, clock):
+    """Two send tasks of one process (two actor threads) take their places from the same three
+    calls in flight: while the first holds them, the second marks nothing `sending`."""
+    rt = three_in_flight
+    with HeldGraph() as graph:
+        world = meta_world(rt, graph)
+        ids = booked(world, 10)
+        first, second = ids[:5], ids[5:]
+        clock.set(DUE)
+        assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids)
+        with rt.db.begin() as conn:  # the second batch's checks settle this one: they are done when it is
+            assert appts.cancel(conn, world.org_id, world.message(second[0]).appointment_id, source="clinic")
+        with ThreadPoolExecutor(2) as workers:
+            a = workers.submit(dispatch.send_batch, rt, first)
+            try:
+                wait_until(lambda: len(graph.reached()) == 3, timeout=60, what="three calls on the wire")
+                b = workers.submit(dispatch.send_batch, rt, second)
+                wait_until(lambda: world.message(second[0]).status == "cancelled", timeout=60,
+                           what="the second batch's checks")
+                statuses = _statuses(world, ids)
+                reached = set(graph.reached())
+            finally:
+                graph.gate.set()
+            outcomes = {**a.result(timeout=120), **b.result(timeout=120)}
+
+        assert sorted(statuses.values()) == ["cancelled"] + ["claimed"] * 6 + ["sending"] * 3, statuses
+        assert {wa(i) for i, mid in enumerate(ids) if statuses[mid] == "sending"} == reached
+        assert outcomes == {**{mid: "sent" for mid in ids}, second[0]: "cancelled"}
+        assert sorted(graph.reached()) == sorted(wa(i) for i in range(10) if i != 5)  # each once
 
 
 class _SlowSandbox(SandboxProvider):
@@ -197,46 +292,94 @@ class _SlowSandbox(SandboxProvider):
 
 
 @pytest.mark.parametrize("waited, sweep_runs", [
-    (timedelta(seconds=-0.4), False),  # the lease has 0.4 s left, the send timeout is 0.5 s
+    (timedelta(seconds=-0.4), False),  # the claim's lease has 0.4 s left when their wave comes
     (timedelta(seconds=1), False),
     (timedelta(seconds=1), True),
-], ids=["less-than-the-send-timeout-left", "lease-ran-out-before-the-sweep", "lease-ran-out-after-the-sweep"])
-def test_a_call_whose_lease_ran_out_while_it_waited_is_not_made(serial_rt, clock, waited, sweep_runs):
-    rt = serial_rt  # calls in order: patient 1's takes the lease (or all but `waited` of it)
+], ids=["claim-still-held", "claim-ran-out-before-the-sweep", "claim-ran-out-after-the-sweep"])
+def test_a_message_whose_claim_ran_out_while_it_waited_for_its_wave_is_not_marked(serial_rt, clock, waited,
+                                                                                   sweep_runs):
+    rt = serial_rt  # one call in flight: patient 1's takes the lease (or all but `waited` of it)
     with provider_as("sandbox", _SlowSandbox) as slow:
         world, ids = claimed_on_sandbox(rt, clock, 4)
 
         def slow_call() -> None:
             clock.advance(rt.settings.lease + waited)
-            if sweep_runs:  # meanwhile the scheduler's sweep takes the whole batch, still `sending`
-                assert dispatch.sweep_leases(rt) == (0, 4)
-            elif waited < timedelta(0):  # the lease still holds: the sweep has nothing to take
+            if sweep_runs:  # meanwhile the scheduler's sweep: patient 1 mid-call, 2 and 3 still claimed
+                assert dispatch.sweep_leases(rt) == (2, 1)
+            elif waited < timedelta(0):  # the leases still hold: the sweep has nothing to take
                 assert dispatch.sweep_leases(rt) == (0, 0)
 
         slow.slow_to, slow.during_slow_call = phone(1), staticmethod(slow_call)
         outcomes = dispatch.send_batch(rt, ids)
         slow.slow_to = ""
 
-        assert len(world.sandbox()) == 2  # patients 2 and 3 were never called
         rows = {m.id: m for m in world.messages()}
-        assert [rows[mid].status for mid in ids[:2]] == ["sent", "sent"]  # calls that were made
-        if sweep_runs:  # the sweep's `unknown` stands: an operator may already have acted on it
-            assert [outcomes[mid] for mid in ids[2:]] == ["not_claimed", "not_claimed"]
-            assert [rows[mid].status for mid in ids[2:]] == ["unknown", "unknown"]
+        # The calls that were made are `sent`, also the one the sweep took for `unknown` meanwhile.
+        assert [rows[mid].status for mid in ids[:2]] == ["sent", "sent"]
+        if waited < timedelta(0):  # a claim still held when its wave comes is marked with a fresh lease
+            assert [outcomes[mid] for mid in ids] == ["sent"] * 4
+            assert len(world.sandbox()) == 4
             return
-        assert [outcomes[mid] for mid in ids] == ["sent", "sent", "reclaimed", "reclaimed"]
+        assert len(world.sandbox()) == 2  # patients 2 and 3 were never called
+        assert [outcomes[mid] for mid in ids[2:]] == ["not_claimed", "not_claimed"]
+        expected = "pending" if sweep_runs else "claimed"  # the sweep hands them out again, at no cost
         for mid in ids[2:]:
             row = rows[mid]
-            assert (row.status, row.attempts, row.lease_until, row.error_code) == (
-                "pending", 0, None, "lease_expired_before_call")
-            assert world.events(mid) == ["queued", "claimed", "sending", "reclaimed"]
-        assert dispatch.sweep_leases(rt) == (0, 0)
+            assert (row.status, row.attempts) == (expected, 0)
+        assert dispatch.sweep_leases(rt) == ((0, 0) if sweep_runs else (2, 0))
+        for mid in ids[2:]:
+            assert world.events(mid) == ["queued", "claimed", "reclaimed"]
 
         # They go out on the next pass, once each, as their first attempt.
         assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids[2:])
         assert set(dispatch.send_batch(rt, ids[2:]).values()) == {"sent"}
         assert sorted(m.to_address for m in world.sandbox()) == sorted(phone(i) for i in range(4))
         assert [world.message(mid).attempts for mid in ids] == [1, 1, 1, 1]
+
+
+class _StallingSandbox(SandboxProvider):
+    """The sandbox, in a worker that stalls (for a lease) in its call to one number."""
+
+    stalls_at: str = ""
+    stall: Callable[[], None] = staticmethod(lambda: None)
+
+    def send(self, message):  # type: ignore[no-untyped-def]
+        if message.to == self.stalls_at:
+            type(self).stall()
+        return super().send(message)
+
+
+@pytest.fixture
+def two_in_flight(settings, clock) -> Iterator[Runtime]:
+    """A runtime whose worker process makes two provider calls at once."""
+    yield from _installed(settings, send_concurrency=2)
+
+
+def test_a_paced_call_whose_lease_ran_out_while_it_waited_for_its_slot_is_not_made(two_in_flight, clock):
+    """Two paced messages in one wave: the second waits for its slot (2 to 3 s on from the first)
+    while the first call stalls for a whole lease; when its slot comes, too little of its lease is
+    left for the call, so it is not made and the message goes back to the queue at no cost."""
+    with provider_as("sandbox", _StallingSandbox) as stalling:
+        rt = two_in_flight
+        world = World(rt)
+        with rt.db.begin() as conn:
+            world.channels["whatsapp"] = create_channel(
+                conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="sandbox",
+                name="Número da recepção", min_interval_ms=2000)
+        world.rule(1440)
+        ids = booked(world, 2)
+        clock.set(DUE)
+        assert sorted(dispatch.claim_due(rt, limit=100)) == sorted(ids)
+        stalling.stalls_at = phone(0)
+        stalling.stall = staticmethod(lambda: clock.advance(rt.settings.lease + timedelta(seconds=5)))
+
+        outcomes = dispatch.send_batch(rt, ids)
+
+        assert [outcomes[mid] for mid in ids] == ["sent", "reclaimed"]
+        assert [m.to_address for m in world.sandbox()] == [phone(0)]
+        row = world.message(ids[1])
+        assert (row.status, row.attempts, row.error_code) == ("pending", 0, "lease_expired_before_call")
+        assert world.events(ids[1]) == ["queued", "claimed", "sending", "reclaimed"]
 
 
 def test_a_call_begun_with_the_send_timeout_left_is_made(serial_rt, clock):
@@ -262,35 +405,58 @@ def _counting(rt: Runtime) -> list[str]:
     return statements
 
 
-def test_a_batch_of_twenty_five_costs_the_statements_of_a_batch_of_five(rt, clock):
+def _counting_commits(rt: Runtime) -> list[None]:
+    commits: list[None] = []
+
+    @event.listens_for(rt.db.engine, "commit")
+    def _count(conn: Any) -> None:
+        commits.append(None)
+
+    return commits
+
+
+def test_a_batch_costs_its_checks_once_and_one_transaction_per_wave(rt, clock):
+    """Checks read each table once per batch, whatever its size; each wave of calls in flight (8)
+    costs one transaction: the last wave's `sent`, the next one's `sending`, their events, in one
+    statement on PostgreSQL and three on SQLite."""
+    assert rt.settings.send_concurrency == 8
     with Graph({}) as graph:
         world = meta_world(rt, graph)
         small = booked(world, 5)
         large = booked(world, 25, first=20)
         clock.set(DUE)
         dispatch.claim_due(rt, limit=100)
-        statements = _counting(rt)
+        statements, commits = _counting(rt), _counting_commits(rt)
+
+        def by_verb() -> dict[str, int]:
+            verbs: dict[str, int] = {}
+            for statement in statements:
+                verb = statement.split(None, 1)[0].upper()
+                if verb != "BEGIN":  # SQLite's BEGIN IMMEDIATE, one per transaction
+                    verbs[verb] = verbs.get(verb, 0) + 1
+            return verbs
 
         assert set(dispatch.send_batch(rt, small).values()) == {"sent"}
-        for_small = list(statements)
+        for_small, small_commits = by_verb(), len(commits)
         statements.clear()
+        commits.clear()
         assert set(dispatch.send_batch(rt, large).values()) == {"sent"}
+        for_large = by_verb()
 
-        assert len(statements) == len(for_small), "\n".join(statements)
-        # Fewer than one per message: 14 on PostgreSQL, plus a BEGIN IMMEDIATE per transaction on SQLite.
-        assert len(statements) <= 16, "\n".join(statements)
+        reads = for_small.pop("SELECT")
+        assert for_large.pop("SELECT") == reads, "the checks cost the same for 5 and for 25"
+        assert reads <= 10
+        # 5 messages, one wave: checks, `sending`, `sent` (3 transactions). 25: waves of 8, 8, 8
+        # and 1, each marked as the previous one is recorded (6). PostgreSQL writes each move in one
+        # statement (`WITH … UPDATE … INSERT`), SQLite in an UPDATE per status and an INSERT.
+        writes = (2, 1 + 3 + 1) if IS_POSTGRES else (2 + 2, 2 + 3 * 3 + 2)
+        assert (sum(for_small.values()), small_commits) == (writes[0], 3), for_small
+        assert (sum(for_large.values()), len(commits)) == (writes[1], 6), "\n".join(statements)
         assert len(graph.requests) == 30
         with rt.db.connect() as conn:
             sent = conn.execute(select(message_events.c.message_id).where(
                 message_events.c.message_id.in_(large), message_events.c.event == "sent")).scalars().all()
         assert sorted(sent) == sorted(large)
-
-
-def _values(parameters: Any) -> list[Any]:
-    """A statement's bound values, whichever paramstyle the driver takes."""
-    if isinstance(parameters, dict):
-        return list(parameters.values())
-    return [v for row in parameters for v in (row if isinstance(row, (list, tuple)) else [row])]
 
 
 def test_a_task_larger_than_the_backends_cap_is_sent_in_slices_each_message_once(rt, clock, monkeypatch):
@@ -303,24 +469,19 @@ def test_a_task_larger_than_the_backends_cap_is_sent_in_slices_each_message_once
         ids = booked(world, 25)
         clock.set(DUE)
         dispatch.claim_due(rt, limit=100)
-        marked: list[str] = []
-
-        @event.listens_for(rt.db.engine, "before_cursor_execute")
-        def _marking(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-            values = _values(parameters)  # to `sending`, not from it to `sent`
-            if statement.startswith("UPDATE messages") and "sending" in values and "sent" not in values:
-                marked.append(statement)
-
         outcomes = dispatch.send_batch(rt, ids)
 
         assert outcomes == {mid: "sent" for mid in ids}
         assert sorted(r.json()["to"] for r in graph.requests) == sorted(wa(i) for i in range(25))
-        # Three slices (10, 10, 5), each marked `sending` in one statement before its calls.
-        assert len(marked) == 3, marked
         with rt.db.connect() as conn:
-            sent = conn.execute(select(message_events.c.message_id).where(
-                message_events.c.message_id.in_(ids), message_events.c.event == "sent")).scalars().all()
-        assert sorted(sent) == sorted(ids)
+            events = conn.execute(select(message_events.c.message_id, message_events.c.event).where(
+                message_events.c.message_id.in_(ids), message_events.c.event.in_(("sending", "sent")))
+                .order_by(message_events.c.id)).all()
+        assert sorted(mid for mid, e in events if e == "sent") == sorted(ids)
+        # Three slices (10, 10, 5), each marked `sending` a wave of 8 calls in flight at a time,
+        # each wave's events written as the previous wave's `sent` ones.
+        waves = [len(list(run)) for event, run in itertools.groupby(e for _, e in events) if event == "sending"]
+        assert waves == [8, 2, 8, 2, 5], [e for _, e in events]
 
 
 def test_two_orgs_in_one_batch_each_get_their_own_channel_template_and_name(rt, clock):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,10 +19,12 @@ from typing import Iterator
 import pytest
 from sqlalchemy import func, select, update
 
-from engine.models import channels, inbox_items, messages, sandbox_messages
+from engine.channels import create_channel
+from engine.models import channels, contacts, inbox_items, messages, sandbox_messages
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World
+from tests.fakes.server import FakeServer, Recorded, Reply
 from tests.processes import Processes, flush_broker, lembra_env, wait_until
 
 REAL_BROKER = not BROKER_URL.startswith("stub")
@@ -271,3 +274,89 @@ def test_worker_processes_stop_when_their_supervisor_is_killed(procs, database_u
     wait_until(lambda: not any(_alive(pid) for pid in children), timeout=60,
                what="the orphaned worker processes to stop", on_fail=procs.logs)
     assert log.read_text(errors="replace").count("worker process stopping") == 2, "a graceful stop, not a kill"
+
+
+class _HeldGraph(FakeServer):
+    """Meta's Graph API on loopback, holding every send open until the test lets it answer; it
+    counts the sends that reached it, by recipient (each message here has its own patient)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        super().__init__(self._answer)
+        # The killed worker's held calls are answered on closed sockets: expected, not worth a traceback.
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
+
+    def _answer(self, request: Recorded) -> Reply:
+        self.gate.wait(timeout=120)  # a bound only, so a broken run cannot hang the suite
+        to = request.json().get("to", "")
+        return Reply(200, {"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}],
+                           "messages": [{"id": f"wamid.{to}.{len(self.requests)}"}]})
+
+    def reached(self) -> Counter:
+        with self._lock:
+            return Counter(r.json().get("to") for r in self.requests if r.method == "POST")
+
+
+def test_a_worker_killed_mid_batch_leaves_unknown_only_the_calls_in_flight(rt, clock, procs, database_url):
+    """A task of 10 reminders, three provider calls in flight, a provider that holds them open:
+    SIGKILL the worker. Only the three calls that reached the provider become `unknown` once their
+    lease runs out; every other reminder goes back to the queue at no cost and is sent afterwards,
+    exactly once."""
+    clock.set(datetime.now(timezone.utc))
+    with _HeldGraph() as graph:
+        world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
+        with rt.db.begin() as conn:
+            create_channel(conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta",
+                           name="WhatsApp oficial",
+                           credentials={"phone_number_id": "1122334455667", "access_token": "EAAG-token",
+                                        "app_secret": "segredo", "verify_token": "verifique", "base_url": graph.url})
+        world.rule(1440, kinds=("whatsapp",))
+        to_of: dict[int, str] = {}
+        for i in range(30):  # each its own patient, so the fake tells the sends apart
+            phone = f"+55119{i:08d}"
+            world.appointment(world.contact(name=f"Paciente {i}", phone=phone, consent=("whatsapp",)),
+                              clock.now() + timedelta(hours=24, seconds=1))
+        for message in world.messages():
+            with rt.db.connect() as conn:
+                to_of[message.id] = conn.execute(select(contacts.c.phone).where(
+                    contacts.c.id == message.contact_id)).scalar_one().lstrip("+")
+        assert len(to_of) == 30
+
+        # Three calls in flight per worker process, tasks of 10 taken by four send threads at once.
+        env = {"LEMBRA_SEND_CONCURRENCY": "3", "LEMBRA_SEND_BATCH": "10", "LEMBRA_CLAIM_BATCH": "30",
+               "LEMBRA_MAX_IN_FLIGHT": "30", "LEMBRA_LEASE_SECONDS": "10", "LEMBRA_SEND_TIMEOUT": "8"}
+        [victim] = _start_workers(procs, database_url, 1, **env)
+        scheduler = _start_scheduler(procs, database_url, **env)
+        wait_until(lambda: sum(graph.reached().values()) >= 3, timeout=120, what="three calls at the provider",
+                   on_fail=procs.logs)
+        procs.kill(victim, signal.SIGKILL)
+        if scheduler is not None:
+            procs.kill(scheduler, signal.SIGKILL)
+        at_the_kill = _status_counts(rt)
+        with rt.db.connect() as conn:
+            caught = set(conn.execute(select(messages.c.id).where(messages.c.status == "sending")).scalars())
+        reached_before = set(graph.reached())
+        assert len(reached_before) == 3 and set(graph.reached().values()) == {1}, graph.reached()
+        # `sending` is "this call may have started": no more rows than the calls in flight, each of
+        # them one the provider received; the rest of the batch is still `claimed`.
+        assert len(caught) <= 3, f"{len(caught)} rows `sending` with 3 calls in flight: {at_the_kill}"
+        assert {to_of[mid] for mid in caught} <= reached_before, at_the_kill
+
+        graph.gate.set()  # the provider answers from now on (the held calls, to a dead worker)
+        # The leases run out (10 s): the sweep of a new scheduler settles the killed worker's rows.
+        _start_workers(procs, database_url, 1, **env)
+        _start_scheduler(procs, database_url, **env)
+        wait_until(lambda: not any(_status_counts(rt).get(s, 0) for s in OPEN), timeout=180,
+                   what="the backlog to settle", on_fail=lambda: f"{_status_counts(rt)}\n{procs.logs()}")
+
+        with rt.db.connect() as conn:
+            final = dict(conn.execute(select(messages.c.id, messages.c.status)).all())
+            inbox = conn.execute(select(inbox_items.c.message_id)
+                                 .where(inbox_items.c.kind == "message_unknown")).scalars().all()
+        reached = graph.reached()
+    unknown = {mid for mid, status in final.items() if status == "unknown"}
+    assert unknown == caught, "the rows caught mid-call, and no other, are unknown"
+    assert {status for mid, status in final.items() if mid not in unknown} == {"sent"}, final
+    assert set(reached.values()) == {1}, f"a patient got the reminder twice: {reached}"
+    assert set(reached) == set(to_of.values()), "every reminder reached the provider"
+    assert sorted(inbox) == sorted(unknown), "every unknown outcome is in front of the operator"

@@ -1,17 +1,19 @@
 """Dispatch: claim due messages, send each at most once, retry or fail, sweep expired leases.
 
 The life of a message: `pending` → (scheduler claims, with a lease) `claimed` → (a worker
-re-checks everything and marks it just before the provider call) `sending` → `sent`, or back to
-`pending` with a later attempt (transient failure), or `failed` (permanent), `dead` (out of
-attempts), `expired` (a retry would land after it is useful). A lease that expires on a
-`claimed` row hands it out again; one that expires on a `sending` row means the worker died
-mid-call, so the outcome is `unknown` and it is not sent blindly again.
+re-checks everything, then marks it just before its provider call, a wave of calls in flight at a
+time) `sending` → `sent`, or back to `pending` with a later attempt (transient failure), or
+`failed` (permanent), `dead` (out of attempts), `expired` (a retry would land after it is
+useful). A lease that expires on a `claimed` row hands it out again at no cost; one that expires
+on a `sending` row means the worker died when the call may have started, so the outcome is
+`unknown` and it is not sent blindly again.
 
 - `claim`: the scheduler's side (claim what is due, sweep expired leases);
 - `batch`: what the checks read, loaded for a whole batch with one query per table;
-- `checks`: the checks at send time and the move to `sending` (`prepare`);
-- `send`: the provider calls of a batch;
-- `outcomes`: sent, retried, failed, dead, expired, unknown.
+- `checks`: the checks at send time (`check`);
+- `send`: the provider calls of a batch, in waves no larger than the calls in flight;
+- `waves`: between two waves, the last one `sent` and the next one `sending`;
+- `outcomes`: retried, failed, dead, expired, unknown.
 """
 
 from datetime import datetime
@@ -19,13 +21,13 @@ from datetime import datetime
 from sqlalchemy.engine import Connection
 
 from engine.dispatch.batch import CONVERSATION_WINDOW, last_inbound, refusal, window_open
-from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, prepare
+from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, Ready, check
 from engine.dispatch.claim import WORKER_ID, claim_due, sweep_leases
-from engine.dispatch.send import send_batch, send_one
+from engine.dispatch.send import prepare, send_batch, send_one
 
 __all__ = [
-    "CONVERSATION_WINDOW", "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "claim_due",
-    "conversation_open", "prepare", "refusal", "send_batch", "send_one", "sweep_leases",
+    "CONVERSATION_WINDOW", "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "Ready", "check",
+    "claim_due", "conversation_open", "prepare", "refusal", "send_batch", "send_one", "sweep_leases",
 ]
 
 

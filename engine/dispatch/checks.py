@@ -1,10 +1,12 @@
-"""Before the provider call: re-check every claimed message of a batch and mark the ones that
-may go `sending`, in one transaction and a few set-based statements.
+"""Before the provider call: re-check every claimed message of a batch, in one transaction and a
+few set-based statements (`check`); the ones that may go are marked `sending` as their calls begin,
+a wave at a time (engine/dispatch/waves.py).
 
 Everything that can have changed since the claim is checked again here, at send time: the
 contact's consent and opt-outs, the appointment (cancelled, moved), the follow-up run, expiry,
 the sending window, the channel, the template, and the number's pacing slot. A message that may
-not go is settled on the spot (cancelled, expired, deferred, failed…) with its own event.
+not go is settled on the spot (cancelled, expired, deferred, failed…) with its own event; one
+that may go stays `claimed` until its wave is marked.
 """
 
 from __future__ import annotations
@@ -18,14 +20,11 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.dialect import in_values, update_per_row
 from engine.dispatch import batch as batches
-from engine.dispatch.claim import WORKER_ID
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
-from engine.models import messages
 from engine.optout_links import OptOutTarget, make_url
 from engine.orgs import policy_for
-from engine.outbox import record_event_rows, transition
+from engine.outbox import transition
 from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.pacing import DbPacingStore
 from engine.render import TemplateError
@@ -56,10 +55,15 @@ class Prepared:
     #: call that takes as long as it may still returns before the sweep takes the row as `unknown`.
     start_by: datetime
     send_at: datetime | None = None
+    #: When it was due (for the lateness metric once it is sent).
+    due_at: datetime | None = None
 
 
 @dataclass
-class _Ready:
+class Ready:
+    """A checked message, still `claimed`: rendered, its channel's provider built, its pacing
+    slot (if any) reserved."""
+
     msg: Any
     channel: Any
     rendered: RenderedMessage
@@ -67,38 +71,29 @@ class _Ready:
     send_at: datetime | None
 
 
-def prepare(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Prepared], dict[int, str]]:
-    """Check the claimed messages among `message_ids`; returns those now `sending` (in order) and,
-    for every other id, what became of it (`not_claimed`, `cancelled`, `deferred`, `failed`…)."""
+def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[int, str]]:
+    """Check the claimed messages among `message_ids`; returns those that may go (in order, still
+    `claimed`) and, for every other id, what became of it (`not_claimed`, `cancelled`, `deferred`,
+    `failed`…)."""
     now = clock.now()
     outcomes: dict[int, str] = {}
+    ready: list[Ready] = []
     with rt.db.begin() as conn:
         batch = batches.load(conn, message_ids, keyring=rt.keyring)
-        ready: list[_Ready] = []
         for msg in batch.messages:
             checked = _check(conn, rt, batch, msg, now)
             if isinstance(checked, str):
                 outcomes[msg.id] = checked
             else:
                 ready.append(checked)
-        moved = _mark_sending(conn, rt, ready, now)
-    prepared = []
-    for item in ready:
-        attempt = moved.get(item.msg.id)
-        if attempt is None:
-            outcomes[item.msg.id] = "not_claimed"
-            continue
-        prepared.append(Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=attempt,
-                                 channel=item.channel, rendered=item.rendered, provider=item.provider,
-                                 start_by=_lease_end(rt, item, now) - timedelta(seconds=rt.settings.send_timeout),
-                                 send_at=item.send_at))
+    loaded = {msg.id for msg in batch.messages}
     for mid in message_ids:
-        if mid not in outcomes and mid not in moved:
+        if mid not in loaded:
             outcomes[mid] = "not_claimed"
-    return prepared, outcomes
+    return ready, outcomes
 
 
-def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> _Ready | str:
+def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> Ready | str:
     """Whether one claimed message may go now; settles it (and says how) when it may not."""
     org_id = msg.org_id
     org = batch.orgs[org_id]
@@ -180,40 +175,7 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
                        detail={"reason": reason})
             return "deferred"
         send_at = reservation.at
-    return _Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
-
-
-def _mark_sending(conn: Connection, rt: Runtime, ready: list[_Ready], now: datetime) -> dict[int, int]:
-    """Move every ready message from `claimed` to `sending` in one compare-and-set, with its
-    event; returns id → attempt of each row that moved (one another worker took is left out)."""
-    if not ready:
-        return {}
-    m = messages.c
-    by_id = {item.msg.id: item for item in ready}
-    paced = any(item.send_at is not None for item in ready)
-    per_row = {
-        mid: {"channel_id": item.channel.id, "subject": item.rendered.outbound.subject,
-              "body": item.rendered.outbound.text,
-              **({"lease_until": _lease_end(rt, item, now)} if paced else {})}
-        for mid, item in by_id.items()}
-    rows = update_per_row(
-        conn, messages, per_row,
-        where=[in_values(conn, m.org_id, sorted({item.msg.org_id for item in ready})), m.status == "claimed"],
-        values={"status": "sending", "attempts": m.attempts + 1, "claimed_by": WORKER_ID, "updated_at": now,
-                **({} if paced else {"lease_until": now + rt.settings.lease})},
-        returning=[m.id, m.attempts])
-    moved = {row.id: row.attempts for row in rows}
-    record_event_rows(conn, [
-        {"org_id": by_id[mid].msg.org_id, "message_id": mid, "event": "sending", "attempt": attempt,
-         "provider_status": None, "created_at": now,
-         "detail": {"slot": by_id[mid].send_at.isoformat()} if by_id[mid].send_at else None}
-        for mid, attempt in moved.items()])
-    return moved
-
-
-def _lease_end(rt: Runtime, item: _Ready, now: datetime) -> datetime:
-    """When a `sending` row's lease runs out: a lease from its slot for a paced message."""
-    return (item.send_at or now) + rt.settings.lease
+    return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:

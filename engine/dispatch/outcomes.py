@@ -1,65 +1,29 @@
 """After the provider call (or instead of it): settle a message as sent, retried, failed, dead,
 expired, unknown or reclaimed, each a compare-and-set with its event.
 
-Successes are the common case and are settled together, in one statement per batch; failures
-are rare and each is settled on its own, so one that goes wrong never holds the others back.
+Successes are the common case and are settled together, a wave of calls at a time, in the
+statement that marks the next wave `sending` (engine/dispatch/waves.py); failures are rare and
+each is settled on its own here, so one that goes wrong never holds the others back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock, metrics
+from engine import clock
 from engine.channels import default_channel
-from engine.dialect import in_values, update_per_row
 from engine.inbox import open_inbox_item
 from engine.models import channels, contacts, messages, reminder_rule_kinds
-from engine.outbox import record_event_rows, transition, transition_where
+from engine.outbox import transition, transition_where
 from engine.runtime import Runtime
-from gateway.contract import SendResult
 from gateway.errors import ProviderError
 
 if TYPE_CHECKING:
     from engine.dispatch.checks import Prepared
-
-
-@dataclass
-class Sent:
-    """One message the provider accepted."""
-
-    prepared: "Prepared"
-    result: SendResult
-
-
-def record_sent(rt: Runtime, sent: Sequence[Sent]) -> set[int]:
-    """Mark every accepted message `sent` with its event, in one transaction; returns the ids
-    that moved. `unknown` moves too: a slow call may finish after its lease was swept."""
-    if not sent:
-        return set()
-    now = clock.now()
-    m = messages.c
-    by_id = {s.prepared.message_id: s for s in sent}
-    with rt.db.begin() as conn:
-        rows = update_per_row(
-            conn, messages, {mid: {"provider_message_id": s.result.provider_message_id} for mid, s in by_id.items()},
-            where=[in_values(conn, m.org_id, sorted({s.prepared.org_id for s in sent})),
-                   m.status.in_(("sending", "unknown"))],
-            values={"status": "sent", "sent_at": now, "lease_until": None, "error_code": None,
-                    "error_detail": None, "updated_at": now},
-            returning=[m.id, m.due_at, m.channel_kind])
-        record_event_rows(conn, [
-            {"org_id": by_id[row.id].prepared.org_id, "message_id": row.id, "event": "sent",
-             "attempt": by_id[row.id].prepared.attempt, "provider_status": by_id[row.id].result.provider_status,
-             "detail": None, "created_at": now}
-            for row in rows])
-    for row in rows:
-        metrics.lateness(row.channel_kind, row.due_at, now)
-    return {row.id for row in rows}
 
 
 def park_unknown(rt: Runtime, prepared: "Prepared", code: str, reason: str) -> str:

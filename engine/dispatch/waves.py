@@ -1,0 +1,210 @@
+"""Between two waves of provider calls, in one transaction: the accepted calls of the wave that
+returned become `sent`, the next wave becomes `sending` (its calls begin right after the commit),
+and both get their events. Each move is a compare-and-set: `sent` from `sending` (or `unknown`, a
+slow call that finished after the sweep took its row), `sending` from `claimed` while the claim's
+lease runs.
+
+PostgreSQL does all of it in one statement, built once: two `UPDATE … FROM unnest(…)` in CTEs and
+the INSERT of their events. A wave is at most the calls a worker process has in flight (8 by
+default), and the three statements built anew for each wave (two `update_per_row`, one
+`record_event_rows`) cost a worker about 0.5 ms of CPU per message, as much again as everything
+else it does (docs/benchmarks.md). SQLite runs the three statements.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Sequence
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Text,
+    any_,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from engine import metrics
+from engine.dialect import in_values, insert_rows, update_per_row
+from engine.dispatch.checks import Prepared, Ready
+from engine.dispatch.claim import WORKER_ID
+from engine.models import message_events, messages
+from engine.runtime import Runtime
+from gateway.contract import SendResult
+
+
+@dataclass
+class Sent:
+    """One message the provider accepted."""
+
+    prepared: Prepared
+    result: SendResult
+
+
+def settle_wave(conn: Connection, rt: Runtime, sent: Sequence[Sent], wave: Sequence[Ready],
+                now: datetime) -> tuple[set[int], list[Prepared]]:
+    """Mark the accepted messages `sent` and the checked messages of the next wave `sending`, with
+    their events; returns the ids that became `sent` and the wave's messages that became
+    `sending` (in order). A message of the wave is left out when it is no longer `claimed`
+    (settled, or another worker's) or when its claim's lease has run out: the sweep may already be
+    handing it out again, and, still `claimed`, it goes back to the queue at no cost."""
+    if not sent and not wave:
+        return set(), []
+    rows = {item.msg.id: _sending_values(rt, item, now) for item in wave}
+    if conn.dialect.name == "postgresql":
+        moved_sent, moved_sending = _settle_in_one_statement(conn, sent, wave, rows, now)
+    else:
+        moved_sent, moved_sending = _settle_in_three_statements(conn, sent, wave, rows, now)
+    for event, count in (("sent", len(moved_sent)), ("sending", len(moved_sending))):
+        if count:
+            metrics.message_events(event, count)
+    send_timeout = timedelta(seconds=rt.settings.send_timeout)
+    prepared = [Prepared(org_id=item.msg.org_id, message_id=item.msg.id, attempt=moved_sending[item.msg.id],
+                         channel=item.channel, rendered=item.rendered, provider=item.provider,
+                         start_by=rows[item.msg.id]["lease_until"] - send_timeout, send_at=item.send_at,
+                         due_at=item.msg.due_at)
+                for item in wave if item.msg.id in moved_sending]
+    return moved_sent, prepared
+
+
+def observe_sent(sent: Sequence[Sent], moved: set[int], now: datetime) -> None:
+    """Count the lateness of the messages that became `sent`, once their transaction committed."""
+    for s in sent:
+        if s.prepared.message_id in moved:
+            metrics.lateness(s.prepared.channel.kind, s.prepared.due_at, now)
+
+
+def _sending_values(rt: Runtime, item: Ready, now: datetime) -> dict[str, Any]:
+    """What marking one message `sending` writes of its own: its channel and text, and its lease,
+    from its paced slot for a paced message."""
+    return {"channel_id": item.channel.id, "subject": item.rendered.outbound.subject,
+            "body": item.rendered.outbound.text, "lease_until": (item.send_at or now) + rt.settings.lease,
+            "slot": item.send_at.isoformat() if item.send_at else None}
+
+
+def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Sequence[Ready],
+                             rows: dict[int, dict[str, Any]], now: datetime) -> tuple[set[int], dict[int, int]]:
+    orgs = sorted({s.prepared.org_id for s in sent} | {item.msg.org_id for item in wave})
+    params = {
+        "now": now, "worker": WORKER_ID, "org_ids": orgs,
+        "sent_id": [s.prepared.message_id for s in sent],
+        "sent_provider_message_id": [s.result.provider_message_id for s in sent],
+        "sent_attempt": [s.prepared.attempt for s in sent],
+        "sent_provider_status": [s.result.provider_status for s in sent],
+        "wave_id": list(rows),
+        **{f"wave_{name}": [row[name] for row in rows.values()]
+           for name in ("channel_id", "subject", "body", "lease_until", "slot")},
+    }
+    moved_sent: set[int] = set()
+    moved_sending: dict[int, int] = {}
+    for message_id, event, attempt in conn.execute(_wave_statement(), params):
+        if event == "sent":
+            moved_sent.add(message_id)
+        else:
+            moved_sending[message_id] = attempt
+    return moved_sent, moved_sending
+
+
+@functools.cache
+def _wave_statement() -> Any:
+    """PostgreSQL: the whole move between two waves as one statement of constant text (so
+    SQLAlchemy builds, keys and compiles it once, and psycopg prepares it once)."""
+    m, e = messages.c, message_events.c
+    now = bindparam("now", type_=m.updated_at.type)
+    org_ids = bindparam("org_ids", type_=postgresql.ARRAY(BigInteger()))
+
+    def array(name: str, type_: Any) -> Any:
+        return bindparam(name, type_=postgresql.ARRAY(type_))
+
+    accepted = func.unnest(
+        array("sent_id", BigInteger()), array("sent_provider_message_id", Text()),
+        array("sent_attempt", Integer()), array("sent_provider_status", Text()),
+    ).table_valued("id", "provider_message_id", "attempt", "provider_status").render_derived(name="accepted")
+    sent = (
+        update(messages)
+        .where(m.id == accepted.c.id, m.org_id == any_(org_ids),
+               or_(m.status == "sending", m.status == "unknown"))  # not IN (…): its text is expanded per call
+        .values(status="sent", sent_at=now, lease_until=None, error_code=None, error_detail=None, updated_at=now,
+                provider_message_id=accepted.c.provider_message_id)
+        .returning(m.id, m.org_id, accepted.c.attempt, accepted.c.provider_status)
+        .cte("sent")
+    )
+    marked = func.unnest(
+        array("wave_id", BigInteger()), array("wave_channel_id", BigInteger()), array("wave_subject", Text()),
+        array("wave_body", Text()), array("wave_lease_until", m.lease_until.type), array("wave_slot", Text()),
+    ).table_valued("id", "channel_id", "subject", "body", "lease_until", "slot").render_derived(name="marked")
+    sending = (
+        update(messages)
+        .where(m.id == marked.c.id, m.org_id == any_(org_ids), m.status == "claimed",
+               m.lease_until > now)
+        .values(status="sending", attempts=m.attempts + 1, claimed_by=bindparam("worker", type_=Text()),
+                updated_at=now, channel_id=marked.c.channel_id, subject=marked.c.subject, body=marked.c.body,
+                lease_until=marked.c.lease_until)
+        .returning(m.id, m.org_id, m.attempts, marked.c.slot)
+        .cte("sending")
+    )
+    json_null = cast(literal("null"), e.detail.type)  # as every other event without a detail
+    events = union_all(
+        select(sent.c.org_id, sent.c.id, literal("sent"), sent.c.attempt, sent.c.provider_status, json_null, now),
+        select(sending.c.org_id, sending.c.id, literal("sending"), sending.c.attempts, cast(None, Text()),
+               case((sending.c.slot.is_(None), json_null),
+                    else_=cast(func.jsonb_build_object("slot", sending.c.slot), e.detail.type)),
+               now),
+    )
+    return (insert(message_events)
+            .from_select(["org_id", "message_id", "event", "attempt", "provider_status", "detail", "created_at"],
+                         events)
+            .returning(e.message_id, e.event, e.attempt))
+
+
+def _settle_in_three_statements(conn: Connection, sent: Sequence[Sent], wave: Sequence[Ready],
+                                rows: dict[int, dict[str, Any]], now: datetime) -> tuple[set[int], dict[int, int]]:
+    m = messages.c
+    events: list[dict[str, Any]] = []
+    moved_sent: set[int] = set()
+    if sent:
+        by_id = {s.prepared.message_id: s for s in sent}
+        for row in update_per_row(
+                conn, messages,
+                {mid: {"provider_message_id": s.result.provider_message_id} for mid, s in by_id.items()},
+                where=[in_values(conn, m.org_id, sorted({s.prepared.org_id for s in sent})),
+                       m.status.in_(("sending", "unknown"))],
+                values={"status": "sent", "sent_at": now, "lease_until": None, "error_code": None,
+                        "error_detail": None, "updated_at": now},
+                returning=[m.id]):
+            moved_sent.add(row.id)
+            s = by_id[row.id]
+            events.append({"org_id": s.prepared.org_id, "message_id": row.id, "event": "sent",
+                           "attempt": s.prepared.attempt, "provider_status": s.result.provider_status,
+                           "detail": None, "created_at": now})
+    moved_sending: dict[int, int] = {}
+    if wave:
+        by_id_ = {item.msg.id: item for item in wave}
+        for row in update_per_row(
+                conn, messages,
+                {mid: {name: value for name, value in row.items() if name != "slot"} for mid, row in rows.items()},
+                where=[in_values(conn, m.org_id, sorted({item.msg.org_id for item in wave})), m.status == "claimed",
+                       m.lease_until > now],
+                values={"status": "sending", "attempts": m.attempts + 1, "claimed_by": WORKER_ID, "updated_at": now},
+                returning=[m.id, m.attempts]):
+            moved_sending[row.id] = row.attempts
+            slot = rows[row.id]["slot"]
+            events.append({"org_id": by_id_[row.id].msg.org_id, "message_id": row.id, "event": "sending",
+                           "attempt": row.attempts, "provider_status": None, "created_at": now,
+                           "detail": {"slot": slot} if slot else None})
+    insert_rows(conn, message_events, events)  # as record_event_rows, whose counting settle_wave does
+
+    return moved_sent, moved_sending
