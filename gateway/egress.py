@@ -21,7 +21,8 @@ Three clients meet it:
 - urllib3 (every HTTP provider, through `gateway.http.Client`): `pool_manager(policy)`, whose
   connections' `_new_conn` goes through `EgressPolicy.create_connection`;
 - httpx / httpx2 (the `openai` package): `httpx_client(policy)`, a client whose transport's
-  connection pool has a network backend that resolves, checks and connects to the checked address;
+  connection pool has a network backend that resolves, checks and connects to the checked address
+  (and bounds each call by the thread's `gateway.limits` budget);
 - smtplib: `GuardedSMTP` / `GuardedSMTP_SSL`, whose `_get_socket` does the same.
 
 Redirects are never followed by these clients (and a redirect would go through the guard anyway).
@@ -46,6 +47,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
+from gateway import limits
 from gateway.errors import EgressRefused
 
 __all__ = [
@@ -380,14 +382,18 @@ def _backend_class(httpcore: Any) -> type:
 def httpx_client(policy: EgressPolicy, *, timeout: float | None = None) -> Any:
     """An httpx(2).Client for tenant-set URLs (pass it to `openai.OpenAI(http_client=…)`):
     every connection is checked by `policy`, redirects are not followed, no proxy or netrc from
-    the environment."""
+    the environment. A call made inside a `gateway.limits.budget` ends at its deadline and its
+    size cap; answers come uncompressed (one that comes compressed anyway is refused before it is
+    decoded), so the cap on the bytes read is a cap on the answer."""
     httpx, httpcore = _httpx_modules()
     transport = httpx.HTTPTransport()
     pool = getattr(transport, "_pool", None)
     if not isinstance(pool, httpcore.ConnectionPool) or not hasattr(pool, "_network_backend"):
         raise RuntimeError("this httpx version cannot be guarded: its transport has no connection pool backend")
-    pool._network_backend = _backend_class(httpcore)(policy)
+    pool._network_backend = limits.BoundedBackend(_backend_class(httpcore)(policy), httpcore)
     return httpx.Client(transport=transport, follow_redirects=False, trust_env=False,
+                        headers={"Accept-Encoding": "identity"},
+                        event_hooks={"request": [], "response": [limits.refuse_encoded]},
                         **({"timeout": timeout} if timeout is not None else {}))
 
 
