@@ -190,9 +190,16 @@ def _read(raw: urllib3.BaseHTTPResponse, budget: limits.Budget) -> bytes:
     or a read that fails, closes the connection instead of handing it back with unread bytes."""
     chunks: list[bytes] = []
     try:
-        for chunk in raw.stream(_CHUNK, decode_content=True):
-            budget.take(len(chunk))
-            chunks.append(chunk)
+        length = raw.length_remaining
+        if length is not None and length <= budget.max_bytes - budget.received and \
+                raw.headers.get("Content-Encoding", "identity").lower() == "identity":
+            # The common answer: its length said, within the cap, not compressed: one read of that length.
+            chunks.append(raw.read(decode_content=True))
+            budget.take(len(chunks[0]))
+        else:
+            for chunk in raw.stream(_CHUNK, decode_content=True):
+                budget.take(len(chunk))
+                chunks.append(chunk)
     except BaseException:
         raw.close()
         raise

@@ -130,13 +130,21 @@ class _BudgetedSocketReader(io.RawIOBase):
         super().close()
 
 
+class _BudgetedFile:
+    """What http.client's response is given instead of its socket: `makefile` is all it calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_BudgetedSocketReader(self._sock))
+
+
 class _BudgetedHTTPResponse(http.client.HTTPResponse):
     """http.client's response, reading its socket through `_BudgetedSocketReader`."""
 
     def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
-        super().__init__(sock, *args, **kwargs)
-        plain, self.fp = self.fp, io.BufferedReader(_BudgetedSocketReader(sock))
-        plain.close()
+        super().__init__(_BudgetedFile(sock), *args, **kwargs)  # type: ignore[arg-type]
 
 
 class _BudgetedConnectionMixin:
