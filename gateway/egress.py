@@ -508,7 +508,9 @@ def httpx_client(policy: EgressPolicy, *, timeout: float | None = None) -> Any:
 
 
 class GuardedSMTP(smtplib.SMTP):
-    """smtplib.SMTP whose connection goes to an address `egress` checked."""
+    """smtplib.SMTP whose connection goes to an address `egress` checked, and whose conversation,
+    inside a `gateway.limits.budget`, ends at its deadline and reads at most its cap of replies (a
+    relay that trickles a reply, or sends continuation lines without end, is cut off)."""
 
     egress_policy: EgressPolicy
 
@@ -520,6 +522,15 @@ class GuardedSMTP(smtplib.SMTP):
         if timeout is not None and not timeout:
             raise ValueError("Non-blocking socket (timeout=0) is not supported")
         return self.egress_policy.create_connection((host, port), timeout, self.source_address)
+
+    def getreply(self) -> tuple[int, bytes]:
+        if self.file is None and self.sock is not None:  # a new connection, or TLS just started
+            self.file = limits.reader(self.sock)
+        return super().getreply()
+
+    def send(self, s: Any) -> None:
+        limits.bound_socket(self.sock)
+        super().send(s)
 
 
 class GuardedSMTP_SSL(smtplib.SMTP_SSL, GuardedSMTP):

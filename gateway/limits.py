@@ -16,6 +16,8 @@ applies as a deadline), so the call ends at its deadline whatever the server tri
 - httpx/httpcore (the `openai` package, `gateway.egress.httpx_client`): `BoundedBackend` wraps the
   network backend, so every read, write and TLS handshake of every connection asks the budget, and
   every byte read counts against the cap.
+- smtplib (`gateway.egress.GuardedSMTP`): replies are read through `reader` (bounded, counted) and
+  every command is sent after `bound_socket`.
 
 Without a budget on the thread, both layers do exactly what the client would have done.
 """
@@ -37,9 +39,11 @@ __all__ = [
     "BoundedBackend",
     "Budget",
     "DeadlineExceeded",
+    "bound_socket",
     "bounded_pools",
     "budget",
     "current",
+    "reader",
     "refuse_encoded",
 ]
 
@@ -108,12 +112,13 @@ def budget(seconds: float, max_bytes: int) -> Iterator[Budget]:
 class _BudgetedSocketReader(io.RawIOBase):
     """A socket's raw reader (`socket.SocketIO`) that sets the socket's timeout from the budget
     before each recv, so that the status line, the headers and the body are all read by the
-    deadline, however slowly they come."""
+    deadline, however slowly they come; with `counts`, every byte read counts against the cap."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, counts: bool = False) -> None:
         super().__init__()
         self._sock = sock
         self._raw = sock.makefile("rb", buffering=0)
+        self._counts = counts
 
     def readable(self) -> bool:
         return True
@@ -122,12 +127,29 @@ class _BudgetedSocketReader(io.RawIOBase):
         limits = current()
         if limits is not None:
             self._sock.settimeout(limits.timeout())
-        return self._raw.readinto(buffer)
+        count = self._raw.readinto(buffer)
+        if limits is not None and self._counts and count:
+            limits.take(count)
+        return count
 
     def close(self) -> None:
         if not self.closed:
             self._raw.close()
         super().close()
+
+
+def reader(sock: socket.socket) -> io.BufferedReader:
+    """A buffered reader of `sock` (what `sock.makefile("rb")` gives) whose every recv is bounded
+    by the thread's budget and counts against its cap: for line protocols (SMTP's replies)."""
+    return io.BufferedReader(_BudgetedSocketReader(sock, counts=True))
+
+
+def bound_socket(sock: socket.socket | None) -> None:
+    """Give `sock` what is left of the thread's budget as its timeout, before a send (a
+    `sendall`'s timeout bounds the whole send); raise DeadlineExceeded once it has passed."""
+    limits = current()
+    if limits is not None and sock is not None:
+        sock.settimeout(limits.timeout())
 
 
 class _BudgetedFile:
@@ -161,9 +183,7 @@ class _BudgetedConnectionMixin:
         return sock
 
     def send(self, data: Any) -> None:
-        limits = current()
-        if limits is not None and self.sock is not None:
-            self.sock.settimeout(limits.timeout())  # socket.sendall's timeout bounds the whole send
+        bound_socket(self.sock)
         super().send(data)  # type: ignore[misc]
 
 

@@ -1,7 +1,8 @@
 """Every outbound call ends at its whole-call deadline and reads at most its size cap (issue 30,
-point 7): a provider call (gateway/http.py, urllib3) and an LLM call (the `openai` client over
-httpx), each against a loopback server that trickles its answer a byte at a time (a socket timeout
-never trips: each byte comes well within it) and one that answers 50 MB, streamed.
+point 7): a provider call (gateway/http.py, urllib3; and an SMTP conversation) and an LLM call (the
+`openai` client over httpx), each against a loopback server that trickles its answer a byte at a
+time (a socket timeout never trips: each byte comes well within it) and one that answers without end
+(50 MB, streamed; SMTP reply lines).
 
 The deadlines here are small so the tests are quick; the servers would go on for far longer, so a
 client that only had a per-read timeout reads the whole trickle and these tests fail. None of them
@@ -22,10 +23,12 @@ import pytest
 from engine.flows.ai.base import AIError
 from engine.flows.ai.openai_compat import MAX_ANSWER_BYTES, OpenAICompatAI
 from gateway import limits
+from gateway.contract import ProviderContext
 from gateway.egress import LOOPBACK
 from gateway.errors import TransientError
 from gateway.http import MAX_ANSWER_BYTES as PROVIDER_MAX_BYTES
 from gateway.http import Client, call
+from providers.email.smtp import SmtpProvider
 from tests.fakes.llm import Huge, LLMFake, Trickle, completion
 from tests.fakes.server import FakeServer, Reply, Streamed
 from tests.flows.test_ai import context
@@ -197,3 +200,65 @@ def test_a_budget_is_the_threads_and_ends_with_its_call() -> None:
     assert limits.current() is None
     with pytest.raises(ValueError):
         limits.Budget(0, 10)
+
+
+# ---------------------------------------------------------------------------------- SMTP
+
+
+@contextmanager
+def smtp_relay(script: Iterator[bytes], interval: float) -> Iterator[tuple[int, dict[str, int]]]:
+    """A relay that writes `script`'s pieces `interval` seconds apart, whatever the client says."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stats = {"sent": 0, "finished": 0}
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(0.0)
+            for piece in script:
+                if stop.wait(interval):
+                    return
+                try:
+                    conn.recv(65536)  # whatever the client sent meanwhile
+                except (BlockingIOError, OSError):
+                    pass
+                try:
+                    conn.sendall(piece)
+                except OSError:
+                    return
+                stats["sent"] += len(piece)
+            stats["finished"] = 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], stats
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+
+
+def _smtp(port: int, timeout: float) -> SmtpProvider:
+    config = {"host": "127.0.0.1", "port": str(port), "security": "none", "from_email": "agenda@clinica.example"}
+    return SmtpProvider(config, ProviderContext(org_id=1, channel_id=1, timeout=timeout, egress=LOOPBACK))
+
+
+def test_a_relay_that_trickles_its_greeting_is_cut_off_at_the_send_timeout() -> None:
+    greeting = b"220 " + b"x" * 300 + b"\r\n"
+    pieces = (greeting[i:i + 1] for i in range(len(greeting)))
+    with smtp_relay(pieces, PACE) as (port, stats):
+        with pytest.raises(TransientError) as raised:
+            _smtp(port, DEADLINE).check()
+        assert raised.value.code == "timeout"
+        assert not stats["finished"]
+
+
+def test_a_relay_that_sends_reply_lines_without_end_is_cut_off_at_the_cap() -> None:
+    lines = (b"220-" + b"x" * 1000 + b"\r\n" for _ in range(100_000))  # ~100 MB of one endless greeting
+    with smtp_relay(lines, 0.0) as (port, stats):
+        with pytest.raises(TransientError) as raised:
+            _smtp(port, 30).check()
+        assert raised.value.code == "smtp_error"
+        assert not stats["finished"] and stats["sent"] < 10_000_000
