@@ -48,7 +48,7 @@ HANDOFF_LABELS = {
 }
 #: A base URL the form takes: http(s) with a host; the egress guard then checks where it resolves.
 URL_PATTERN = re.compile(r"^https?://[^\s/?#]+(?:[/?#]\S*)?$", re.IGNORECASE)
-#: How long "Testar conexão" waits for the server (the worker's default is longer).
+#: How long "Testar conexão" may take, connect to the answer's last byte (the worker's deadline is longer).
 TEST_TIMEOUT = 10.0
 #: The class the test classification offers the model (any answer in the schema proves the path).
 TEST_CLASSES = ("ok",)
