@@ -268,8 +268,18 @@ class EgressPolicy:
 
     def check_url(self, url: str) -> Endpoint:
         """`check_host` for the host of `url` as the HTTP clients will read it (`endpoint`), which it
-        returns; raise InvalidAddress for a URL they could not use, or could read differently."""
-        where = endpoint(url)
+        returns; raise InvalidAddress for a URL they could not use, or could read differently.
+
+        A refused URL that some reading points inside the network (the resolver takes an octal or
+        short IPv4 address as an address; after a `user@` comes where the client would go) is said
+        to be an internal address (EgressRefused), the reason that matters more."""
+        try:
+            where = endpoint(url)
+        except InvalidAddress as exc:
+            host = _read_anyway(url) if exc.code in ("url_ip_spelling", "url_credentials") else None
+            if host:
+                self.check_host(host)
+            raise
         self.check_host(where.host)
         return where
 
@@ -351,6 +361,18 @@ def endpoint(url: str) -> Endpoint:
     else:
         raise InvalidAddress("url_invalid")
     return Endpoint(scheme, host, port)
+
+
+def _read_anyway(url: str) -> str | None:
+    """The host of a URL `endpoint` refused for its spelling or its userinfo, as a lenient reader
+    takes it: after the last `@` (a percent-encoded one included), without the port."""
+    match = _URL.fullmatch((url or "").strip())
+    if match is None:
+        return None
+    authority = re.sub("%40", "@", match["authority"], flags=re.IGNORECASE).rsplit("@", 1)[-1]
+    if authority.startswith("["):
+        return authority[1:].partition("]")[0] or None
+    return authority.partition(":")[0] or None
 
 
 def secrets_follow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:

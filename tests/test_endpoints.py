@@ -63,6 +63,21 @@ def test_check_url_decides_on_the_same_reading():
     assert LOOPBACK.check_url("http://127.0.0.1:8080/v1") == Endpoint("http", "127.0.0.1", 8080)
 
 
+@pytest.mark.parametrize("url", ["http://0177.0.0.1/", "http://2130706433/", "http://127.1:8080/",
+                                 "http://user:pw@127.0.0.1:8080/", "http://example.com%40169.254.169.254/"])
+def test_a_refused_spelling_that_points_inside_is_said_to_be_internal(url):
+    with pytest.raises(EgressRefused):
+        STRICT.check_url(url)
+
+
+@pytest.mark.parametrize(("url", "code"), [("http://0010.0.0.1/", "url_ip_spelling"),
+                                           ("http://a%40b@93.184.216.34/", "url_credentials")])
+def test_a_refused_spelling_of_a_public_address_says_what_to_fix(url, code):
+    with pytest.raises(InvalidAddress) as raised:
+        STRICT.check_url(url)
+    assert raised.value.code == code
+
+
 _PIECES = st.sampled_from(["http://", "https://", "HTTP://", "a", "example", ".", "com", "127", "0", "0177", "0x7f",
                            "1", ":", "80", "8080", "@", "%40", "%", "\\", "/", "?", "#", "[", "]", "::1", "-", "_",
                            " ", "\t", "é", "user", "v1"])

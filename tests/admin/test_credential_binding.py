@@ -103,7 +103,7 @@ def test_the_same_endpoint_keeps_the_key_and_a_key_typed_with_a_new_url_goes_the
 @pytest.mark.parametrize(("url", "sentence"), [
     ("http://0177.0.0.1/v1", "Escreva o endereço IP como quatro números decimais"),
     ("http://0x7f.1/v1", "Escreva o endereço IP como quatro números decimais"),
-    ("http://evil.example%40203.0.113.9/v1", "Não coloque usuário nem senha no endereço"),
+    ("http://evil.example%4093.184.216.34/v1", "Não coloque usuário nem senha no endereço"),
     ("http://user:senha@api.example.com/v1", "Não coloque usuário nem senha no endereço"),
     ("http://api.example.com\\@127.0.0.1/v1", "Este endereço não pode ser usado"),
     ("http://api.example.com:99999/v1", "Este endereço não pode ser usado"),

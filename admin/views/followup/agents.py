@@ -39,7 +39,7 @@ from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.factory import ai_for
 from engine.models import FlowPointer, Org
 from engine.orgs import DomainError
-from gateway.egress import EgressRefused, InvalidAddress, endpoint
+from gateway.egress import EgressRefused, InvalidAddress
 
 HANDOFF_LABELS = {
     "pause": _l("Pausar o follow-up enquanto a pessoa atende"),
@@ -150,11 +150,6 @@ class AgentView(TenantModelView):
                 value = (field.data or "").strip()
                 if value and not URL_PATTERN.match(value):
                     raise ValidationError(_("Informe um endereço que comece com http:// ou https://."))
-                if value:
-                    try:
-                        endpoint(value)  # what the HTTP client can use, read as it reads it
-                    except InvalidAddress as exc:
-                        raise ValidationError(translate(describe(exc.code))) from None
 
         return AgentForm
 
@@ -182,7 +177,7 @@ class AgentView(TenantModelView):
             ok = False
         if url and not form.llm_base_url.errors:
             try:
-                runtime().settings.egress.check_url(url)
+                runtime().settings.egress.check_url(url)  # read as the HTTP client reads it (egress.endpoint)
             except InvalidAddress as exc:
                 form.llm_base_url.errors.append(translate(describe(exc.code)))
                 ok = False
