@@ -150,10 +150,26 @@ CATALOGUE: dict[str, Text] = {
     "http_422": N_("pedido inválido"),
     "http_error": N_("erro do serviço de IA"),
     "llm_key_unreadable": N_("a chave de API guardada não pode ser lida; salve-a de novo"),
+    "llm_url_invalid": N_("o endereço da API do agente não pode ser usado; corrija-o no agente"),
+    "answer_too_large": N_("resposta grande demais"),
     # --- egress (gateway/egress.py): a tenant-set address that points inside the network -----------
     "egress_refused": N_("endereço não permitido: ele aponta para a rede interna (localhost, rede privada ou "
                          "link-local); use um endereço público ou peça a quem opera o Lembra para liberá-lo "
                          "em LEMBRA_PROVIDER_ALLOW"),
+    # --- addresses a tenant types (gateway/egress.py `endpoint`), and the secrets bound to them ----
+    "url_invalid": N_("Este endereço não pode ser usado. Escreva http:// ou https://, o nome do servidor, sem "
+                      "espaços nem acentos, e, se preciso, a porta e o caminho, como "
+                      "https://api.exemplo.com.br/v1."),
+    "url_credentials": N_("Não coloque usuário nem senha no endereço (nada antes de um @). Informe a chave no "
+                          "campo dela."),
+    "url_ip_spelling": N_("Escreva o endereço IP como quatro números decimais separados por pontos, por exemplo "
+                          "203.0.113.10 (sem zeros à esquerda nem hexadecimal)."),
+    "credentials_cleared_new_endpoint": N_("O endereço mudou para outro servidor, então as chaves e senhas "
+                                           "guardadas para o endereço anterior foram apagadas: elas nunca são "
+                                           "enviadas a um servidor novo. Informe-as de novo, se o novo servidor "
+                                           "pedir."),
+    "credential_retype_new_endpoint": N_("O endereço mudou para outro servidor: informe este valor de novo (o "
+                                         "guardado era do endereço anterior e não é enviado a um servidor novo)."),
     # === messages: statuses, provider errors, skip reasons, reply outcomes ====================
     # Read through engine/reasons.py (message_reason, status_label, event_label, reply_outcome),
     # which maps a raw code to its key here; a code the catalogue already gives another meaning
@@ -268,6 +284,9 @@ CATALOGUE: dict[str, Text] = {
     "send_timeout": N_("O provedor não respondeu a tempo; a mensagem pode ter saído ou não. O Lembra só tenta de novo"
                        " quando não há risco de duplicar; senão, confira com o paciente."),
     "send_connection_error": N_("Não foi possível conectar ao provedor; nada saiu e o Lembra tenta de novo."),
+    "provider_answer_too_large": N_("O provedor respondeu com uma resposta grande demais, que não foi lida; a "
+                                    "mensagem pode ter saído ou não. O Lembra só tenta de novo quando não há risco de"
+                                    " duplicar; senão, confira com o paciente."),
     "request_error": N_("O pedido ao provedor falhou no caminho; o Lembra tenta de novo."),
     "provider_throttled": N_("O provedor pediu para esperar (muitos envios em pouco tempo); o Lembra tenta de novo "
                              "mais tarde."),

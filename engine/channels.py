@@ -155,7 +155,9 @@ class ProviderPool:
 
     def get(self, channel: Any) -> Provider:
         """The provider for a `channels` row (decrypting its credentials once per version)."""
-        stamp = (channel.updated_at, channel.key_version)
+        # The sealed credentials themselves, not only the time of the change: two edits within one
+        # clock tick (or a frozen clock) must not hand out a provider with the old URL and key.
+        stamp = (channel.updated_at, channel.key_version, bytes(channel.credentials or b""))
         with self._lock:
             cached = self._cache.get(channel.id)
             if cached and cached[0] == stamp:

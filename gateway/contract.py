@@ -88,6 +88,14 @@ class CredentialField:
     unless: str | None = None
     #: Left blank, Lembra generates the value (a webhook secret it registers with the provider itself).
     generated: bool = False
+    #: Part of where the channel's secrets are sent, besides an `address` field (an SMTP port and its
+    #: security): a change of any of these moves the secrets elsewhere, so the stored ones are dropped.
+    endpoint: bool = False
+
+    @property
+    def binds_secrets(self) -> bool:
+        """Whether changing this value sends the channel's secrets to another server."""
+        return self.address is not None or self.endpoint
 
 
 @dataclass(frozen=True)

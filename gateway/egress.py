@@ -21,7 +21,8 @@ Three clients meet it:
 - urllib3 (every HTTP provider, through `gateway.http.Client`): `pool_manager(policy)`, whose
   connections' `_new_conn` goes through `EgressPolicy.create_connection`;
 - httpx / httpx2 (the `openai` package): `httpx_client(policy)`, a client whose transport's
-  connection pool has a network backend that resolves, checks and connects to the checked address;
+  connection pool has a network backend that resolves, checks and connects to the checked address
+  (and bounds each call by the thread's `gateway.limits` budget);
 - smtplib: `GuardedSMTP` / `GuardedSMTP_SSL`, whose `_get_socket` does the same.
 
 Redirects are never followed by these clients (and a redirect would go through the guard anyway).
@@ -34,11 +35,10 @@ import re
 import smtplib
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit
 
 from urllib3 import PoolManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -46,6 +46,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
+from gateway import limits
 from gateway.errors import EgressRefused
 
 __all__ = [
@@ -53,11 +54,15 @@ __all__ = [
     "STRICT",
     "EgressPolicy",
     "EgressRefused",
+    "Endpoint",
     "GuardedSMTP",
     "GuardedSMTP_SSL",
+    "InvalidAddress",
+    "endpoint",
     "httpx_client",
     "is_internal",
     "pool_manager",
+    "secrets_follow",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -261,14 +266,140 @@ class EgressPolicy:
         except (OSError, UnicodeError):
             pass
 
-    def check_url(self, url: str) -> None:
-        """`check_host` for a URL's host (a URL without one is left to the provider to refuse)."""
+    def check_url(self, url: str) -> Endpoint:
+        """`check_host` for the host of `url` as the HTTP clients will read it (`endpoint`), which it
+        returns; raise InvalidAddress for a URL they could not use, or could read differently.
+
+        A refused URL that some reading points inside the network (the resolver takes an octal or
+        short IPv4 address as an address; after a `user@` comes where the client would go) is said
+        to be an internal address (EgressRefused), the reason that matters more."""
         try:
-            host = urlsplit(url.strip()).hostname
+            where = endpoint(url)
+        except InvalidAddress as exc:
+            host = _read_anyway(url) if exc.code in ("url_ip_spelling", "url_credentials") else None
+            if host:
+                self.check_host(host)
+            raise
+        self.check_host(where.host)
+        return where
+
+
+# -------------------------------------------------------------------------------- endpoints
+
+
+class InvalidAddress(ValueError):
+    """A tenant-set URL that Lembra will not use; `code` is the catalogue's: url_invalid (not an
+    http(s) URL with a host it can read), url_credentials (a user or password in it), url_ip_spelling
+    (an IPv4 address written another way than four decimal numbers)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where an http(s) URL connects: its scheme, host and port (the scheme's default when none is
+    written). What a credential is bound to: the same key sent to another endpoint is a key given
+    away (see `same_endpoint`)."""
+
+    scheme: str
+    host: str
+    port: int
+
+
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>[/?#].*)?", re.DOTALL)
+_PORT = re.compile(r"[0-9]{1,5}")
+#: A label of inet_aton's numbers (decimal, octal with a leading 0, hex with 0x): a host made only
+#: of these is an IPv4 address to the resolver, whatever it looks like.
+_NUMBER = re.compile(r"[0-9]+|0x[0-9a-f]*")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def endpoint(url: str) -> Endpoint:
+    """The endpoint of a tenant-set URL: the one parse behind every decision about it (the egress
+    check at save time, the forms, which credentials it may keep).
+
+    It accepts only what urllib3 (the providers), httpx (the LLM client) and the resolver all read
+    the same way, so that what is checked is where the client connects: http or https, a host that
+    is a DNS name in ASCII, a dotted-quad IPv4 address or a bracketed IPv6 address, an optional
+    port. Refused, with InvalidAddress: a user or password (a percent-encoded `@` included), a
+    backslash, spaces or control characters, percent-encoding in the host, an IPv4 address spelled
+    in octal, hex or fewer than four parts (http://0177.0.0.1/), a port outside 1-65535.
+    """
+    text = (url or "").strip()
+    if not text or "\\" in text or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise InvalidAddress("url_invalid")
+    match = _URL.fullmatch(text)
+    if match is None or match["scheme"].lower() not in _DEFAULT_PORTS:
+        raise InvalidAddress("url_invalid")
+    scheme, authority = match["scheme"].lower(), match["authority"]
+    if "@" in authority or "%40" in authority.lower():
+        raise InvalidAddress("url_credentials")
+    if authority.startswith("["):
+        inside, bracket, after = authority[1:].partition("]")
+        try:
+            ip = ipaddress.IPv6Address(inside) if bracket and "%" not in inside else None
         except ValueError:
-            return
-        if host:
-            self.check_host(host)
+            ip = None
+        if ip is None or (after and not after.startswith(":")):
+            raise InvalidAddress("url_invalid")
+        host, port_text = str(ip), (after[1:] if after else None)
+    else:
+        host, colon, port_text_or_empty = authority.partition(":")
+        host, port_text = host.lower(), (port_text_or_empty if colon else None)
+        if not host.isascii() or not _HOSTNAME.fullmatch(host.rstrip(".") or "-"):
+            raise InvalidAddress("url_invalid")
+        if all(_NUMBER.fullmatch(label) for label in host.rstrip(".").split(".")):
+            ip4 = _ip(host)
+            if not isinstance(ip4, ipaddress.IPv4Address) or str(ip4) != host:
+                raise InvalidAddress("url_ip_spelling")
+    if port_text is None:
+        port = _DEFAULT_PORTS[scheme]
+    elif _PORT.fullmatch(port_text) and 1 <= int(port_text) <= 65535:
+        port = int(port_text)
+    else:
+        raise InvalidAddress("url_invalid")
+    return Endpoint(scheme, host, port)
+
+
+def _read_anyway(url: str) -> str | None:
+    """The host of a URL `endpoint` refused for its spelling or its userinfo, as a lenient reader
+    takes it: after the last `@` (a percent-encoded one included), without the port."""
+    match = _URL.fullmatch((url or "").strip())
+    if match is None:
+        return None
+    authority = re.sub("%40", "@", match["authority"], flags=re.IGNORECASE).rsplit("@", 1)[-1]
+    if authority.startswith("["):
+        return authority[1:].partition("]")[0] or None
+    return authority.partition(":")[0] or None
+
+
+def secrets_follow(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether the secrets stored with some settings may stay when they change from `before` to
+    `after`: the one rule for every credential bound to an address (an agent's LLM key, a
+    channel's API key, token or password). They stay only while every value that says where they
+    are sent points where it pointed: a URL to the same scheme, host and port (`endpoint`: the
+    security boundary — another host is another party, another port on a shared host may be
+    another tenant's service, and http instead of https hands the key to the network path), any
+    other value (an SMTP host, port, security) the same but for case and blanks. Otherwise an
+    editor could point the settings at a server of their own and have Lembra send it the key."""
+    for key in before.keys() | after.keys():
+        old, new = _setting(before.get(key)), _setting(after.get(key))
+        if old == new:
+            continue
+        try:
+            if old and new and endpoint(old) == endpoint(new):
+                continue
+        except InvalidAddress:
+            pass
+        if old.lower() != new.lower():
+            return False
+    return True
+
+
+def _setting(value: Any) -> str:
+    return "" if value is None else str(value).strip()
 
 
 #: Only public addresses: what a tenant-set address gets unless ops configure otherwise.
@@ -380,14 +511,18 @@ def _backend_class(httpcore: Any) -> type:
 def httpx_client(policy: EgressPolicy, *, timeout: float | None = None) -> Any:
     """An httpx(2).Client for tenant-set URLs (pass it to `openai.OpenAI(http_client=…)`):
     every connection is checked by `policy`, redirects are not followed, no proxy or netrc from
-    the environment."""
+    the environment. A call made inside a `gateway.limits.budget` ends at its deadline and its
+    size cap; answers come uncompressed (one that comes compressed anyway is refused before it is
+    decoded), so the cap on the bytes read is a cap on the answer."""
     httpx, httpcore = _httpx_modules()
     transport = httpx.HTTPTransport()
     pool = getattr(transport, "_pool", None)
     if not isinstance(pool, httpcore.ConnectionPool) or not hasattr(pool, "_network_backend"):
         raise RuntimeError("this httpx version cannot be guarded: its transport has no connection pool backend")
-    pool._network_backend = _backend_class(httpcore)(policy)
+    pool._network_backend = limits.BoundedBackend(_backend_class(httpcore)(policy), httpcore)
     return httpx.Client(transport=transport, follow_redirects=False, trust_env=False,
+                        headers={"Accept-Encoding": "identity"},
+                        event_hooks={"request": [], "response": [limits.refuse_encoded]},
                         **({"timeout": timeout} if timeout is not None else {}))
 
 
@@ -395,7 +530,9 @@ def httpx_client(policy: EgressPolicy, *, timeout: float | None = None) -> Any:
 
 
 class GuardedSMTP(smtplib.SMTP):
-    """smtplib.SMTP whose connection goes to an address `egress` checked."""
+    """smtplib.SMTP whose connection goes to an address `egress` checked, and whose conversation,
+    inside a `gateway.limits.budget`, ends at its deadline and reads at most its cap of replies (a
+    relay that trickles a reply, or sends continuation lines without end, is cut off)."""
 
     egress_policy: EgressPolicy
 
@@ -407,6 +544,15 @@ class GuardedSMTP(smtplib.SMTP):
         if timeout is not None and not timeout:
             raise ValueError("Non-blocking socket (timeout=0) is not supported")
         return self.egress_policy.create_connection((host, port), timeout, self.source_address)
+
+    def getreply(self) -> tuple[int, bytes]:
+        if self.file is None and self.sock is not None:  # a new connection, or TLS just started
+            self.file = limits.reader(self.sock)
+        return super().getreply()
+
+    def send(self, s: Any) -> None:
+        limits.bound_socket(self.sock)
+        super().send(s)
 
 
 class GuardedSMTP_SSL(smtplib.SMTP_SSL, GuardedSMTP):

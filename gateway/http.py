@@ -6,6 +6,10 @@ through `classify`. Bodies of errors are parsed but never logged (they may echo 
 A `Client` refuses internal addresses with `EgressRefused` (permanent, code `egress_refused`),
 which goes through `call` as it is.
 
+A call's `timeout` is its whole duration, connect to the answer's last byte, and its answer is
+read up to `max_bytes` (`gateway.limits`): a provider that trickles its answer or sends far too
+much ends the call at the deadline or the cap, as a transient error whose outcome is unknown.
+
 The client is urllib3's pools, not requests: per call requests merged settings, built a
 prepared request, a cookie jar and a response object around urllib3's, which cost about as
 much CPU as the loopback call itself (docs/benchmarks.md, 2026-12-03). Lembra needs none of
@@ -37,7 +41,7 @@ from urllib3.exceptions import (
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import parse_url
 
-from gateway import egress
+from gateway import egress, limits
 from gateway.errors import PermanentError, ProviderError, TransientError
 
 __all__ = ["Classifier", "Client", "HttpResponse", "call", "default_error", "retry_after_seconds"]
@@ -45,6 +49,11 @@ __all__ = ["Classifier", "Client", "HttpResponse", "call", "default_error", "ret
 USER_AGENT = "lembra"
 #: Connections kept per provider host: as many as a worker process has provider calls in flight.
 POOL_SIZE = 32
+#: The largest answer a provider call reads (a send's answer is a few hundred bytes; a listing a
+#: few hundred kB): past it the call ends, so that a hostile or broken server cannot fill memory.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+#: How much of an answer is read (and decoded) at a time.
+_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,8 @@ class Client:
 
     def __init__(self, policy: egress.EgressPolicy) -> None:
         self.policy = policy
-        self._direct = egress.pool_manager(policy, num_pools=4, maxsize=POOL_SIZE, ca_certs=certifi.where())
+        self._direct = limits.bounded_pools(
+            egress.pool_manager(policy, num_pools=4, maxsize=POOL_SIZE, ca_certs=certifi.where()))
         self._proxies = {scheme: url for scheme, url in urllib.request.getproxies().items() if url}
         self._via_proxy: dict[str, urllib3.ProxyManager] = {}
         self._lock = threading.Lock()
@@ -89,10 +99,19 @@ class Client:
         params: Mapping[str, Any] | None = None,
         auth: tuple[str, str] | None = None,
         verify: bool | str = True,
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> HttpResponse:
-        """One request, its whole answer read. `json` is sent as JSON, `data` as a form (a
-        mapping) or as it is (bytes, str); `auth` is HTTP Basic; `verify` a CA file, or False.
-        Raises urllib3's errors (and EgressRefused); `call` turns them into typed ones."""
+        """One request, its whole answer read, all of it within `timeout` seconds and `max_bytes`
+        of (decoded) answer. `json` is sent as JSON, `data` as a form (a mapping) or as it is
+        (bytes, str); `auth` is HTTP Basic; `verify` a CA file, or False. Raises urllib3's errors
+        (and EgressRefused, limits.AnswerTooLarge); `call` turns them into typed ones."""
+        with limits.budget(timeout, max_bytes) as budget:
+            return self._request(method, url, budget, headers=headers, json=json, data=data, params=params,
+                                 auth=auth, verify=verify)
+
+    def _request(self, method: str, url: str, budget: limits.Budget, *, headers: Mapping[str, str] | None,
+                 json: Any, data: Any, params: Mapping[str, Any] | None, auth: tuple[str, str] | None,
+                 verify: bool | str) -> HttpResponse:
         if params:
             query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
             url = f"{url}{'&' if '?' in url else '?'}{query}" if query else url
@@ -112,9 +131,11 @@ class Client:
         if auth is not None:
             head["Authorization"] = "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode("utf-8")).decode("ascii")
         head.update(headers or {})
+        # The budget bounds every recv and send (limits.bounded_pools); the connect gets what is left.
+        left = budget.timeout()
         options: dict[str, Any] = {
             "body": body, "headers": head, "redirect": False, "retries": False,
-            "timeout": urllib3.Timeout(connect=timeout, read=timeout), "preload_content": True,
+            "timeout": urllib3.Timeout(connect=left, read=left), "preload_content": False,
         }
         tls: dict[str, Any] = {} if verify is True else (
             {"ca_certs": verify} if isinstance(verify, str) else {"cert_reqs": "CERT_NONE"})
@@ -130,7 +151,8 @@ class Client:
             pool = self._direct.connection_from_host(parsed.host, port=parsed.port, scheme=parsed.scheme,
                                                      pool_kwargs=tls or None)
             raw = pool.urlopen(method, parsed.request_uri, assert_same_host=False, **options)
-        text = raw.data.decode(_charset(raw.headers.get("Content-Type", "")), errors="replace")
+        content = _read(raw, budget)
+        text = content.decode(_charset(raw.headers.get("Content-Type", "")), errors="replace")
         try:
             parsed_body: Any = jsonlib.loads(text) if text else None
         except ValueError:
@@ -158,9 +180,32 @@ class Client:
         with self._lock:
             manager = self._via_proxy.get(key)
             if manager is None:
-                manager = self._via_proxy[key] = urllib3.ProxyManager(
-                    proxy, num_pools=4, maxsize=POOL_SIZE, ca_certs=certifi.where(), **tls)
+                manager = self._via_proxy[key] = limits.bounded_pools(urllib3.ProxyManager(
+                    proxy, num_pools=4, maxsize=POOL_SIZE, ca_certs=certifi.where(), **tls))
             return manager
+
+
+def _read(raw: urllib3.BaseHTTPResponse, budget: limits.Budget) -> bytes:
+    """The whole (decoded) body, counted against the budget's cap as it comes; a body past the cap,
+    or a read that fails, closes the connection instead of handing it back with unread bytes."""
+    chunks: list[bytes] = []
+    try:
+        length = raw.length_remaining
+        if length is not None and length <= budget.max_bytes - budget.received and \
+                raw.headers.get("Content-Encoding", "identity").lower() == "identity":
+            # The common answer: its length said, within the cap, not compressed: one read of that length.
+            chunks.append(raw.read(decode_content=True))
+            budget.take(len(chunks[0]))
+        else:
+            for chunk in raw.stream(_CHUNK, decode_content=True):
+                budget.take(len(chunk))
+                chunks.append(chunk)
+    except BaseException:
+        raw.close()
+        raise
+    finally:
+        raw.release_conn()
+    return b"".join(chunks)
 
 
 def _charset(content_type: str) -> str:
@@ -208,6 +253,10 @@ def call(
         response = client.request(method, url, timeout=timeout, **kwargs)
     except ProviderError:  # EgressRefused: nothing was sent
         raise
+    except limits.AnswerTooLarge:
+        # The request went out and an answer came: the provider may have acted on it.
+        raise TransientError("provider's answer is too large", code="provider_answer_too_large",
+                             outcome_unknown=True) from None
     except NewConnectionError:  # before ConnectTimeoutError, which it subclasses
         raise TransientError("could not connect to the provider", code="connection_error") from None
     except ConnectTimeoutError:

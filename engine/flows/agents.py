@@ -1,6 +1,10 @@
 """Agents: the AI assistant profiles of an org (persona, LLM settings with an encrypted key, the
 default hand-off policy) and which flows each may start automatically. The key is write-only:
-it is sealed for its row and never read back out of this module but by `ai.factory.ai_for`."""
+it is sealed for its row and never read back out of this module but by `ai.factory.ai_for`.
+
+The key belongs to the base URL it was typed for: a change of the base URL to another endpoint
+(scheme, host, port: `gateway.egress.secrets_follow`) clears it, so that no one who may edit an
+agent can have Lembra send the org's key to a server of their own."""
 
 from __future__ import annotations
 
@@ -14,21 +18,27 @@ from engine.flows.ai.factory import seal_api_key
 from engine.models import agents, flow_pointers
 from engine.orgs import DomainError
 from gateway.crypto import Keyring
-from gateway.egress import EgressPolicy, EgressRefused
+from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, endpoint, secrets_follow
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")
 
 
 def check_llm_base_url(url: str | None, egress: EgressPolicy | None) -> None:
-    """Refuse (DomainError) an LLM base URL that resolves inside the network, when saved.
+    """Refuse (DomainError) an LLM base URL that the HTTP client cannot use (`egress.endpoint`,
+    said by its catalogue code) or, with `egress`, that resolves inside the network, when saved.
 
     `egress` is the process's policy (`Settings.egress`); without one only the connect-time
     guard applies (it refuses the address again at every call: that is the check that holds).
     """
-    if not url or egress is None:
+    if not url:
         return
     try:
-        egress.check_url(url)
+        if egress is None:
+            endpoint(url)
+        else:
+            egress.check_url(url)
+    except InvalidAddress as exc:
+        raise DomainError(f"llm_base_url: {exc.code}") from None
     except EgressRefused as exc:
         raise DomainError(f"llm_base_url: address not allowed: {exc.host}") from None
 
@@ -69,18 +79,24 @@ def create_agent(
 
 
 def set_api_key(conn: Connection, keyring: Keyring, org_id: int, agent_id: int, api_key: str | None) -> None:
-    """Replace (or, with None, remove) the agent's LLM API key."""
-    sealed, version = seal_api_key(keyring, org_id=org_id, agent_id=agent_id, api_key=api_key) if api_key \
-        else (None, None)
-    result = conn.execute(update(agents).where(agents.c.org_id == org_id, agents.c.id == agent_id)
-                          .values(llm_api_key=sealed, key_version=version, updated_at=clock.now()))
-    if result.rowcount != 1:
+    """Replace (or, with None, remove) the agent's LLM API key, sealed with the base URL the agent
+    has now (`ai_for` sends it nowhere else). Set the base URL first when both change."""
+    base_url = conn.execute(select(agents.c.llm_base_url).where(agents.c.org_id == org_id,
+                                                                agents.c.id == agent_id)).first()
+    if base_url is None:
         raise DomainError("no such agent")
+    sealed, version = seal_api_key(keyring, org_id=org_id, agent_id=agent_id, api_key=api_key,
+                                   base_url=base_url[0]) if api_key else (None, None)
+    conn.execute(update(agents).where(agents.c.org_id == org_id, agents.c.id == agent_id)
+                 .values(llm_api_key=sealed, key_version=version, updated_at=clock.now()))
 
 
 def update_agent(conn: Connection, org_id: int, agent_id: int, *, egress: EgressPolicy | None = None,
-                 **changes: Any) -> None:
-    """Change an agent's settings (not its key: see `set_api_key`); `egress` as in `create_agent`."""
+                 **changes: Any) -> bool:
+    """Change an agent's settings (not its key: see `set_api_key`); `egress` as in `create_agent`.
+
+    A base URL that points to another endpoint than before clears the stored key (it is never
+    sent to a server it was not typed for); returns True when it did."""
     allowed = {"name", "persona", "llm_base_url", "llm_model", "handoff_policy", "followup_enabled", "flow_ids"}
     unknown = set(changes) - allowed
     if unknown:
@@ -90,7 +106,14 @@ def update_agent(conn: Connection, org_id: int, agent_id: int, *, egress: Egress
         raise DomainError("handoff_policy must be pause, cancel or allow")
     if "flow_ids" in changes:
         changes["flow_pointer_ids"] = _check_flows(conn, org_id, changes.pop("flow_ids"))
-    result = conn.execute(update(agents).where(agents.c.org_id == org_id, agents.c.id == agent_id)
-                          .values(**changes, updated_at=clock.now()))
-    if result.rowcount != 1:
+    before = conn.execute(select(agents.c.llm_base_url, agents.c.llm_api_key).where(
+        agents.c.org_id == org_id, agents.c.id == agent_id)).first()
+    if before is None:
         raise DomainError("no such agent")
+    cleared = ("llm_base_url" in changes and before.llm_api_key is not None
+               and not secrets_follow({"url": before.llm_base_url}, {"url": changes["llm_base_url"]}))
+    if cleared:
+        changes.update(llm_api_key=None, key_version=None)
+    conn.execute(update(agents).where(agents.c.org_id == org_id, agents.c.id == agent_id)
+                 .values(**changes, updated_at=clock.now()))
+    return cleared

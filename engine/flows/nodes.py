@@ -2,8 +2,10 @@
 next (a `Decision`); `entry` says how the next node starts (its status and clock). Neither
 writes anything: `runtime.advance` applies both in one transaction, or nothing at all.
 
-Nodes that need the AI call it here, outside any write transaction; a human holding the
-conversation means zero LLM calls (the deterministic built-in answers instead).
+A node that needs the AI does its reads in `decide` and hands back an `Ask`: the AI call, with
+everything it needs already read, which the runtime makes once it has released its connection,
+so that no database transaction is open while a model answers. A human holding the conversation
+means zero LLM calls (the deterministic built-in answers instead).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from sqlalchemy.engine import Connection
 
@@ -78,6 +80,14 @@ class Decision:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A node that needs the AI, its reads done: `run()` makes the call and says the `Decision`.
+    It touches no database, so the runtime runs it with no connection (nor transaction) held."""
+
+    run: Callable[[], Decision]
+
+
 def _context(conn: Connection, snap: Snapshot) -> AIContext:
     org = snap.org
     first = (snap.contact.name or "").split()
@@ -96,23 +106,28 @@ def _ai_error(exc: AIError) -> Decision:
     return Decision("failed", "ai_unavailable", failed=True, llm_calls=calls, params={"code": exc.code})
 
 
-def decide(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
-    """Run the enrollment's current node."""
+def decide(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
+    """Run the enrollment's current node: its `Decision`, or, for a node that needs the AI, the
+    `Ask` that makes the call (every read is done here; `Ask.run` reads nothing)."""
     handler = _HANDLERS[snap.graph.type(snap.node_id)]
     return handler(conn, snap, ai)
 
 
-def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     if not triggers.premise_holds(conn, snap.enrollment):
         return Decision("skipped", "silence_broken", end=("cancelled", None))
     decision = Decision("ok", "trigger_fired", next_node=snap.graph.target(snap.node_id, "always"))
     waits = [SmartWait(node_id, snap.graph.config(node_id)["min_minutes"], snap.graph.config(node_id)["max_minutes"],
                        snap.graph.config(node_id).get("guidance"))
              for node_id in snap.graph.smart_waits()]
-    if waits and snap.enrollment.timing_plan is None:
-        planner = BuiltinAI() if snap.human else ai
+    if not waits or snap.enrollment.timing_plan is not None:
+        return decision
+    planner = BuiltinAI() if snap.human else ai
+    context = _context(conn, snap)
+
+    def plan_waits() -> Decision:
         try:
-            plan = planner.plan(waits=waits, context=_context(conn, snap))
+            plan = planner.plan(waits=waits, context=context)
         except AIError as exc:
             return _ai_error(exc)
         stored = {}
@@ -125,7 +140,9 @@ def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
             }
         decision.values["timing_plan"] = stored
         decision.llm_calls = plan.llm_calls
-    return decision
+        return decision
+
+    return Ask(plan_waits)
 
 
 def _wait(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
@@ -144,7 +161,7 @@ def _condition(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
                     next_node=snap.graph.target(snap.node_id, "cond_result", result))
 
 
-def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     node = snap.node_id
     if snap.reply is None:
         return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"),
@@ -152,17 +169,22 @@ def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
     config = snap.graph.config(node)
     text = snap.reply.text or snap.reply.button_payload or ""
     classifier = BuiltinAI() if snap.human else ai
-    try:
-        result = classifier.classify(text=text, classes=config["classes"], keywords=config.get("keywords") or {},
-                                     hint=config.get("hint"), context=_context(conn, snap))
-    except AIError as exc:
-        return _ai_error(exc)
-    if result.label is not None and result.label in config["classes"]:
-        return Decision("ok", "classified", next_node=snap.graph.target(node, "class_match", result.label),
-                        consumed_reply=True, llm_calls=result.llm_calls,
-                        values={"last_class": result.label}, params={"class": result.label, "why": result.reason})
-    return Decision("ok", "not_classified", next_node=snap.graph.target(node, "always"), consumed_reply=True,
-                    llm_calls=result.llm_calls, values={"last_class": None}, params={"why": result.reason})
+    context = _context(conn, snap)
+
+    def classify() -> Decision:
+        try:
+            result = classifier.classify(text=text, classes=config["classes"], keywords=config.get("keywords") or {},
+                                         hint=config.get("hint"), context=context)
+        except AIError as exc:
+            return _ai_error(exc)
+        if result.label is not None and result.label in config["classes"]:
+            return Decision("ok", "classified", next_node=snap.graph.target(node, "class_match", result.label),
+                            consumed_reply=True, llm_calls=result.llm_calls, values={"last_class": result.label},
+                            params={"class": result.label, "why": result.reason})
+        return Decision("ok", "not_classified", next_node=snap.graph.target(node, "always"), consumed_reply=True,
+                        llm_calls=result.llm_calls, values={"last_class": None}, params={"why": result.reason})
+
+    return Ask(classify)
 
 
 def _usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -182,7 +204,7 @@ def _usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tu
     return None
 
 
-def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
+def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     node = snap.node_id
     config = snap.graph.config(node)
     after = snap.graph.target(node, "always")
@@ -204,19 +226,25 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
         if fallback:
             return Decision("ok", "human_holds_template", next_node=after, send=Send(kind, fallback))
         return Decision("skipped", "human_holds", next_node=after)
-    try:
-        written = ai.write(prompt_hint=config.get("prompt_hint") or "", max_chars=config.get("max_chars", 600),
-                           context=_context(conn, snap))
-    except AIError as exc:
-        return _ai_error(exc)
-    text = clean_text(written.text, config.get("max_chars", 600)) if written.text else None
-    if text:
-        return Decision("ok", "ai_message_queued", next_node=after, send=Send(kind, fallback, text),
-                        llm_calls=written.llm_calls)
-    if fallback:
-        return Decision("ok", "ai_fallback_template", next_node=after, send=Send(kind, fallback),
-                        llm_calls=written.llm_calls, params={"why": written.reason})
-    return Decision("failed", "ai_no_text", failed=True, llm_calls=written.llm_calls, params={"why": written.reason})
+    context = _context(conn, snap)
+
+    def write() -> Decision:
+        try:
+            written = ai.write(prompt_hint=config.get("prompt_hint") or "", max_chars=config.get("max_chars", 600),
+                               context=context)
+        except AIError as exc:
+            return _ai_error(exc)
+        text = clean_text(written.text, config.get("max_chars", 600)) if written.text else None
+        if text:
+            return Decision("ok", "ai_message_queued", next_node=after, send=Send(kind, fallback, text),
+                            llm_calls=written.llm_calls)
+        if fallback:
+            return Decision("ok", "ai_fallback_template", next_node=after, send=Send(kind, fallback),
+                            llm_calls=written.llm_calls, params={"why": written.reason})
+        return Decision("failed", "ai_no_text", failed=True, llm_calls=written.llm_calls,
+                        params={"why": written.reason})
+
+    return Ask(write)
 
 
 def clean_text(text: str, max_chars: int) -> str | None:

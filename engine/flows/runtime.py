@@ -231,16 +231,18 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
             ai: Callable[[Any], AI] | None = None) -> dict[int, Step]:
     """Move each claimed enrollment (id, revision) one node, at most once for its claim.
 
-    The reads for the whole claim come first (one query per table), then each node decides (the
-    AI may be called), then one transaction writes every step, each guarded by its own
-    compare-and-set. If that transaction fails, the steps are written again one by one, so one
+    The reads for the whole claim come first (one query per table, then each node's own), then,
+    with the connection released, the AI calls the nodes asked for (a model that takes its
+    whole deadline holds no transaction, nor a pooled connection), then one transaction writes
+    every step, each guarded by its own compare-and-set.
+    If that transaction fails, the steps are written again one by one, so one
     enrollment's bad write never costs the others theirs; a step that fails alone leaves its
     lease to expire (the sweep counts a failed attempt)."""
     now = clock.now()
     make_ai = ai or (lambda agent: ai_for(agent, rt.keyring, egress=rt.settings.egress))
     steps: dict[int, Step] = {}
     stale: list[tuple[Any, int]] = []
-    decided: list[tuple[nodes.Snapshot, int, nodes.Decision]] = []
+    outcomes: list[tuple[nodes.Snapshot, int, nodes.Decision | nodes.Ask]] = []
     with rt.db.connect() as conn:
         ids = sorted({int(enrollment_id) for enrollment_id, _ in claims})
         found = {row.id: row for row in conn.execute(select(enrollments).where(enrollments.c.id.in_(ids)))}
@@ -257,12 +259,20 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
         for row, revision in live:
             snap = snaps[row.id]
             try:
-                decision = nodes.decide(conn, snap, make_ai(snap.agent))
+                outcome: nodes.Decision | nodes.Ask = nodes.decide(conn, snap, make_ai(snap.agent))
             except Exception as exc:  # a bug in a node must back off like any failure, not wedge the run
-                log.error("flow node crashed", extra={"enrollment_id": row.id, "error": type(exc).__name__})
-                decision = nodes.Decision("failed", "node_error", failed=True, params={"error": type(exc).__name__})
-            decided.append((snap, revision, decision))
+                outcome = _crashed(row.id, exc)
+            outcomes.append((snap, revision, outcome))
         conn.rollback()
+    # The connection is back in the pool: the model's answer, however slow, holds no transaction.
+    decided: list[tuple[nodes.Snapshot, int, nodes.Decision]] = []
+    for snap, revision, outcome in outcomes:
+        if isinstance(outcome, nodes.Ask):
+            try:
+                outcome = outcome.run()
+            except Exception as exc:
+                outcome = _crashed(snap.enrollment.id, exc)
+        decided.append((snap, revision, outcome))
 
     def write(conn: Connection, stale: Sequence[tuple[Any, int]],
               items: Sequence[tuple[nodes.Snapshot, int, nodes.Decision]]) -> dict[int, Step]:
@@ -295,6 +305,11 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
             except Exception:  # its lease expires and the sweep counts a failed attempt
                 log.exception("advance crashed", extra={"enrollment_id": enrollment_id})
     return steps
+
+
+def _crashed(enrollment_id: int, exc: Exception) -> nodes.Decision:
+    log.error("flow node crashed", extra={"enrollment_id": enrollment_id, "error": type(exc).__name__})
+    return nodes.Decision("failed", "node_error", failed=True, params={"error": type(exc).__name__})
 
 
 def _record_stale(conn: Connection, journal: lifecycle.Journal, row: Any, revision: int, *, llm_calls: int) -> None:

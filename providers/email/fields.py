@@ -16,11 +16,11 @@ SMTP_FIELDS: tuple[CredentialField, ...] = (
     CredentialField(
         "port", N_("Porta"),
         N_("587 com STARTTLS (o mais comum) ou 465 com SSL. Veja nas instruções do seu provedor."),
-        pattern=r"[1-9]\d{0,4}", example="587"),
+        pattern=r"[1-9]\d{0,4}", example="587", endpoint=True),
     CredentialField(
         "security", N_("Segurança"),
         N_("STARTTLS para a porta 587, SSL para a porta 465. \"none\" só numa rede de testes."),
-        choices=("starttls", "ssl", "none")),
+        choices=("starttls", "ssl", "none"), endpoint=True),
     CredentialField(
         "from_email", N_("E-mail do remetente"),
         N_("O endereço que os pacientes veem no \"De:\". Precisa ser aceito pelo servidor SMTP (em geral, "

@@ -26,6 +26,9 @@ Failures:
 - A timeout or hang-up *after* the message body was sent (waiting for the final reply) is reported
   as transient with the distinct codes `timeout_after_data` / `disconnected_after_data`: the relay
   may have accepted the message, so a retry can deliver it twice.
+- The send timeout is the whole conversation's, and the relay's replies are capped
+  (`gateway.limits`): a relay that trickles its replies times out at it, and one that sends reply
+  lines without end is cut off (`smtp_error`, or after the body `disconnected_after_data`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import socket
 import ssl
 from typing import Literal
 
-from gateway import egress
+from gateway import egress, limits
 from gateway.contract import (
     Health,
     OutboundMessage,
@@ -56,6 +59,8 @@ from providers.email.fields import SMTP_FIELDS
 
 Security = Literal["starttls", "ssl", "none"]
 DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
+#: All the relay's replies of one conversation together (a few kB; EHLO's is the longest).
+MAX_REPLY_BYTES = 256 * 1024
 CRLF = b"\r\n"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _LEADING_DOT = re.compile(rb"(?m)^\.")
@@ -169,6 +174,14 @@ class SmtpProvider(Provider):
     def _deliver(self, security: Security, host: str, port: int, tls: ssl.SSLContext | None,
                  from_email: str, to: str, payload: bytes | None, *, helo: str) -> None:
         timeout = float(self.context.timeout)
+        # The timeout is the whole conversation's, and the relay's replies are capped (gateway.limits).
+        with limits.budget(timeout, MAX_REPLY_BYTES):
+            self._connect_and_converse(security, host, port, tls, from_email, to, payload, helo=helo,
+                                       timeout=timeout)
+
+    def _connect_and_converse(self, security: Security, host: str, port: int, tls: ssl.SSLContext | None,
+                              from_email: str, to: str, payload: bytes | None, *, helo: str,
+                              timeout: float) -> None:
         # The relay is a tenant-set address: the guard resolves it once, refuses internal
         # addresses (EgressRefused, before any connection) and connects to what it checked.
         policy = self.context.egress
@@ -249,7 +262,7 @@ class SmtpProvider(Provider):
         client.send(body + b"." + CRLF)
         try:
             code, _ = client.getreply()
-        except (smtplib.SMTPServerDisconnected, OSError) as exc:
+        except (smtplib.SMTPServerDisconnected, OSError, limits.AnswerTooLarge) as exc:
             raise _AfterData(exc) from None
         if code != 250:
             _check(code, "data_end")
@@ -312,6 +325,8 @@ def _map_exception(exc: BaseException) -> ProviderError | None:
         return TransientError("smtp error", code="smtp_error")
     if isinstance(exc, UnicodeError):
         return PermanentError("address cannot be encoded", code="invalid_address")
+    if isinstance(exc, limits.AnswerTooLarge):  # replies without end, before the message went out
+        return TransientError("smtp server's replies are too long", code="smtp_error")
     return None
 
 

@@ -14,7 +14,9 @@ Ollama and vLLM serve the same shapes under the same paths.
     fake.calls[0].labels, fake.calls[0].patient_text, len(fake.requests)
 
 Answers, scripted or not, are: a `str` (the message content as is), a `dict`/`list` (content =
-its JSON), an `Error(status)`, a `Slow(seconds, answer)`, or a raw `Reply`. With nothing
+its JSON), an `Error(status)`, a `Slow(seconds, answer)`, a `Trickle(interval, answer)` (the
+answer's body one byte every `interval` seconds), a `Huge(size)` (a 200 of `size` bytes, streamed),
+or a raw `Reply`. `fake.streams` holds the streamed bodies, which say how much the client read. With nothing
 scripted, the default answer depends on the request's schema: classify requests (a `label`
 enum) get the label the `classify` rule picks from the patient's text; write requests get
 `write(call)`; plan requests get `plan(call)`.
@@ -30,7 +32,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
-from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.fakes.server import FakeServer, Recorded, Reply, Streamed
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 
@@ -71,7 +73,22 @@ class Slow:
     answer: Answer = '{"label": "none"}'
 
 
-Answer = str | dict | list | Error | Slow | Reply
+@dataclass(frozen=True)
+class Trickle:
+    """`answer` (a whole completion), its body sent one byte every `interval` seconds."""
+
+    interval: float
+    answer: Answer = '{"label": "none"}'
+
+
+@dataclass(frozen=True)
+class Huge:
+    """A 200 whose body is `size` bytes of JSON whitespace, streamed (never built in memory)."""
+
+    size: int
+
+
+Answer = str | dict | list | Error | Slow | Trickle | Huge | Reply
 #: `rule(patient_text, labels) -> label` (None answers "none"); any string is sent as is, so a
 #: rule can also answer a label outside the enum.
 ClassifyRule = Callable[[str, Sequence[str]], str | None]
@@ -194,6 +211,8 @@ class LLMFake:
         self.requests: list[Recorded] = []
         #: Every chat completion request, parsed.
         self.calls: list[ChatCall] = []
+        #: Every streamed body served (Trickle, Huge), in order.
+        self.streams: list[Streamed] = []
         self._server: FakeServer | None = None
 
     def script(self, *answers: Answer) -> Self:
@@ -242,6 +261,15 @@ class LLMFake:
         if isinstance(answer, Slow):
             reply = self._answer(answer.answer, model=model, key=key)
             return Reply(reply.status, reply.body, reply.headers, delay=answer.seconds)
+        if isinstance(answer, (Trickle, Huge)):
+            if isinstance(answer, Trickle):
+                reply = self._answer(answer.answer, model=model, key=key)
+                streamed = Streamed.trickle(reply.encoded(), answer.interval)
+                status, headers = reply.status, reply.headers
+            else:
+                streamed, status, headers = Streamed.huge(answer.size), 200, _request_id()
+            self.streams.append(streamed)
+            return Reply(status, streamed, headers)
         if isinstance(answer, Error):
             kind, code, message = DOCUMENTED_ERRORS.get(answer.status, ("api_error", None, "Error."))
             return _error(answer.status, answer.message or message.format(key=_mask(key), model=model),

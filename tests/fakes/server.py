@@ -1,7 +1,9 @@
 """A scriptable HTTP server on loopback that provider fakes build on.
 
 A fake records every request exactly as received (method, path, query, headers, raw body) and
-answers from a handler the test controls, so tests assert on what went over the wire.
+answers from a handler the test controls, so tests assert on what went over the wire. A reply's
+body may be a `Streamed` one: written a chunk at a time (a trickle, or 50 MB never held whole),
+which records how much of it the client took before hanging up.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
 
@@ -54,6 +56,49 @@ class Reply:
         return json.dumps(self.body).encode()
 
 
+@dataclass
+class Streamed:
+    """A body written chunk by chunk, `interval` seconds apart, generated as it goes (never whole in
+    memory). `length` is announced as Content-Length. After the reply, `sent` is how many bytes the
+    client took and `finished` whether all of them went out (False: the client hung up first)."""
+
+    chunks: Callable[[], Iterable[bytes]]
+    length: int
+    interval: float = 0.0
+    sent: int = 0
+    finished: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def trickle(cls, payload: bytes, interval: float) -> "Streamed":
+        """`payload` one byte every `interval` seconds."""
+        return cls(lambda: (payload[i:i + 1] for i in range(len(payload))), len(payload), interval)
+
+    @classmethod
+    def huge(cls, size: int, chunk: bytes = b" " * 65536) -> "Streamed":
+        """`size` bytes (spaces, valid JSON whitespace), as fast as the client reads them."""
+        def chunks() -> Iterable[bytes]:
+            left = size
+            while left > 0:
+                yield chunk[:left]
+                left -= len(chunk)
+        return cls(chunks, size)
+
+    def write(self, wfile: Any) -> None:
+        try:
+            for piece in self.chunks():
+                if self.interval:
+                    threading.Event().wait(self.interval)
+                wfile.write(piece)
+                wfile.flush()
+                self.sent += len(piece)
+            self.finished = True
+        except OSError:  # the client hung up
+            pass
+        finally:
+            self.done.set()
+
+
 Handler = Callable[[Recorded], Reply]
 
 
@@ -79,14 +124,20 @@ class FakeServer:
                 reply = fake.handler(recorded)
                 if reply.delay:
                     threading.Event().wait(reply.delay)
-                payload = reply.encoded()
+                streamed = reply.body if isinstance(reply.body, Streamed) else None
+                payload = b"" if streamed is not None else reply.encoded()
                 self.send_response(reply.status)
                 headers = {"Content-Type": "application/json", **reply.headers}
                 for key, value in headers.items():
                     self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Content-Length", str(streamed.length if streamed is not None else len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if streamed is not None:
+                    self.wfile.flush()
+                    streamed.write(self.wfile)
+                    self.close_connection = not streamed.finished
+                else:
+                    self.wfile.write(payload)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 

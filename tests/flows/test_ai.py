@@ -462,7 +462,8 @@ def agent_row(keyring: Keyring, url: str | None, *, model: str | None = MODEL, a
               sealed_for: tuple[int, int] = (3, 7)) -> SimpleNamespace:
     ciphertext = version = None
     if api_key is not None:
-        ciphertext, version = seal_api_key(keyring, org_id=sealed_for[0], agent_id=sealed_for[1], api_key=api_key)
+        ciphertext, version = seal_api_key(keyring, org_id=sealed_for[0], agent_id=sealed_for[1], api_key=api_key,
+                                           base_url=url)
     return SimpleNamespace(id=7, org_id=3, llm_base_url=url, llm_model=model,
                            llm_api_key=ciphertext, key_version=version)
 
@@ -516,10 +517,42 @@ def test_a_key_from_another_keyring_does_not_decrypt(keyring):
 
 
 def test_seal_api_key_round_trips(keyring):
-    ciphertext, version = seal_api_key(keyring, org_id=3, agent_id=7, api_key=KEY)
+    ciphertext, version = seal_api_key(keyring, org_id=3, agent_id=7, api_key=KEY, base_url="HTTPS://Api.Example/v1")
     assert isinstance(ciphertext, bytes) and KEY.encode() not in ciphertext
     assert version == keyring.current_version
-    assert keyring.open(ciphertext, key_version=version, table="agents", org_id=3, row_id=7) == {"api_key": KEY}
+    assert keyring.open(ciphertext, key_version=version, table="agents", org_id=3, row_id=7) == {
+        "api_key": KEY, "endpoint": "https://api.example:443"}
+
+
+def test_a_key_sealed_for_another_endpoint_is_never_sent(keyring, serve):
+    # The key was typed for https://api.openai.com; the row's URL now points elsewhere (by a path
+    # that did not clear the key): the client refuses to use it, and sends nothing.
+    fake = LLMFake()
+    with serve(fake) as server:
+        row = agent_row(keyring, "https://api.openai.com/v1")
+        row.llm_base_url = f"{server.url}/v1"
+        with pytest.raises(AIError) as raised:
+            classify(ai_for(row, keyring, egress=LOOPBACK), "sim", ["confirm"])
+    assert (raised.value.permanent, raised.value.code) == (True, "llm_key_unreadable")
+    assert fake.requests == []
+
+
+def test_a_key_sealed_before_keys_carried_their_endpoint_stays_with_its_url(keyring, serve):
+    fake = LLMFake(api_key=KEY)
+    with serve(fake) as server:
+        sealed = keyring.seal({"api_key": KEY}, table="agents", org_id=3, row_id=7)
+        row = SimpleNamespace(id=7, org_id=3, llm_base_url=f"{server.url}/v1", llm_model=MODEL,
+                              llm_api_key=sealed.ciphertext, key_version=sealed.key_version)
+        assert classify(ai_for(row, keyring, egress=LOOPBACK), "sim", ["confirm"]).llm_calls == 1
+
+
+@pytest.mark.parametrize("url", ["http://0177.0.0.1/v1", "http://a%40b@203.0.113.7/v1", "http://h\\@127.0.0.1/"])
+def test_a_base_url_the_client_cannot_use_fails_each_call_with_a_code_never_a_crash(keyring, url):
+    ai = ai_for(agent_row(keyring, url), keyring, egress=LOOPBACK)
+    with pytest.raises(AIError) as raised:
+        classify(ai, "sim", ["confirm"])
+    assert (raised.value.permanent, raised.value.code) == (True, "llm_url_invalid")
+    assert "llm_url_invalid" in ERROR_CODES
 
 
 def test_the_time_helpers_speak_portuguese():

@@ -3,6 +3,10 @@
 The form class carries one `cred_<key>` field per key any provider declares; the page shows, and the
 server reads and validates, only the chosen provider's. Secret values are never put back in the page
 (a blank secret on edit keeps the stored one); the other values are, so an edit shows what is set.
+An edit that points the channel at another server (a base URL to another scheme, host or port, an SMTP
+host, port or security: `gateway.egress.secrets_follow`, the rule agents' LLM keys follow too) keeps
+none of the stored secrets: the required ones must be typed again, the others are dropped (a
+generated one gets a fresh value), so that no editor can have Lembra send them to a server of their own.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from typing import Any, Mapping
 from wtforms import BooleanField, PasswordField, SelectField, StringField
 from wtforms.validators import DataRequired, Length, Optional
 
-from admin.i18n import _, _l
+from admin.i18n import _, _l, translate
 from admin.views.base import KIND_LABELS
 from admin.views.channels.messages import PROVIDER_LABELS, egress_error
+from engine.catalogue import describe
 from engine.channels import new_webhook_secret
 from engine.models import CHANNEL_KINDS, PROVIDERS
 from gateway import registry
 from gateway.contract import CredentialField
-from gateway.egress import EgressPolicy
+from gateway.egress import EgressPolicy, InvalidAddress, secrets_follow
 from gateway.errors import EgressRefused
 
 CHANNEL_STATUSES = [("active", _l("Ativo")), ("disabled", _l("Desativado"))]
@@ -93,26 +98,45 @@ def _fail(form: Any, key: str, message: str) -> None:
     field.errors = [*field.errors, message]
 
 
+def moves_secrets(form: Any, provider: str, stored: Mapping[str, Any]) -> bool:
+    """Whether this edit points the channel's stored secrets at another server (see the module)."""
+    if not stored:
+        return False  # a new channel: nothing stored goes anywhere
+    binding = [spec.key for spec in provider_fields(provider) if spec.binds_secrets]
+    # A blank field keeps the stored value (`credentials`), so it is not a move.
+    return not secrets_follow({key: stored.get(key) for key in binding},
+                              {key: _value(form, key) or stored.get(key) for key in binding})
+
+
 def check_credentials(form: Any, provider: str, stored: Mapping[str, Any], egress: EgressPolicy) -> bool:
     """Validate the chosen provider's fields only: required, format, choices, and the egress guard for
     addresses (a base_url or host inside the network is a form error; the guard refuses it again at
-    every connection, which is the check that holds). `stored` is what an edited channel already has."""
+    every connection, which is the check that holds). `stored` is what an edited channel already has;
+    an edit that moves its secrets to another server needs the required ones typed again."""
     ok = True
+    moved = moves_secrets(form, provider, stored)
     for spec in provider_fields(provider):
         if getattr(form, PREFIX + spec.key, None) is None:
             continue
         value = _value(form, spec.key)
         if not value:
-            has = bool(stored.get(spec.key)) or spec.generated
+            dropped = moved and spec.secret and bool(stored.get(spec.key))
+            has = (bool(stored.get(spec.key)) and not dropped) or spec.generated
             excused = spec.unless is not None and (_value(form, spec.unless) or stored.get(spec.unless))
             if spec.required and not has and not excused:
-                _fail(form, spec.key, _("Preencha este campo."))
+                _fail(form, spec.key, translate(describe("credential_retype_new_endpoint")) if dropped
+                      else _("Preencha este campo."))
                 ok = False
             continue
         if spec.address is not None:
-            # The guard first: an internal address is said to be one, whatever its spelling.
+            # The guard first: an internal address is said to be one, whatever its spelling; and a URL
+            # is checked as the HTTP client will read it.
             try:
                 (egress.check_url if spec.address == "url" else egress.check_host)(value)
+            except InvalidAddress as exc:
+                _fail(form, spec.key, translate(describe(exc.code)))
+                ok = False
+                continue
             except EgressRefused as exc:
                 _fail(form, spec.key, egress_error(exc))
                 ok = False
@@ -128,6 +152,24 @@ def check_credentials(form: Any, provider: str, stored: Mapping[str, Any], egres
                   if spec.example else _("Formato inválido. Confira o valor no painel do provedor."))
             ok = False
     return ok
+
+
+def updated_credentials(form: Any, provider: str, stored: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """What an edit stores: the stored credentials with the typed values over them, except that an
+    edit that moves the secrets to another server keeps none of the stored ones it was not given
+    again (a generated one gets a fresh value). Also the keys of the stored secrets it dropped."""
+    typed = credentials(form, provider, generate=False)
+    merged = dict(stored)
+    dropped: list[str] = []
+    if moves_secrets(form, provider, stored):
+        for spec in provider_fields(provider):
+            if spec.secret and spec.key not in typed and merged.get(spec.key):
+                dropped.append(spec.key)
+                merged.pop(spec.key)
+                if spec.generated:
+                    merged[spec.key] = new_webhook_secret()
+    merged.update(typed)
+    return merged, dropped
 
 
 def credentials(form: Any, provider: str, *, generate: bool) -> dict[str, str]:

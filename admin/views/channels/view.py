@@ -18,7 +18,7 @@ from flask_admin import expose
 from markupsafe import Markup
 from sqlalchemy import update
 
-from admin.i18n import _, _l
+from admin.i18n import _, _l, translate
 from admin.views.base import KIND_LABELS, TenantModelView, badge, org_id, runtime, write_audit
 from admin.views.channels import forms
 from admin.views.channels.messages import (
@@ -31,6 +31,7 @@ from admin.views.channels.messages import (
     provider_error,
 )
 from engine import clock
+from engine.catalogue import describe
 from engine.channels import create_channel
 from engine.config import ENV_VARS
 from engine.connect import (
@@ -238,14 +239,15 @@ class ChannelView(TenantModelView):
             if getattr(model, name) != new:
                 values[name] = new
         stored = _open_credentials(model)
-        new_creds = {k: v for k, v in forms.credentials(form, model.provider, generate=False).items()
-                     if stored.get(k) != v}
+        merged, dropped = forms.updated_credentials(form, model.provider, stored)
+        changed = sorted(k for k in merged.keys() | stored.keys() if merged.get(k) != stored.get(k))
         changes: dict[str, Any] = dict(values)
-        if new_creds:
-            merged = {**stored, **new_creds}
+        if changed:
             sealed = runtime().keyring.seal(merged, table="channels", org_id=oid, row_id=cid)
             values.update(credentials=sealed.ciphertext, key_version=sealed.key_version)
-            changes["credential_keys_changed"] = sorted(new_creds)
+            changes["credential_keys_changed"] = changed
+        if dropped:
+            changes["credential_keys_dropped"] = sorted(dropped)  # the new server never gets the old secrets
         if values:
             if values.get("is_default"):
                 conn.execute(update(channels).where(channels.c.org_id == oid, channels.c.kind == model.kind)
@@ -254,6 +256,8 @@ class ChannelView(TenantModelView):
                          .values(**values, updated_at=clock.now()))
             write_audit(conn, "update", "channels", cid, changes)
         self.session.commit()
+        if dropped:
+            flash(translate(describe("credentials_cleared_new_endpoint")), "warning")
         return True
 
     # --- the details page: webhook URL, checks -----------------------------------------------

@@ -3,9 +3,12 @@ URL, a model, an API key), the default hand-off policy and which flows each may 
 
 Written through `engine.flows.agents` (the key sealed for its row by `set_api_key`). The key is
 write-only: no page, form or export ever holds it; the console says only whether one is set. A
-blank key field keeps the stored one. "Testar conexão" makes one real classify call through the
-agent's own client (`ai.factory.ai_for`), so the egress guard applies exactly as it does for the
-worker: a base URL inside the network is refused before anything is sent, and said so.
+blank key field keeps the stored one, unless the base URL now points to another endpoint (scheme,
+host, port): then the stored key is cleared and must be typed again. "Testar conexão" makes one
+real classify call through the agent's own client (`ai.factory.ai_for`), with the key stored for
+the agent's base URL or none, so the egress guard, the call's deadline and the key binding apply
+exactly as they do for the worker: a base URL inside the network is refused before anything is
+sent, and said so.
 
 Owners and managers edit and test; agents (the role) read.
 """
@@ -28,6 +31,7 @@ from admin.i18n import _, _l, translate
 from admin.views.base import TenantModelView, db_session, is_editor, org_id, org_timezone, runtime, write_audit
 from admin.views.channels import egress_error
 from engine import clock
+from engine.catalogue import describe
 from engine.flows import agents as agent_ops
 from engine.flows import queries
 from engine.flows.ai.base import AIContext, AIError
@@ -35,7 +39,7 @@ from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.factory import ai_for
 from engine.models import FlowPointer, Org
 from engine.orgs import DomainError
-from gateway.egress import EgressRefused
+from gateway.egress import EgressRefused, InvalidAddress
 
 HANDOFF_LABELS = {
     "pause": _l("Pausar o follow-up enquanto a pessoa atende"),
@@ -44,7 +48,7 @@ HANDOFF_LABELS = {
 }
 #: A base URL the form takes: http(s) with a host; the egress guard then checks where it resolves.
 URL_PATTERN = re.compile(r"^https?://[^\s/?#]+(?:[/?#]\S*)?$", re.IGNORECASE)
-#: How long "Testar conexão" waits for the server (the worker's default is longer).
+#: How long "Testar conexão" may take, connect to the answer's last byte (the worker's deadline is longer).
 TEST_TIMEOUT = 10.0
 #: The class the test classification offers the model (any answer in the schema proves the path).
 TEST_CLASSES = ("ok",)
@@ -132,7 +136,9 @@ class AgentView(TenantModelView):
             llm_model = StringField(_l("Nome do modelo"), validators=[Optional(), Length(max=200)])
             # Not named after the column: the form is never filled from the row's sealed key.
             new_api_key = PasswordField(_l("Chave de API"), validators=[Optional(), Length(max=500)],
-                                        description=_l("Só escrita: deixe em branco para manter a chave guardada."))
+                                        description=_l("Só escrita: deixe em branco para manter a chave guardada. "
+                                                       "Se o endereço da API mudar para outro servidor, a chave "
+                                                       "guardada é apagada e precisa ser informada de novo."))
             clear_api_key = BooleanField(_l("Remover a chave guardada"))
             handoff_policy = SelectField(_l("Atendimento humano (padrão)"),
                                          choices=_handoff_choices, default="pause")
@@ -171,7 +177,10 @@ class AgentView(TenantModelView):
             ok = False
         if url and not form.llm_base_url.errors:
             try:
-                runtime().settings.egress.check_url(url)
+                runtime().settings.egress.check_url(url)  # read as the HTTP client reads it (egress.endpoint)
+            except InvalidAddress as exc:
+                form.llm_base_url.errors.append(translate(describe(exc.code)))
+                ok = False
             except EgressRefused as exc:
                 form.llm_base_url.errors.append(egress_error(exc))
                 ok = False
@@ -207,12 +216,16 @@ class AgentView(TenantModelView):
                   "llm_model": model.llm_model, "handoff_policy": model.handoff_policy,
                   "followup_enabled": bool(model.followup_enabled), "flow_ids": sorted(_flow_ids(model))}
         changes = {k: v for k, v in values.items() if before[k] != v}
+        cleared = False
         try:
             if changes:
-                agent_ops.update_agent(conn, oid, aid, egress=runtime().settings.egress, **changes)
+                # First the URL (a new endpoint clears the stored key), then a typed key, sealed for it.
+                cleared = agent_ops.update_agent(conn, oid, aid, egress=runtime().settings.egress, **changes)
             if form.new_api_key.data:
                 agent_ops.set_api_key(conn, runtime().keyring, oid, aid, form.new_api_key.data)
                 changes["api_key_changed"] = True  # that it changed, never the value
+            elif cleared:
+                changes["api_key_removed"] = "new_endpoint"
             elif form.clear_api_key.data and model.llm_api_key is not None:
                 agent_ops.set_api_key(conn, runtime().keyring, oid, aid, None)
                 changes["api_key_removed"] = True
@@ -223,6 +236,8 @@ class AgentView(TenantModelView):
         if changes:
             write_audit(conn, "update", self.audit_entity, aid, changes)
         self.session.commit()
+        if changes.get("api_key_removed") == "new_endpoint":
+            flash(translate(describe("credentials_cleared_new_endpoint")), "warning")
         return True
 
     def render(self, template: str, **kwargs: Any) -> Any:

@@ -45,13 +45,15 @@ REASON_CODES: tuple[str, ...] = (
     "too_long",  # write: the message is longer than the node's max_chars
 )
 
-#: Every `AIError.code`. Transient: timeout, connection_error, rate_limited, server_error.
-#: Permanent: the `http_<status>` codes, http_error (any other 4xx) and llm_key_unreadable.
+#: Every `AIError.code`. Transient: timeout, connection_error, rate_limited, server_error,
+#: answer_too_large. Permanent: the `http_<status>` codes, http_error (any other 4xx),
+#: llm_key_unreadable, llm_url_invalid and egress_refused.
 ERROR_CODES: tuple[str, ...] = (
-    "timeout",
+    "timeout",  # no whole answer within the call's deadline (connect included)
     "connection_error",
     "rate_limited",
     "server_error",
+    "answer_too_large",  # the answer passed the size cap (or came compressed, unasked)
     "http_400",
     "http_401",
     "http_403",
@@ -61,6 +63,7 @@ ERROR_CODES: tuple[str, ...] = (
     "http_422",
     "http_error",
     "llm_key_unreadable",
+    "llm_url_invalid",  # the agent's base URL is not one the HTTP client can use (saved before it was checked)
     "egress_refused",  # permanent: the agent's LLM URL resolves to an address ops did not allow
 )
 

@@ -2,7 +2,9 @@
 
 An agent with an LLM base URL and model gets `OpenAICompatAI`; anything else (no agent, an agent
 without LLM settings) gets `BuiltinAI`. The key is sealed in `agents.llm_api_key`, bound to the
-agent's row, so a key copied to another agent or org does not decrypt.
+agent's row, so a key copied to another agent or org does not decrypt, and sealed with the
+endpoint of the base URL it was typed for, so it is never sent to another one (a base URL changed
+by any path that did not clear the key makes it unusable, not readable by the new server).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from engine.flows.ai.base import AI, AIContext, AIError, Classification, Plan, S
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.openai_compat import OpenAICompatAI
 from gateway.crypto import CryptoError, Keyring
-from gateway.egress import STRICT, EgressPolicy
+from gateway.egress import STRICT, EgressPolicy, InvalidAddress, endpoint
 
 __all__ = ["UnavailableAI", "ai_for", "seal_api_key"]
 
@@ -47,23 +49,41 @@ def ai_for(agent: Any | None, keyring: Keyring, *, timeout: float = 20.0, egress
     if cached is not None:
         return cached
     try:
-        api_key = _open_api_key(agent, keyring)
+        endpoint(base_url)  # a URL saved before it was checked: said, never a crash in the client
+    except InvalidAddress:
+        return UnavailableAI("llm_url_invalid", "the agent's LLM base URL cannot be used")
+    try:
+        api_key = _open_api_key(agent, keyring, base_url)
     except CryptoError:
         return UnavailableAI("llm_key_unreadable", "the agent's LLM key does not decrypt")
-    ai = OpenAICompatAI(base_url, api_key, model, timeout=timeout, egress=egress)
+    try:
+        ai = OpenAICompatAI(base_url, api_key, model, timeout=timeout, egress=egress)
+    except Exception:  # noqa: BLE001 - the client refused the URL: its message may quote it (and its key)
+        return UnavailableAI("llm_url_invalid", "the agent's LLM base URL cannot be used")
     with _clients_lock:
         if len(_clients) >= _MAX_CLIENTS:
             _clients.pop(next(iter(_clients)))  # the oldest; a thread still using it keeps it alive
         return _clients.setdefault(key, ai)
 
 
-def seal_api_key(keyring: Keyring, *, org_id: int, agent_id: int, api_key: str) -> tuple[bytes, int]:
-    """`(llm_api_key, key_version)` to store on the agent's row."""
-    sealed = keyring.seal({"api_key": api_key}, table=_TABLE, org_id=org_id, row_id=agent_id)
+def seal_api_key(keyring: Keyring, *, org_id: int, agent_id: int, api_key: str,
+                 base_url: str | None) -> tuple[bytes, int]:
+    """`(llm_api_key, key_version)` to store on the agent's row, for use with `base_url` only."""
+    sealed = keyring.seal({"api_key": api_key, "endpoint": _endpoint_of(base_url)}, table=_TABLE, org_id=org_id,
+                          row_id=agent_id)
     return sealed.ciphertext, sealed.key_version
 
 
-def _open_api_key(agent: Any, keyring: Keyring) -> str | None:
+def _endpoint_of(base_url: str | None) -> str | None:
+    try:
+        where = endpoint(base_url or "")
+    except InvalidAddress:
+        return None
+    return f"{where.scheme}://[{where.host}]:{where.port}" if ":" in where.host else \
+        f"{where.scheme}://{where.host}:{where.port}"
+
+
+def _open_api_key(agent: Any, keyring: Keyring, base_url: str) -> str | None:
     if agent.llm_api_key is None:
         return None  # a server without auth (a local Ollama)
     if agent.key_version is None:
@@ -73,6 +93,9 @@ def _open_api_key(agent: Any, keyring: Keyring) -> str | None:
     key = data.get("api_key") if isinstance(data, dict) else None
     if key is not None and not isinstance(key, str):
         raise CryptoError("the sealed credentials hold no api_key string")
+    # A key sealed before keys carried their endpoint has none: it stays with the URL it has.
+    if "endpoint" in data and data["endpoint"] != _endpoint_of(base_url):
+        raise CryptoError("the key was typed for another endpoint")
     return key or None
 
 

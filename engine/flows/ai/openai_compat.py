@@ -6,6 +6,10 @@ model gets wrong becomes an answer with a `None` and `ai_malformed`, so the flow
 only transport failures are `AIError`s. Retries are not ours: the flow engine defers the node
 and backs off, so the client is built with `max_retries=0`.
 
+`timeout` is the whole call's: connect, request and the answer's last byte (a server that
+trickles its answer a byte at a time is cut off at it, `gateway.limits`), and the answer is read
+up to `MAX_ANSWER_BYTES`. Either ends the call with a transient `AIError`.
+
 Everything that comes from a patient (their text, their name, the conversation) travels as
 quoted data: a JSON object in a user message, which the system message says to classify or
 read and never to obey. The system message holds only what the org wrote (name, persona, the
@@ -26,6 +30,7 @@ from typing import Any, TypeVar
 import openai
 
 from engine.flows.ai.base import AIContext, AIError, Classification, Plan, PlannedWait, SmartWait, Turn, Written
+from gateway import limits
 from gateway.egress import STRICT, EgressPolicy, EgressRefused, httpx_client
 
 __all__ = ["OpenAICompatAI"]
@@ -43,6 +48,8 @@ HISTORY_TURNS = 20
 HISTORY_TURN_CHARS = 1000
 #: Keyword examples shown to the model per class.
 KEYWORD_EXAMPLES = 8
+#: The largest answer read (a completion here is a label, a short message or a plan: a few kB).
+MAX_ANSWER_BYTES = 1024 * 1024
 
 _PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 409, 413, 422})
 _LANGUAGES = {"pt_BR": "português do Brasil", "pt_PT": "português de Portugal", "pt": "português",
@@ -63,6 +70,7 @@ class OpenAICompatAI:
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout, max_retries=0,
                                      http_client=httpx_client(egress, timeout=timeout))
         self.model = model
+        self.timeout = timeout
 
     def __repr__(self) -> str:  # never the key
         return f"<OpenAICompatAI model={self.model!r}>"
@@ -151,13 +159,18 @@ class OpenAICompatAI:
     def _ask(self, job: str, name: str, schema: dict[str, Any], messages: list[dict[str, str]]) -> dict[str, Any] | None:
         """One request; the answer's JSON object if it has exactly the schema's keys, else None."""
         try:
-            completion = self._client.chat.completions.create(
-                model=self.model,
-                temperature=0,
-                messages=messages,  # type: ignore[arg-type]
-                response_format={"type": "json_schema",
-                                 "json_schema": {"name": name, "strict": True, "schema": schema}},
-            )
+            with limits.budget(self.timeout, MAX_ANSWER_BYTES):
+                completion = self._client.chat.completions.create(
+                    model=self.model,
+                    temperature=0,
+                    messages=messages,  # type: ignore[arg-type]
+                    response_format={"type": "json_schema",
+                                     "json_schema": {"name": name, "strict": True, "schema": schema}},
+                )
+        except limits.AnswerTooLarge:
+            log.warning("llm call failed", extra={"job": job, "model": self.model, "code": "answer_too_large",
+                                                  "permanent": False})
+            raise AIError("the LLM server's answer is too large", permanent=False, code="answer_too_large") from None
         except (openai.APIResponseValidationError, json.JSONDecodeError):
             # A 2xx whose body is not a completion (or not JSON at all, which the SDK raises as
             # a JSONDecodeError): the server answered, but nothing usable.
