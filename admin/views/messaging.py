@@ -114,12 +114,14 @@ class TemplateView(TenantModelView):
     default's until given its own, the form offers the templates of the clinic's WABA, and a save
     is refused when the mapping cannot work at Meta."""
 
-    column_list = ("key", "channel_kind", "locale", "origin", "subject", "body", "updated_at")
-    column_details_list = ("key", "channel_kind", "locale", "origin", "subject", "body", "body_html", "updated_at")
+    column_list = ("key", "channel_kind", "locale", "origin", "subject", "body", "meta", "updated_at")
+    column_details_list = ("key", "channel_kind", "locale", "origin", "subject", "body", "body_html", "meta",
+                           "updated_at")
     column_export_list = ("key", "channel_kind", "locale", "origin", "subject", "body")
     column_labels = {"key": _l("Finalidade"), "channel_kind": _l("Canal"), "locale": _l("Idioma"),
                      "origin": _l("Origem"), "subject": _l("Assunto"), "body": _l("Texto"),
-                     "body_html": _l("HTML (e-mail)"), "updated_at": _l("Atualizado em")}
+                     "body_html": _l("HTML (e-mail)"), "updated_at": _l("Atualizado em"),
+                     "meta": _l("Modelo aprovado na Meta")}
     column_filters = ("key", "channel_kind")
     column_default_sort = ("key", False)
     edit_template = "admin/template_edit.html"
@@ -138,6 +140,7 @@ class TemplateView(TenantModelView):
             Markup('<span class="badge badge-secondary">{}</span>').format(_("Padrão"))
         ) if m.org_id is None else Markup('<span class="badge badge-primary">{}</span>').format(_("Da clínica")),
         "body": lambda v, c, m, n: (m.body[:120] + "…") if len(m.body or "") > 120 else m.body,
+        "meta": lambda v, c, m, n: v._meta_cell(m),
     }
     column_formatters_detail = {k: f for k, f in column_formatters.items() if k != "body"}  # the whole text there
     column_formatters_export = {"origin": lambda v, c, m, n: _("padrão") if m.org_id is None else _("clínica")}
@@ -226,6 +229,22 @@ class TemplateView(TenantModelView):
             self._fill_mapping(form, self._effective(self.get_one(id))[0])
 
     # --- the Meta mapping ------------------------------------------------------------------------
+
+    def _meta_cell(self, row: Any) -> Markup:
+        """What a WhatsApp template sends through Meta outside the window, as the list shows it."""
+        if row.channel_kind != "whatsapp":
+            return Markup("—")
+        if "lembra_template_defaults" not in g:
+            g.lembra_template_defaults = {(t.key, t.channel_kind, t.locale): t for t in
+                                          self.session.query(Template).filter(Template.org_id.is_(None))}
+        default = g.lembra_template_defaults.get((row.key, row.channel_kind, row.locale)) if row.org_id else None
+        mapping, inherited = meta_templates.effective(row, default)
+        if mapping is None:
+            return Markup('<span class="text-muted">{}</span>').format(_("nenhum"))
+        cell = Markup("<code>{}</code> ({})").format(mapping.name, mapping.language)
+        if inherited:
+            cell += Markup(' <span class="badge badge-secondary">{}</span>').format(_("do padrão"))
+        return cell
 
     def _default(self, key: Any, kind: Any, locale: Any) -> Any:
         return self.session.query(Template).filter(Template.org_id.is_(None), Template.key == key,
