@@ -195,21 +195,29 @@ def match_findings(mapping: MetaMapping, listed: Sequence[ProviderTemplate]) -> 
             languages = ", ".join(sorted({t.language for t in named}))
             return [Finding("meta_template_language", "language", {**what, "languages": languages})]
         return [Finding("meta_template_not_found", "name", what)]
-    found: list[Finding] = []
-    if chosen.status != APPROVED:
-        found.append(Finding("meta_template_not_approved", "name", {**what, "status": status_text(chosen.status)}))
-    if chosen.named:
-        found.append(Finding("meta_template_named_parameters", "parameters", what))
-    elif len(chosen.parameters) != len(mapping.parameters):
+    found = unusable(chosen)
+    if not chosen.named and len(chosen.parameters) != len(mapping.parameters):
         found.append(Finding("meta_template_parameter_count", "parameters",
                              {**what, "expected": len(chosen.parameters), "given": len(mapping.parameters)}))
-    if chosen.header_needs_parameter:
-        found.append(Finding("meta_template_header", "name", what))
     quick = sum(1 for b in chosen.buttons if b.type == "QUICK_REPLY")
     leading = all(b.type == "QUICK_REPLY" for b in chosen.buttons[:len(mapping.buttons)])
     if quick != len(mapping.buttons) or not leading:
         found.append(Finding("meta_template_buttons", "buttons", {**what, "count": quick, "given": len(mapping.buttons)}))
-    if any(b.needs_parameter for b in chosen.buttons):
+    return found
+
+
+def unusable(template: ProviderTemplate) -> list[Finding]:
+    """Why Lembra cannot send `template` whatever the mapping: not APPROVED, named parameters, a
+    header or a button that needs a value at send time."""
+    what = {"name": template.name, "language": template.language}
+    found: list[Finding] = []
+    if template.status != APPROVED:
+        found.append(Finding("meta_template_not_approved", "name", {**what, "status": status_text(template.status)}))
+    if template.named:
+        found.append(Finding("meta_template_named_parameters", "parameters", what))
+    if template.header_needs_parameter:
+        found.append(Finding("meta_template_header", "name", what))
+    if any(b.needs_parameter for b in template.buttons):
         found.append(Finding("meta_template_button_value", "buttons", what))
     return found
 

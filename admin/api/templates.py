@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from flask import jsonify
-from marshmallow import RAISE, Schema, fields, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from admin.api.core import ApiError, bp, caller, error_response, json_body, load, org_tx, require_key, runtime
 from admin.api.openapi import documented
@@ -66,6 +66,11 @@ class TemplatePatch(Schema):
     body = Text(validate=validate.Length(min=1, max=10_000))
     body_html = Text(allow_none=True, validate=validate.Length(max=100_000))
     meta = fields.Nested(TemplateMetaIn, allow_none=True, metadata=_META_IN)
+
+    @validates_schema(skip_on_field_errors=False)
+    def _body_not_blank(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if isinstance(data.get("body"), str) and not data["body"].strip():
+            raise ValidationError("Must not be blank.", "body")
 
 
 class TemplateIn(TemplatePatch):
@@ -134,6 +139,8 @@ class WabaTemplateOut(Schema):
     parameter_count = fields.Integer(required=True)
     named_parameters = fields.Boolean(required=True, metadata={"description": "Lembra fills numbered ones only."})
     buttons = fields.List(fields.Nested(WabaButtonOut), required=True)
+    problems = fields.List(fields.Nested(FindingOut), required=True,
+                           metadata={"description": "Why Lembra cannot send it, whatever the mapping (empty: it can)."})
 
 
 class WabaPageOut(Schema):
@@ -307,6 +314,7 @@ def waba_templates() -> Any:
     data = [{"name": t.name, "language": t.language, "status": t.status,
              "status_text": str(meta_templates.status_text(t.status)), "category": t.category, "body": t.body,
              "parameter_count": len(t.parameters), "named_parameters": t.named,
-             "buttons": [{"type": b.type, "text": b.text} for b in t.buttons]}
+             "buttons": [{"type": b.type, "text": b.text} for b in t.buttons],
+             "problems": [finding_out(f) for f in meta_templates.unusable(t)]}
             for t in meta_templates.offered(waba)]
     return jsonify(WabaPageOut().dump({"data": data}))

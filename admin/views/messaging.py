@@ -316,7 +316,8 @@ class TemplateView(TenantModelView):
             kwargs["meta_inherited"] = own is None and inherited is not None
             channel, waba = self._waba()
             kwargs["meta_channel"] = channel is not None
-            kwargs["waba_templates"] = meta_templates.offered(waba)
+            kwargs["waba_templates"] = [(t, [translate(f.text) for f in meta_templates.unusable(t)])
+                                        for t in meta_templates.offered(waba)]
             kwargs["waba_problem"] = translate(waba.problem.text) if waba is not None and waba.problem else None
             kwargs["status_text"] = lambda status: translate(meta_templates.status_text(status))
         return super().render(template, **kwargs)
@@ -328,15 +329,15 @@ class TemplateView(TenantModelView):
         typed = form_mapping(form.get("meta_name", "")[:512], form.get("meta_lang", "")[:20],
                              form.get("meta_params", "")[:600], form.get("meta_button_layout", "")[:40])
         meta, meta_error = None, None
-        if typed is None:
-            default = self._default(form.get("key"), form.get("channel_kind"), form.get("locale"))
-            typed = MetaMapping.of(default) if default is not None else None
-            problems: list[Finding] = []
-        else:
+        default = self._default(form.get("key"), form.get("channel_kind"), form.get("locale"))
+        inherited = MetaMapping.of(default) if default is not None else None
+        problems: list[Finding] = []
+        if typed is not None and typed != inherited:
             problems = meta_templates.format_findings(form.get("key", ""), form.get("channel_kind", ""), typed)
         if problems:
             meta_error = " ".join(translate(p.text) for p in problems)
         else:
-            meta = preview_json(typed)
-        return jsonify({"text": text, "error": error, "meta": meta, "meta_error": meta_error})
+            meta = preview_json(typed or inherited)
+        return jsonify({"text": text, "error": error, "meta": meta, "meta_error": meta_error,
+                        "meta_inherited": (typed is None or typed == inherited) and inherited is not None})
 

@@ -115,6 +115,9 @@ def test_personalizar_keeps_the_default_mapping_and_shows_the_waba_and_what_meta
     assert waba.index("lembrete_sorriso") < waba.index("volte_a_sorrir")
     assert 'data-name="lembrete_sorriso" data-language="pt_BR"' in waba
     assert 'data-name="volte_a_sorrir"' not in waba and "em análise" in waba
+    # Templates Lembra cannot fill are listed with why, and not offered.
+    assert 'data-name="lembrete_com_foto"' not in waba and "tem um cabeçalho com imagem" in unescape(waba)
+    assert 'data-name="aviso_com_nome"' not in waba and "usa variáveis com nome" in unescape(waba)
     # What Meta will receive: the template message with the sample data in the mapping's order.
     assert meta_preview(page) == {
         "name": "session_reminder_v1", "language": {"policy": "deterministic", "code": "pt_BR"},

@@ -129,6 +129,8 @@ def test_every_problem_is_listed_at_once(meta_api, fake):
     details = shape.get_json()["details"]
     assert set(details) == {"meta", "cor"} and set(details["meta"]) == {"name", "language", "parameters",
                                                                           "buttons", "extra"}
+    assert meta_api.patch(f"/templates/{own['id']}", {"body": "  \n "}).get_json()["details"] == \
+        {"body": ["Must not be blank."]}
     assert meta_api.patch(f"/templates/{own['id']}", data=b"{nope",
                           headers={"Content-Type": "application/json"}).status_code == 400
 
@@ -184,7 +186,9 @@ def test_the_waba_s_templates_approved_first_and_why_they_cannot_be_listed(meta_
     data = listed.get_json()["data"]
     assert [t["status"] for t in data][:5] == ["APPROVED"] * 5 and data[-1]["status"] in ("PENDING", "REJECTED")
     sorriso = next(t for t in data if t["name"] == "lembrete_sorriso")
-    assert sorriso["parameter_count"] == 4 and sorriso["status_text"] == "aprovado"
+    assert sorriso["parameter_count"] == 4 and sorriso["status_text"] == "aprovado" and sorriso["problems"] == []
+    photo = next(t for t in data if t["name"] == "lembrete_com_foto")
+    assert [(p["code"], p["field"]) for p in photo["problems"]] == [("meta_template_header", "meta.name")]
     assert [b["type"] for b in sorriso["buttons"]] == ["QUICK_REPLY", "QUICK_REPLY", "PHONE_NUMBER"]
     fake.reset(*[Reply(503, b"")] * 4)
     down = meta_api.get("/templates/waba")
