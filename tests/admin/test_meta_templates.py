@@ -159,6 +159,15 @@ def test_a_clinic_maps_its_own_approved_template(rt, owner, clinic, fake):
     listed = [r for r in fake.requests if r.path == f"/{WABA}/message_templates"]
     assert len(listed) == 2, "the save read the WABA's two pages once"
 
+    # Editing it again: the session's transaction ends while Meta is asked, and the save still lands.
+    edit = owner.get(f"/admin/templates/edit/?id={row.id}").text
+    assert form(edit)["meta_params"] == "nome, profissional, data, hora"
+    again = owner.post(f"/admin/templates/edit/?id={row.id}", data=form(
+        edit, body="Lembrete da Sorriso, {{ nome }}.", meta_button_layout="cancel,confirm"))
+    assert again.status_code == 302
+    [row] = own_rows(rt, clinic.org_id)
+    assert (row.body, row.meta_buttons) == ("Lembrete da Sorriso, {{ nome }}.", ["cancel", "confirm"])
+
 
 REFUSALS = [
     # (mapping typed, sentence said on the form)
