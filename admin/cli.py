@@ -639,8 +639,10 @@ def enrollments(org_slug: str, status: str | None, flow_id: int | None, limit: i
 
 
 from admin.cli_privacy import register as register_privacy  # noqa: E402
+from admin.cli_templates import register as register_templates  # noqa: E402
 
 register_privacy(main)
+register_templates(main)
 
 
 if __name__ == "__main__":

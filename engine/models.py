@@ -183,8 +183,9 @@ class Template(Base):
     body_html: Mapped[str | None] = mapped_column(Text)
     meta_template_name: Mapped[str | None] = mapped_column(Text)
     meta_language: Mapped[str | None] = mapped_column(Text)
-    meta_parameters: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    meta_parameters: Mapped[list[str] | None] = mapped_column(JSONType)
     updated_at: Mapped[datetime]
+    meta_buttons: Mapped[list[str] | None] = mapped_column(JSONType)  # added by 0018, so last
 
 
 class ReminderRule(Base):

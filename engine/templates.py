@@ -4,17 +4,20 @@ else the global default), build its variables, render it in the sandbox."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
 from engine.dialect import in_values
+from engine.meta_templates import MetaMapping, effective, template_ref
 from engine.models import templates
 from engine.render import TemplateError, reminder_variables, render_html, render_text
 from gateway.contract import Button, OutboundMessage, TemplateRef
 
-#: Purposes whose WhatsApp message carries the Confirmar / Cancelar quick replies.
+#: Purposes whose WhatsApp message carries the Confirmar / Cancelar reply buttons inside the window
+#: (outside it, the buttons are the approved template's, as its Meta mapping says).
 PURPOSES_WITH_BUTTONS = ("session_reminder",)
 
 
@@ -32,7 +35,8 @@ class RenderedMessage:
 
 def find_template(conn: Connection, org_id: int, key: str, kind: str, locale: str) -> Any:
     """The org's template for (key, kind), preferring its own over the global default and the
-    requested locale over pt_BR; None when neither exists."""
+    requested locale over pt_BR; None when neither exists. An override without a Meta mapping of its
+    own carries its default's (engine.meta_templates)."""
     return find_templates(conn, {(org_id, key, kind, locale)})[(org_id, key, kind, locale)]
 
 
@@ -54,8 +58,21 @@ def find_templates(conn: Connection, wanted: set[tuple[int, str, str, str]]) -> 
         candidates = [t for t in rows if t.org_id in (org_id, None) and t.key == key and t.channel_kind == kind
                       and t.locale in (locale, "pt_BR")]
         candidates.sort(key=lambda t: (t.org_id is None, t.locale != locale))
-        found[(org_id, key, kind, locale)] = candidates[0] if candidates else None
+        found[(org_id, key, kind, locale)] = _with_default_mapping(candidates[0], rows) if candidates else None
     return found
+
+
+def _with_default_mapping(row: Any, rows: list[Any]) -> Any:
+    """`row`, or a copy of it with its global default's Meta mapping when it has none of its own
+    (the default is among `rows`: they hold every global row of the keys, kinds and locales)."""
+    if row.org_id is None or row.meta_template_name:
+        return row
+    default = next((t for t in rows if t.org_id is None and (t.key, t.channel_kind, t.locale)
+                    == (row.key, row.channel_kind, row.locale)), None)
+    mapping, inherited = effective(row, default)
+    if not inherited or mapping is None:
+        return row
+    return SimpleNamespace(**{**row._mapping, **mapping.columns()})
 
 
 #: `render_message(template=...)` default: look the template up.
@@ -106,7 +123,7 @@ def render_message(
         raise MissingAddress()
     payload = dict(message.payload or {})
     buttons: tuple[Button, ...] = ()
-    template_ref = None
+    reference: TemplateRef | None = None
     template_id = None
     if message.template_key is None:
         text = payload.get("text")
@@ -135,13 +152,9 @@ def render_message(
             # AI-written text goes out as plain text (never rendered as a template); the template
             # stays the approved one Meta sends when its 24 h window has closed.
             text, html = written, None
-        if template.meta_template_name:
-            names = template.meta_parameters if isinstance(template.meta_parameters, list) else []
-            template_ref = TemplateRef(
-                name=template.meta_template_name,
-                language=template.meta_language or locale,
-                parameters=tuple(str(variables.get(n, "")) for n in names),
-            )
+        mapping = MetaMapping.of(template)
+        if mapping is not None:
+            reference = template_ref(mapping, variables, appointment.id if appointment is not None else None)
     if kind == "whatsapp" and appointment is not None and message.purpose in PURPOSES_WITH_BUTTONS:
         buttons = (Button(f"confirm:{appointment.id}", "Confirmar"), Button(f"cancel:{appointment.id}", "Cancelar"))
     headers: dict[str, str] = {}
@@ -154,7 +167,7 @@ def render_message(
         text=text,
         subject=subject,
         html=html,
-        template=template_ref,
+        template=reference,
         buttons=buttons,
         idempotency_key=message.idempotency_key,
         reference=str(message.id),

@@ -25,11 +25,42 @@ class Button:
 
 @dataclass(frozen=True)
 class TemplateRef:
-    """A provider-side approved template (Meta) with its ordered body parameters."""
+    """A provider-side approved template (Meta) with its ordered body parameters and the payloads
+    of its quick-reply buttons (`buttons[i]` is the template's button at index i)."""
 
     name: str
     language: str
     parameters: tuple[str, ...] = ()
+    buttons: tuple[Button, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProviderTemplateButton:
+    """One button of a provider-side template: its type as the provider names it (Meta:
+    QUICK_REPLY, URL, PHONE_NUMBER, …), its label, and whether it needs a value at send time."""
+
+    type: str
+    text: str
+    needs_parameter: bool = False
+
+
+@dataclass(frozen=True)
+class ProviderTemplate:
+    """A template as the provider's account lists it (Meta: `GET /{waba_id}/message_templates`).
+
+    `parameters` are the body's placeholders in order of first appearance ("1", "2", … or names when
+    `named`); `header_needs_parameter` says the header is media or has a placeholder, which a send
+    would have to fill."""
+
+    name: str
+    language: str
+    status: str
+    category: str
+    body: str = ""
+    parameters: tuple[str, ...] = ()
+    named: bool = False
+    header_needs_parameter: bool = False
+    buttons: tuple[ProviderTemplateButton, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -263,3 +294,15 @@ class Provider(ABC):
     def connect(self) -> ConnectInfo:
         """Start linking a number (QR code); only providers that pair a phone support it."""
         raise PermanentError("this provider has no connect step", code="unsupported")
+
+    def list_templates(self) -> Sequence[ProviderTemplate]:
+        """The templates of the account behind this channel (Meta: the WABA's message templates),
+        whatever their status; raises TransientError / PermanentError like a send, or
+        PermanentError("unsupported") for providers without approved templates."""
+        raise PermanentError("this provider has no approved templates", code="unsupported")
+
+    @classmethod
+    def template_preview(cls, template: TemplateRef) -> Mapping[str, Any] | None:
+        """What the provider would put on the wire for `template` (Meta: the `template` object of
+        a send), for a console to show; None for providers without approved templates."""
+        return None

@@ -135,3 +135,31 @@ def test_the_whatsapp_reminder_a_patient_receives_through_the_sandbox(rt, clock)
         dispatch.send_one(rt, message_id)
     [sent] = world.sandbox()
     assert sent.body == REMINDER_WHATSAPP
+
+
+def test_the_readme_tells_a_clinic_on_meta_which_templates_to_create_as_the_defaults_map_them(rt):
+    """Issue 30: the README's table of approved templates to create at Meta is the default mappings:
+    the same names, variables in the same order, as many {{n}} in the suggested text, the same
+    quick replies; and every template Lembra sends on its own initiative is in it."""
+    import re
+    from pathlib import Path
+
+    from engine.meta_templates import BUTTON_TITLES, INITIATED_KEYS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- meta-templates:", 1)[1].split("<!-- /meta-templates -->", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| `")]
+    with rt.db.connect() as conn:
+        defaults = {row.key: row for row in conn.execute(select(templates).where(
+            templates.c.org_id.is_(None), templates.c.channel_kind == "whatsapp"))}
+    assert {row[0].strip("`") for row in rows} == set(INITIATED_KEYS)
+    for key, name, text, variables, replies in rows:
+        default = defaults[key.strip("`")]
+        assert name.strip("`") == default.meta_template_name and default.meta_language == "pt_BR"
+        assert variables.strip("`").split(", ") == default.meta_parameters
+        assert sorted(set(re.findall(r"\{\{(\d+)\}\}", text)), key=int) == \
+            [str(n) for n in range(1, len(default.meta_parameters) + 1)]
+        assert not re.match(r"\s*\{\{", text) and not re.search(r"\}\}\s*$", text), "Meta refuses a variable at an end"
+        expected = ", ".join(BUTTON_TITLES[b] for b in default.meta_buttons) or "—"
+        assert replies == expected

@@ -19,36 +19,41 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from admin.app import create_app
 from engine import dispatch
 from engine.channels import create_channel
-from engine.models import appointments, messages
+from engine.models import appointments, messages, templates
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World
-from tests.fakes.meta import notes_error, sample_json
+from tests.fakes.meta import notes_error, sample_json, templates_answer
 from tests.fakes.server import FakeServer, Recorded, Reply
 from tests.processes import Processes, lembra_env, wait_until
 
 APP_SECRET = "meta-app-secret"
+WABA = "102290129340398"
 PHONE = "+5516999887766"
 WA_ID = "5516999887766"
 
 
 class Graph(FakeServer):
     """The Graph API fake: each accepted send gets its own wamid, in the documented 200 shape
-    (send_response_official_sdk.json); scripted errors first when given."""
+    (send_response_official_sdk.json); the WABA's templates in the fixtures' two pages; scripted
+    errors first when given."""
 
     def __init__(self) -> None:
         self.script: list[Reply] = []
         self._ids = itertools.count(1)
+        self.template_pages = [sample_json("message_templates_page1.json"), sample_json("message_templates_page2.json")]
         super().__init__(self._answer)
 
     def _answer(self, request: Recorded) -> Reply:
         if self.script:
             return self.script.pop(0)
+        if request.method == "GET" and request.path.endswith("/message_templates"):
+            return templates_answer(request, self.template_pages)
         body = request.json()
         return Reply(200, {"messaging_product": "whatsapp",
                            "contacts": [{"input": body.get("to"), "wa_id": body.get("to")}],
@@ -105,7 +110,7 @@ def meta_world(rt, graph: Graph, **org_kwargs) -> tuple[World, int]:
                                     name="WhatsApp oficial",
                                     credentials={"phone_number_id": "1122334455667", "access_token": "EAAG-token",
                                                  "app_secret": APP_SECRET, "verify_token": "verifique",
-                                                 "base_url": graph.url})
+                                                 "base_url": graph.url, "waba_id": WABA})
     world.channels["whatsapp"] = channel_id
     world.rule(1440, kinds=("whatsapp",))
     return world, channel_id
@@ -177,6 +182,91 @@ def test_outside_the_window_without_template_fails_explicitly(rt, clock):
         row = world.message(mid)
         assert (row.status, row.error_code) == ("failed", "template_required")
         assert graph.sends() == [], "nothing is sent silently outside the window"
+
+
+def _customise(rt, world: World, channel_id: int, meta: Any) -> int:
+    """The clinic's own WhatsApp reminder, saved the way the API and the CLI save it: the WABA read
+    from the Graph fake first, then the save checked against it."""
+    from engine import meta_templates
+    from engine.template_edits import Changes, customize
+
+    with rt.db.connect() as conn:
+        channel = meta_templates.meta_channel(conn, world.org_id)
+    assert channel is not None and channel.id == channel_id
+    waba = meta_templates.read_waba(rt.providers, channel)
+    with rt.db.begin() as conn:
+        saved = customize(conn, world.org_id, key="session_reminder", kind="whatsapp", locale="pt_BR",
+                          changes=Changes(body="Oi, {{ nome }}! Sua sessão é {{ data }} às {{ hora }}.", meta=meta),
+                          waba=waba)
+    assert saved.warnings == ()
+    return saved.id
+
+
+def _reminder_outside_the_window(rt, clock, world: World, graph: Graph) -> tuple[dict[str, Any], int]:
+    contact = world.contact(phone=PHONE)
+    appointment_id = world.appointment(contact, clock.now() + timedelta(hours=30),
+                                       professional="Dr. Caio Prado", mode="online")
+    clock.advance(timedelta(hours=6))
+    assert _send_due(rt) == ["sent"]
+    [sent] = [s for s in graph.sends() if s["type"] == "template"]
+    return sent["template"], appointment_id
+
+
+def test_a_customised_reminder_keeps_the_default_s_approved_template_outside_the_window(rt, clock):
+    # "Personalizar" changes the text: outside the 24 h window Meta still gets the default's
+    # approved template (before issue 30 the override had no Meta name: `template_required`).
+    with Graph() as graph:
+        world, _ = meta_world(rt, graph)
+        with rt.db.begin() as conn:  # the override as "Personalizar" wrote it: no Meta columns of its own
+            conn.execute(insert(templates).values(
+                org_id=world.org_id, key="session_reminder", channel_kind="whatsapp", locale="pt_BR",
+                body="Oi, {{ nome }}! Sua sessão é {{ data }} às {{ hora }}.", updated_at=clock.now()))
+        template, appointment_id = _reminder_outside_the_window(rt, clock, world, graph)
+        assert (template["name"], template["language"]["code"]) == ("session_reminder_v1", "pt_BR")
+        params = [p["text"] for p in template["components"][0]["parameters"]]
+        assert params == ["Ana", "Dr. Caio Prado", "02/12", "15:00", "Online"]
+        payloads = [c["parameters"][0]["payload"] for c in template["components"] if c["type"] == "button"]
+        assert payloads == [f"confirm:{appointment_id}", f"cancel:{appointment_id}"]
+
+
+def test_a_customised_reminder_sends_its_own_mapped_template_with_the_parameters_in_order(rt, clock):
+    from engine.meta_templates import MetaMapping
+
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph)
+        mapping = MetaMapping("lembrete_sorriso", "pt_BR", ("nome", "profissional", "data", "hora"),
+                              ("confirm", "cancel"))
+        _customise(rt, world, channel_id, meta=mapping)
+        template, appointment_id = _reminder_outside_the_window(rt, clock, world, graph)
+        assert template == {
+            "name": "lembrete_sorriso", "language": {"policy": "deterministic", "code": "pt_BR"},
+            "components": [
+                {"type": "body", "parameters": [{"type": "text", "text": t}
+                                                for t in ("Ana", "Dr. Caio Prado", "02/12", "15:00")]},
+                {"type": "button", "sub_type": "quick_reply", "index": "0",
+                 "parameters": [{"type": "payload", "payload": f"confirm:{appointment_id}"}]},
+                {"type": "button", "sub_type": "quick_reply", "index": "1",
+                 "parameters": [{"type": "payload", "payload": f"cancel:{appointment_id}"}]}]}
+
+
+def test_an_unmapped_or_unusable_reminder_is_refused_at_save_not_at_send(rt, clock):
+    from engine.meta_templates import MetaMapping
+    from engine.template_edits import Changes, TemplateRefused, customize
+
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph)
+        for meta, code in ((MetaMapping("volte_a_sorrir", "pt_BR", ("nome",)), "meta_template_not_approved"),
+                           (MetaMapping("lembrete_sorriso", "pt_BR", ("nome",), ("confirm", "cancel")),
+                            "meta_template_parameter_count")):
+            with pytest.raises(TemplateRefused) as refused:
+                _customise(rt, world, channel_id, meta=meta)
+            assert [f.code for f in refused.value.findings] == [code]
+        with pytest.raises(TemplateRefused) as unmapped, rt.db.begin() as conn:
+            customize(conn, world.org_id, key="session_reminder", kind="whatsapp", locale="es",
+                      changes=Changes(body="Hola {{ nome }}"), waba=None)
+        assert [f.code for f in unmapped.value.findings] == ["meta_template_unmapped"]
+        with rt.db.connect() as conn:
+            assert conn.execute(select(templates).where(templates.c.org_id == world.org_id)).all() == []
 
 
 def test_throughput_errors_back_off_instead_of_failing(rt, clock):

@@ -28,7 +28,7 @@ bp = Blueprint("api", __name__, url_prefix=PREFIX)
 REASONS = {
     400: "malformed request", 401: "missing, invalid or revoked API key", 404: "not found",
     405: "method not allowed", 409: "conflict", 413: "request body too large", 415: "unsupported media type",
-    422: "validation failed", 500: "internal error",
+    422: "validation failed", 500: "internal error", 502: "the provider could not be asked, or refused",
 }
 
 

@@ -27,6 +27,13 @@ FIELDS: tuple[CredentialField, ...] = (
            "WhatsApp > Configuração > Webhook > Verificar token, junto com a URL do webhook deste canal."),
         secret=True, pattern=r"\S{16,512}"),
     CredentialField(
+        "waba_id", N_("Identificação da conta do WhatsApp Business (WABA)"),
+        N_("No painel do app em developers.facebook.com: WhatsApp > Configuração da API, campo "
+           "\"Identificação da conta do WhatsApp Business\" (WhatsApp Business Account ID). Só dígitos. Com "
+           "ela o Lembra lista os modelos aprovados da conta em Modelos, para você escolher em vez de digitar, "
+           "e confere cada modelo ao salvar."),
+        required=False, pattern=r"\d{5,20}", example="102290129340398"),
+    CredentialField(
         "api_version", N_("Versão da Graph API"),
         N_("Deixe em branco para usar a versão que o Lembra conhece."),
         required=False, pattern=r"v\d{1,3}\.\d{1,2}", example="v21.0", advanced=True),

@@ -7,18 +7,24 @@ Sending (SPEC §5, the 24-hour customer-service window):
 - window open (`message.conversation_open`), no buttons → `type:"text"`;
 - window open with buttons → `type:"interactive"` reply buttons whose ids are ours ("confirm:42");
 - window closed → the approved `message.template` (`type:"template"`), body parameters in order
-  and, when the message has buttons, one `quick_reply` button component per button (index 0, 1,
-  …) whose payload is our button id — the approved template must define its quick-reply buttons
-  in that order (Confirmar first, Cancelar second);
+  and one `quick_reply` button component per button of the template reference (index 0, 1, …)
+  whose payload is our button id: the clinic's mapping says which of the approved template's
+  quick replies is Confirmar and which Cancelar (engine/meta_templates.py);
 - window closed and no template → PermanentError("template_required"); never free text.
 - Meta answering 131047 (re-engagement: the window is in fact closed) to a text/interactive send
   → one resend as the template when there is one, else PermanentError("window_closed").
 `message.reference` goes out as `biz_opaque_callback_data`, which status webhooks echo back
 (`StatusEvent.reference`).
 
+Listing the account's templates (`list_templates`): `GET /{waba_id}/message_templates` with
+`fields` and `limit`, answered as `{data: [{name, language, status, category, components, …}],
+paging: {cursors: {before, after}, next}}` (Meta's "Template management" page); the next page is
+asked of the same base URL with `after=<cursors.after>` while the answer has `paging.next`.
+
 Config keys: `phone_number_id`, `access_token`, `app_secret`, `verify_token`, optional `waba_id`
-(kept for the admin; unused here), `base_url` (default https://graph.facebook.com/<api_version>),
-`api_version` (default DEFAULT_API_VERSION, ignored when `base_url` is given).
+(the WhatsApp Business Account whose templates the console lists), `base_url` (default
+https://graph.facebook.com/<api_version>), `api_version` (default DEFAULT_API_VERSION, ignored
+when `base_url` is given).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import hmac
 import logging
 import re
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from gateway.contract import (
@@ -37,6 +43,8 @@ from gateway.contract import (
     OutboundMessage,
     Provider,
     ProviderContext,
+    ProviderTemplate,
+    ProviderTemplateButton,
     SendResult,
     StatusEvent,
     TemplateRef,
@@ -75,6 +83,14 @@ MAX_INTERACTIVE_BODY = 1024
 MAX_BUTTON_TITLE = 20
 #: Fields read by health() from the phone-number node.
 HEALTH_FIELDS = "display_phone_number,verified_name,quality_rating"
+#: Fields, page size and the most pages list_templates() reads (a WABA holds a few hundred at most).
+TEMPLATE_FIELDS = "name,language,status,category,components,parameter_format"
+TEMPLATES_PER_PAGE = 100
+MAX_TEMPLATE_PAGES = 20
+#: A template's placeholder: {{1}} (positional) or {{first_name}} (named).
+_PLACEHOLDER_RE = re.compile(r"\{\{\s*([A-Za-z0-9_]{1,64})\s*\}\}")
+#: Button types whose send needs a value Lembra does not fill (a one-time code, a coupon).
+_BUTTONS_WITH_VALUES = frozenset({"COPY_CODE", "OTP"})
 
 #: hub.challenge is echoed back verbatim; Meta sends a number. Anything else is refused so the
 #: endpoint never reflects arbitrary content.
@@ -150,7 +166,7 @@ class MetaProvider(Provider):
         if not message.conversation_open:
             if message.template is None:
                 raise PermanentError("outside the 24-hour window and no approved template", code="template_required")
-            return self._post(url, token, self._envelope(message, to, _template_payload(message.template, message)))
+            return self._post(url, token, self._envelope(message, to, _template_payload(message.template)))
         try:
             return self._post(url, token, self._envelope(message, to, _session_payload(message)))
         except PermanentError as exc:
@@ -158,7 +174,7 @@ class MetaProvider(Provider):
                 raise
             # Our idea of the window was stale; Meta sent nothing, so one template send is safe.
             log.info("meta window closed, resending as template", extra={"channel_id": self.context.channel_id})
-            return self._post(url, token, self._envelope(message, to, _template_payload(message.template, message)))
+            return self._post(url, token, self._envelope(message, to, _template_payload(message.template)))
 
     def _envelope(self, message: OutboundMessage, to: str, typed: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": to, **typed}
@@ -205,6 +221,38 @@ class MetaProvider(Provider):
         rating = response.body.get("quality_rating") if isinstance(response.body, dict) else None
         return Health(ok=True, state="ok",
                       detail=f"quality_rating={rating}" if isinstance(rating, str) and rating.isalnum() else None)
+
+    # ------------------------------------------------------------------ templates
+
+    def list_templates(self) -> Sequence[ProviderTemplate]:
+        """Every template of the channel's WhatsApp Business Account, whatever its status."""
+        waba_id = self._setting("waba_id")
+        token = self._setting("access_token")
+        if not waba_id or not token:
+            raise PermanentError("channel has no waba_id / access_token", code="waba_missing")
+        url = f"{self.base_url}/{quote(waba_id, safe='')}/message_templates"
+        found: list[ProviderTemplate] = []
+        after: str | None = None
+        for _page in range(MAX_TEMPLATE_PAGES):
+            params = {"fields": TEMPLATE_FIELDS, "limit": str(TEMPLATES_PER_PAGE)}
+            if after is not None:
+                params["after"] = after
+            response = call(self._http, "GET", url, timeout=self.context.timeout, classify=classify_error,
+                            headers={"Authorization": f"Bearer {token}"}, params=params)
+            body = response.body
+            if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+                raise PermanentError("template list answer has no data list", code="bad_response")
+            found.extend(t for t in map(_provider_template, body["data"]) if t is not None)
+            # `paging.next` is an absolute URL (with the token in it, at times): the next page is
+            # asked of our own base URL with the cursor instead, so the token goes nowhere else.
+            after = _next_cursor(body.get("paging"))
+            if after is None:
+                break
+        return found
+
+    @classmethod
+    def template_preview(cls, template: TemplateRef) -> Mapping[str, Any] | None:
+        return template_object(template)
 
     # ------------------------------------------------------------------ webhooks
 
@@ -272,14 +320,19 @@ def _session_payload(message: OutboundMessage) -> dict[str, Any]:
     return {"type": "text", "text": {"preview_url": False, "body": message.text}}
 
 
-def _template_payload(template: TemplateRef, message: OutboundMessage) -> dict[str, Any]:
-    """An approved template: body parameters in order, quick-reply payloads = our button ids."""
+def _template_payload(template: TemplateRef) -> dict[str, Any]:
+    return {"type": "template", "template": template_object(template)}
+
+
+def template_object(template: TemplateRef) -> dict[str, Any]:
+    """The `template` object of a send: body parameters in order, one quick-reply component per
+    button of the reference (its index in the approved template), whose payload is our button id."""
     components: list[dict[str, Any]] = []
     if template.parameters:
         components.append({"type": "body", "parameters": [
             {"type": "text", "text": _template_text(p)} for p in template.parameters
         ]})
-    for index, button in enumerate(message.buttons):
+    for index, button in enumerate(template.buttons):
         components.append({
             "type": "button", "sub_type": "quick_reply", "index": str(index),
             "parameters": [{"type": "payload", "payload": button.id}],
@@ -289,12 +342,70 @@ def _template_payload(template: TemplateRef, message: OutboundMessage) -> dict[s
     }}
     if components:
         payload["components"] = components
-    return {"type": "template", "template": payload}
+    return payload
 
 
 def _template_text(value: str) -> str:
     """Meta refuses template parameters with new lines, tabs or runs of spaces: fold them."""
     return _WHITESPACE_RE.sub(" ", str(value)).strip()
+
+
+# ---------------------------------------------------------------------- template lists
+
+
+def _short(value: Any, limit: int) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _placeholders(text: str) -> tuple[str, ...]:
+    """The placeholders of a template text in order of first appearance, each once."""
+    return tuple(dict.fromkeys(_PLACEHOLDER_RE.findall(text)))
+
+
+def _provider_template(item: Any) -> ProviderTemplate | None:
+    """One entry of `data`; None for an entry without a name or a language (nothing to map it by)."""
+    if not isinstance(item, dict):
+        return None
+    name, language = _short(item.get("name"), 512), _short(item.get("language"), 32)
+    if not name or not language:
+        return None
+    body, header_needs_parameter = "", False
+    buttons: list[ProviderTemplateButton] = []
+    components = item.get("components")
+    for component in components if isinstance(components, list) else []:
+        if not isinstance(component, dict):
+            continue
+        kind = _short(component.get("type"), 32).upper()
+        if kind == "BODY":
+            body = _short(component.get("text"), 4096)
+        elif kind == "HEADER":
+            text = _short(component.get("text"), 1024)
+            header_needs_parameter = (_short(component.get("format"), 32).upper() or "TEXT") != "TEXT" \
+                or bool(_placeholders(text))
+        elif kind == "BUTTONS" and isinstance(component.get("buttons"), list):
+            for button in component["buttons"][:20]:
+                if not isinstance(button, dict):
+                    continue
+                button_type = _short(button.get("type"), 32).upper()
+                needs = button_type in _BUTTONS_WITH_VALUES or (
+                    button_type == "URL" and bool(_placeholders(_short(button.get("url"), 2048))))
+                buttons.append(ProviderTemplateButton(button_type, _short(button.get("text"), 64), needs))
+    parameters = _placeholders(body)
+    named = item.get("parameter_format") == "NAMED" or any(not p.isdigit() for p in parameters)
+    return ProviderTemplate(
+        name=name, language=language, status=_short(item.get("status"), 32).upper(),
+        category=_short(item.get("category"), 32).upper(), body=body, parameters=parameters, named=named,
+        header_needs_parameter=header_needs_parameter, buttons=tuple(buttons),
+    )
+
+
+def _next_cursor(paging: Any) -> str | None:
+    """The `after` cursor when Graph says there is a next page (`paging.next`), else None."""
+    if not isinstance(paging, dict) or not isinstance(paging.get("next"), str):
+        return None
+    cursors = paging.get("cursors")
+    after = cursors.get("after") if isinstance(cursors, dict) else None
+    return after if isinstance(after, str) and after and len(after) <= 1024 else None
 
 
 # ---------------------------------------------------------------------- errors

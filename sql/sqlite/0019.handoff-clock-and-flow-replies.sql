@@ -1,5 +1,5 @@
 -- A hand-off keeps the run's clock, and Conversas knows which replies a follow-up flow read.
--- depends: 0017.claim-order-index
+-- depends: 0018.meta-template-buttons
 
 -- Pausing for a hand-off stops the clock (`next_eval_at` is NULL while paused, so nothing claims
 -- the run); the instant it stopped at is kept here, so the hand-off's end resumes at the later of

@@ -88,7 +88,8 @@ def test_template_syntax_error_is_shown_in_the_form_and_preview_renders_sample_d
 
     preview = owner.post("/admin/templates/preview/", data={"body": "Oi {{ nome }}, {{ hora }}"},
                          headers={"X-CSRFToken": token})
-    assert preview.get_json() == {"text": "Oi Ana, 14:00", "error": None}
+    assert preview.get_json() == {"text": "Oi Ana, 14:00", "error": None, "meta": None, "meta_error": None,
+                                  "meta_inherited": False}
     assert owner.post("/admin/templates/preview/", data={"body": "x"}).status_code == 400  # CSRF
 
     edit = owner.get(f"/admin/templates/edit/?id={a.template_id}")

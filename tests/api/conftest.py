@@ -27,6 +27,10 @@ class Api:
         return self.client.post(f"/api/v1{path}", json=json, headers=self._headers(kwargs.pop("headers", None)),
                                 **kwargs)
 
+    def patch(self, path: str, json: Any = None, **kwargs: Any) -> Any:
+        return self.client.patch(f"/api/v1{path}", json=json, headers=self._headers(kwargs.pop("headers", None)),
+                                 **kwargs)
+
 
 @pytest.fixture
 def app(rt):

@@ -138,5 +138,6 @@ def test_openapi_document_is_generated_from_the_schemas(client):
                 "/api/v1/flows", "/api/v1/flows/schema", "/api/v1/flows/{flow_id}", "/api/v1/flows/{flow_id}/publish",
                 "/api/v1/flows/{flow_id}/disable", "/api/v1/flows/{flow_id}/rollback",
                 "/api/v1/flows/{flow_id}/versions", "/api/v1/enrollments", "/api/v1/enrollments/{enrollment_id}",
-                "/api/v1/enrollments/{enrollment_id}/cancel"}
+                "/api/v1/enrollments/{enrollment_id}/cancel", "/api/v1/templates", "/api/v1/templates/{template_id}",
+                "/api/v1/templates/waba"}
     assert set(doc["paths"]) == expected

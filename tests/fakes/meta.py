@@ -5,11 +5,15 @@ tests/fixtures/providers/README.md):
 - 200 send answer: `send_response.json` (the documented `{messaging_product, contacts, messages[{id}]}`);
 - error answers: Graph's `{"error": {...}}` envelope around an error object (`error_*.json`, in the
   shape Meta documents); codes without a fixture (130429, 131056, 131026, …) are built here from
-  the same shape and Meta's code table.
+  the same shape and Meta's code table;
+- `GET /{waba_id}/message_templates`: the WABA's templates in pages (`message_templates_page*.json`:
+  `data` and `paging{cursors{before, after}, next}`, `next` only while another page follows),
+  the next page asked with `after=<cursors.after>`.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from tests.fakes.server import FakeServer, Recorded, Reply
@@ -57,8 +61,46 @@ def phone_number_node() -> Reply:
                        "quality_rating": "GREEN", "id": "277321005464405"})
 
 
+def waba_templates() -> list[dict[str, Any]]:
+    """Every template of the fixtures' WABA (both pages' `data`), fresh copies."""
+    return [*sample_json("message_templates_page1.json")["data"], *sample_json("message_templates_page2.json")["data"]]
+
+
+def _cursor(kind: str, index: int) -> str:
+    return base64.urlsafe_b64encode(f"lembra-{kind}-{index}".encode()).decode().rstrip("=")
+
+
+def template_pages(templates: list[dict[str, Any]], waba_id: str, page_size: int = 3) -> list[dict[str, Any]]:
+    """`templates` as Graph pages them (the fixtures' shape): `data`, `paging.cursors`, and `next`
+    (an absolute graph.facebook.com URL) on every page but the last."""
+    pages: list[dict[str, Any]] = []
+    for start in range(0, max(len(templates), 1), page_size):
+        chunk = templates[start:start + page_size]
+        after = _cursor("after", start + len(chunk))
+        paging: dict[str, Any] = {"cursors": {"before": _cursor("before", start), "after": after}}
+        if start + page_size < len(templates):
+            paging["next"] = (f"https://graph.facebook.com/v23.0/{waba_id}/message_templates?limit={page_size}"
+                              f"&after={after}")
+        pages.append({"data": chunk, "paging": paging})
+    return pages
+
+
+def templates_answer(request: Recorded, pages: list[dict[str, Any]]) -> Reply:
+    """The page of `pages` that `request`'s `after` cursor asks for (the first without one); an
+    unknown cursor is Graph's invalid-parameter error."""
+    after = (request.query.get("after") or [None])[0]
+    if after is None:
+        return Reply(200, pages[0])
+    for previous, page in zip(pages, pages[1:]):
+        if previous["paging"]["cursors"]["after"] == after and "next" in previous["paging"]:
+            return Reply(200, page)
+    return notes_error(100, "Invalid parameter")
+
+
 class FakeGraph(FakeServer):
-    """Answers scripted replies in order, then `default` (the documented 200 send answer).
+    """Answers scripted replies in order, then `default` (the documented 200 send answer); a GET of
+    `/{waba_id}/message_templates` with no script left gets `template_pages` (the fixtures' two pages
+    unless set).
 
     One server can serve many tests: `reset(...)` forgets the recorded requests and sets a new script.
     """
@@ -70,13 +112,20 @@ class FakeGraph(FakeServer):
         self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self.reset(*script, default=default)
 
-    def reset(self, *script: Reply, default: Reply | None = None) -> "FakeGraph":
+    def reset(self, *script: Reply, default: Reply | None = None,
+              template_pages: list[dict[str, Any]] | None = None) -> "FakeGraph":
         with self._lock:
             self.requests.clear()
             self.script = list(script)
             self.default = default or send_ok()
+            self.template_pages = template_pages or [sample_json("message_templates_page1.json"),
+                                                     sample_json("message_templates_page2.json")]
         return self
 
     def _answer(self, request: Recorded) -> Reply:
         with self._lock:
-            return self.script.pop(0) if self.script else self.default
+            if self.script:
+                return self.script.pop(0)
+            if request.method == "GET" and request.path.endswith("/message_templates"):
+                return templates_answer(request, self.template_pages)
+            return self.default

@@ -50,7 +50,8 @@ TOKEN = "EAAG-test-token"
 PHONE_ID = "106540352242922"
 WAMID = "wamid.lembra-out-01"  # send_response.json; the statuses and replies in the fixtures are about it
 BUTTONS = (Button("confirm:42", "Confirmar"), Button("cancel:42", "Cancelar"))
-TEMPLATE = TemplateRef(name="lembrete_consulta", language="pt_BR", parameters=("Ana", "02/12 às 14:00"))
+TEMPLATE = TemplateRef(name="lembrete_consulta", language="pt_BR", parameters=("Ana", "02/12 às 14:00"),
+                       buttons=BUTTONS)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,16 @@ def test_outside_the_window_the_template_goes_with_parameters_and_quick_reply_pa
     sdk = sample_json("send_template_object.json")
     assert keys_shape(body["template"]["language"]) == keys_shape(sdk["language"])
     assert keys_shape(body["template"]["components"][0]) == keys_shape(sdk["components"][0])
+
+
+def test_quick_replies_are_the_template_s_own_not_the_message_s(fake: FakeGraph) -> None:
+    # The clinic's mapping says which quick replies its approved template has: one mapped without
+    # buttons gets no button components, whatever buttons the message shows inside the window.
+    fake.reset()
+    bare = TemplateRef(name="lembrete_consulta", language="pt_BR", parameters=("Ana", "02/12 às 14:00"))
+    provider(fake.url).send(outbound(conversation_open=False, template=bare, buttons=BUTTONS))
+    components = fake.requests[0].json()["template"]["components"]
+    assert [c["type"] for c in components] == ["body"]
 
 
 def test_template_without_parameters_or_buttons_has_no_components_and_language_is_meta_style(fake: FakeGraph) -> None:
@@ -328,6 +339,108 @@ def test_health_reports_an_expired_token_and_an_unreachable_api(fake: FakeGraph)
     fake.reset(default=Reply(503, b""))
     health = provider(fake.url).health()
     assert not health.ok and health.state == "unreachable"
+
+
+# ---------------------------------------------------------------------------- the WABA's templates
+
+WABA = "102290129340398"
+
+
+def test_list_templates_reads_every_page_by_cursor_from_our_own_base_url(fake: FakeGraph) -> None:
+    fake.reset()
+    listed = provider(fake.url, waba_id=WABA).list_templates()
+    assert [(t.name, t.language, t.status) for t in listed] == [
+        ("session_reminder_v1", "pt_BR", "APPROVED"), ("lembrete_sorriso", "pt_BR", "APPROVED"),
+        ("volte_a_sorrir", "pt_BR", "PENDING"), ("aviso_com_nome", "pt_BR", "APPROVED"),
+        ("lembrete_com_foto", "pt_BR", "APPROVED"), ("session_reminder_v1", "en_US", "REJECTED"),
+        ("conversation_reopen_v1", "pt_BR", "APPROVED")]
+    first, second = fake.requests
+    assert (first.method, first.path) == ("GET", f"/{WABA}/message_templates")
+    assert first.header("Authorization") == f"Bearer {TOKEN}"
+    assert first.query["fields"] == ["name,language,status,category,components,parameter_format"]
+    assert first.query["limit"] == ["100"] and "after" not in first.query
+    # Page 1's `next` points at graph.facebook.com: the next page is asked of the channel's own
+    # base URL (the one the egress guard checked) with `cursors.after`, never by following `next`.
+    cursor = sample_json("message_templates_page1.json")["paging"]["cursors"]["after"]
+    assert (second.path, second.query["after"]) == (f"/{WABA}/message_templates", [cursor])
+
+
+def test_list_templates_reads_what_a_mapping_is_checked_against(fake: FakeGraph) -> None:
+    fake.reset()
+    by_name = {(t.name, t.language): t for t in provider(fake.url, waba_id=WABA).list_templates()}
+    reminder = by_name[("session_reminder_v1", "pt_BR")]
+    assert (reminder.category, reminder.parameters, reminder.named) == ("UTILITY", ("1", "2", "3", "4", "5"), False)
+    assert reminder.body.startswith("Olá, {{1}}! Lembrete")
+    assert [(b.type, b.text) for b in reminder.buttons] == [("QUICK_REPLY", "Confirmar"), ("QUICK_REPLY", "Cancelar")]
+    sorriso = by_name[("lembrete_sorriso", "pt_BR")]
+    assert not sorriso.header_needs_parameter  # a fixed text header needs nothing at send
+    assert [b.type for b in sorriso.buttons] == ["QUICK_REPLY", "QUICK_REPLY", "PHONE_NUMBER"]
+    assert not any(b.needs_parameter for b in sorriso.buttons)
+    assert by_name[("aviso_com_nome", "pt_BR")].named
+    assert by_name[("aviso_com_nome", "pt_BR")].parameters == ("primeiro_nome",)
+    assert by_name[("lembrete_com_foto", "pt_BR")].header_needs_parameter
+    assert by_name[("volte_a_sorrir", "pt_BR")].category == "MARKETING"
+
+
+def test_list_templates_keeps_the_usable_entries_of_an_odd_page(fake: FakeGraph) -> None:
+    odd = {"data": [7, None, {"name": ""}, {"language": "pt_BR"}, {"name": "x", "language": "pt_BR",
+                                                                   "components": "nope", "status": 3},
+                    {"name": "url_dinamica", "language": "pt_BR", "status": "APPROVED", "components": [
+                        {"type": "BODY", "text": "Oi {{1}}"},
+                        {"type": "BUTTONS", "buttons": [{"type": "URL", "text": "Ver", "url": "https://a.example/{{1}}"},
+                                                        "junk"]}]}],
+           "paging": {"cursors": {"after": "x"}}}
+    fake.reset(Reply(200, odd))
+    listed = provider(fake.url, waba_id=WABA).list_templates()
+    assert [(t.name, t.status) for t in listed] == [("x", ""), ("url_dinamica", "APPROVED")]
+    assert listed[1].buttons[0].needs_parameter  # a URL button with a variable needs a value at send
+    assert len(fake.requests) == 1  # no `next`: the last page
+
+
+def test_list_templates_stops_after_a_bounded_number_of_pages(fake: FakeGraph) -> None:
+    from providers.meta.provider import MAX_TEMPLATE_PAGES
+
+    endless = {"data": [], "paging": {"cursors": {"after": "again"}, "next": "https://graph.facebook.com/x"}}
+    fake.reset(*[Reply(200, endless)] * (MAX_TEMPLATE_PAGES + 5))
+    assert provider(fake.url, waba_id=WABA).list_templates() == []
+    assert len(fake.requests) == MAX_TEMPLATE_PAGES
+
+
+def test_list_templates_failures_are_typed(fake: FakeGraph) -> None:
+    fake.reset()
+    with pytest.raises(PermanentError) as missing:
+        provider(fake.url).list_templates()
+    assert missing.value.code == "waba_missing" and fake.requests == []
+    fake.reset(fixture_error("error_190_expired_token.json", 401))
+    with pytest.raises(PermanentError) as expired:
+        provider(fake.url, waba_id=WABA).list_templates()
+    assert expired.value.code == "token_invalid"
+    fake.reset(Reply(200, {"error_summary": "not a list"}))
+    with pytest.raises(PermanentError) as odd:
+        provider(fake.url, waba_id=WABA).list_templates()
+    assert odd.value.code == "bad_response"
+    fake.reset(Reply(503, b""))
+    with pytest.raises(TransientError):
+        provider(fake.url, waba_id=WABA).list_templates()
+
+
+def test_list_templates_goes_through_the_egress_guard(fake: FakeGraph) -> None:
+    from gateway.egress import STRICT
+    from gateway.errors import EgressRefused
+
+    fake.reset()
+    config = {"phone_number_id": PHONE_ID, "access_token": TOKEN, "app_secret": SECRET, "verify_token": "verify-me",
+              "base_url": fake.url, "waba_id": WABA}
+    strict = MetaProvider(config, ProviderContext(org_id=1, channel_id=7, timeout=2, egress=STRICT))
+    with pytest.raises(EgressRefused):
+        strict.list_templates()
+    assert fake.requests == []
+
+
+def test_the_template_preview_is_the_template_object_a_send_carries(fake: FakeGraph) -> None:
+    fake.reset()
+    provider(fake.url).send(outbound(conversation_open=False, template=TEMPLATE))
+    assert MetaProvider.template_preview(TEMPLATE) == fake.requests[0].json()["template"]
 
 
 # ---------------------------------------------------------------------------- webhooks: GET handshake
