@@ -85,9 +85,11 @@ def test_the_owner_url_is_for_migrations_only_and_defaults_to_the_database_url()
 @pytest.mark.parametrize("database_url, owner_url, expected", [
     ("sqlite:///lembra.db", "postgresql+psycopg://lembra:s3cr3t-pw@db/lembra", "for PostgreSQL"),
     ("postgresql+psycopg://app@db/lembra", "sqlite:///lembra.db", "for PostgreSQL"),
-    ("postgresql+psycopg://app@db/lembra", "postgresql+psycopg://lembra:s3cr3t-pw@db", "LEMBRA_OWNER_DATABASE_URL names no"),
+    ("postgresql+psycopg://app@db/lembra", "postgresql+psycopg://lembra:s3cr3t-pw@db",
+     "LEMBRA_OWNER_DATABASE_URL names no"),
     ("postgresql+psycopg://app@db/lembra", "not a url", "LEMBRA_OWNER_DATABASE_URL is not a database URL"),
-    ("postgresql+psycopg://db/lembra", "postgresql+psycopg://lembra:s3cr3t-pw@db/lembra", "must name the application's role"),
+    ("postgresql+psycopg://db/lembra", "postgresql+psycopg://lembra:s3cr3t-pw@db/lembra",
+     "must name the application's role"),
 ])
 def test_a_bad_owner_url_is_refused_in_one_line(database_url, owner_url, expected):
     with pytest.raises(ConfigError) as info:

@@ -93,7 +93,8 @@ def test_the_application_role_is_no_superuser_and_cannot_bypass_or_change_anythi
             "SELECT has_table_privilege(:r, :t, 'SELECT,INSERT,UPDATE,DELETE')"), {"r": role, "t": name}).scalar()]
     assert tuple(attrs) == (False, False, False, False, False, True)
     assert yoyo == [], "only the owner migrates"
-    for statement in ("ALTER TABLE contacts NO FORCE ROW LEVEL SECURITY", "DROP POLICY contacts_org_isolation ON contacts",
+    for statement in ("ALTER TABLE contacts NO FORCE ROW LEVEL SECURITY",
+                      "DROP POLICY contacts_org_isolation ON contacts",
                       "CREATE TABLE intruder (id int)", "TRUNCATE contacts", "SET ROLE postgres"):
         with engine.begin() as conn, pytest.raises(Exception, match="must be owner|permission denied"):
             conn.execute(text(statement))
@@ -339,7 +340,8 @@ def test_the_documented_fresh_server_an_owner_with_createrole_and_an_application
         upgraded = _run(["db", "upgrade"], env)
         assert upgraded.returncode == 0, upgraded.stderr
         assert upgraded.stdout.splitlines()[-1] == str(describe("app_role_created", role=app))
-        created = [_run(["orgs", "create", "--slug", slug, "--name", slug], lembra_env(app_url)) for slug in ("um", "dois")]
+        created = [_run(["orgs", "create", "--slug", slug, "--name", slug], lembra_env(app_url))
+                   for slug in ("um", "dois")]
         assert [c.returncode for c in created] == [0, 0], [c.stderr for c in created]
         engine = create_engine(app_url)
         try:
