@@ -41,10 +41,11 @@ def _settings() -> Settings:
 
 def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
     """Settings → checked database (and broker) → runtime, or a one-line error."""
+    from engine.app_role import warn_if_row_security_is_off
     from engine.broker import check_broker as broker_check
     from engine.db import Database
     from engine.logs import configure
-    from engine.migrate import upgrade
+    from engine.migrate import upgrade_database
     from engine.runtime import Runtime
 
     settings = _settings()
@@ -58,9 +59,11 @@ def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
         database.check()
         if not migrate and not database.has_schema():
             fail("the database has no Lembra tables yet: run `lembra db upgrade` (or `lembra up`) first")
+        if check_broker:  # the long-running commands (up, web, worker, scheduler): said once, at start
+            warn_if_row_security_is_off(database.engine)
         database.dispose()
         if migrate:
-            upgrade(settings.database_url)
+            upgrade_database(settings)
         return Runtime.build(settings)
     except ConfigError as exc:
         fail(str(exc))
@@ -224,16 +227,25 @@ def db() -> None:
     """Database commands."""
 
 
-@db.command(help="Apply pending migrations (a no-op when the schema is current).")
+@db.command(help="Apply pending migrations (a no-op when the schema is current). On PostgreSQL, with "
+                  "LEMBRA_OWNER_DATABASE_URL set, they run as that owner, and DATABASE_URL's role (the one web, "
+                  "workers and scheduler use) is created if missing, with no superuser nor BYPASSRLS, and granted "
+                  "the tables.")
 def upgrade() -> None:
-    from engine.migrate import upgrade as apply
+    from engine.catalogue import describe
+    from engine.migrate import upgrade_database
 
     settings = _settings()
     try:
-        applied = apply(settings.database_url)
+        done = upgrade_database(settings)
     except ConfigError as exc:
         fail(str(exc))
-    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    click.echo("applied: " + ", ".join(done.applied) if done.applied else "schema is up to date")
+    if done.app_role is not None and done.row_security_off is None:
+        click.echo(str(describe("app_role_created" if done.app_role.created else "app_role_granted",
+                                role=done.app_role.name)))
+    if done.row_security_off is not None:
+        click.echo(str(describe("row_security_bypassed", role=done.row_security_off)), err=True)
 
 
 @main.group(help="The demo clinic.")

@@ -546,6 +546,21 @@ CATALOGUE: dict[str, Text] = {
     "rule_changed": N_("A regra deste lembrete foi desligada ou deixou de usar este canal; "
                        "o lembrete foi cancelado."),
     "replanned": N_("A regra deste lembrete ou o horário permitido da clínica mudou; o lembrete foi reagendado."),
+    # --- the database roles (engine/app_role.py, engine/migrate.py): said by the CLI and at start -
+    "row_security_bypassed": N_("O Lembra se conecta ao PostgreSQL como %(role)s, um superusuário ou papel com "
+                                "BYPASSRLS: a segurança por linha, que separa as clínicas no próprio banco, não vale "
+                                "para ele. Conecte web, workers e agendador com um papel sem esses poderes (veja "
+                                "LEMBRA_OWNER_DATABASE_URL e `lembra db upgrade`)."),
+    "app_role_created": N_("O papel da aplicação %(role)s foi criado sem superusuário nem BYPASSRLS e pode ler e "
+                           "gravar as tabelas do Lembra; a segurança por linha vale para ele."),
+    "app_role_granted": N_("O papel da aplicação %(role)s pode ler e gravar as tabelas do Lembra; a segurança por "
+                           "linha vale para ele."),
+    "app_role_cannot_create": N_("O papel %(role)s de DATABASE_URL não existe, e o dono do banco (%(owner)s) não "
+                                 "pode criar papéis. Peça a quem administra o PostgreSQL para rodar %(command)s "
+                                 "(com a senha de DATABASE_URL) e rode `lembra db upgrade` de novo."),
+    "migration_needs_owner": N_("O papel de DATABASE_URL não pode mudar o esquema do banco, e isso é o certo para "
+                                "a aplicação. Rode `lembra db upgrade` com LEMBRA_OWNER_DATABASE_URL apontando "
+                                "para o dono do esquema."),
 }
 
 

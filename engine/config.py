@@ -22,7 +22,11 @@ class ConfigError(Exception):
 
 #: Every environment variable Lembra reads, with its default and meaning (shown by `lembra --help`).
 ENV_VARS: dict[str, tuple[str, str]] = {
-    "DATABASE_URL": ("sqlite:///lembra.db", "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"),
+    "DATABASE_URL": ("sqlite:///lembra.db", "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB; on PostgreSQL "
+                     + "the application's role (no superuser, no BYPASSRLS: row-level security applies to it)"),
+    "LEMBRA_OWNER_DATABASE_URL": ("", "PostgreSQL only: the schema owner's URL, for `lembra db upgrade` alone; it "
+                                  + "migrates as the owner, then creates DATABASE_URL's role if missing and grants it "
+                                  + "the tables (default: DATABASE_URL does both)"),
     "BROKER_URL": ("stub://", "stub:// (in-process), redis://HOST:6379/0 or amqp://USER:PASS@HOST:5672/"),
     "LEMBRA_SECRET_KEYS": ("", "credential keys 'VERSION:BASE64KEY,...' (newest first); required with PostgreSQL"),
     "LEMBRA_PUBLIC_URL": ("http://127.0.0.1:8000", "base URL of webhooks and opt-out links"),
@@ -96,6 +100,13 @@ class Settings:
     #: Internal hosts / CIDRs a tenant-set address may reach (`gateway.egress`); "" = public only.
     #: `from_env` puts the loopback default of the embedded mode here; built directly, it is strict.
     provider_allow: str = ""
+    #: The schema owner's URL (LEMBRA_OWNER_DATABASE_URL), which only migrations use; "" = DATABASE_URL.
+    owner_database_url: str = ""
+
+    @property
+    def migration_url(self) -> str:
+        """The URL migrations run with: the owner's when set apart from the application's."""
+        return self.owner_database_url or self.database_url
 
     @property
     def is_sqlite(self) -> bool:
@@ -121,6 +132,7 @@ class Settings:
             return env.get(name, "").strip() or ENV_VARS[name][0]
 
         database_url = _check_database_url(get("DATABASE_URL"))
+        owner_database_url = _owner_database_url(env.get("LEMBRA_OWNER_DATABASE_URL", "").strip(), database_url)
         broker_url = get("BROKER_URL")
         if broker_url.split("://", 1)[0] not in ("stub", "redis", "rediss", "amqp", "amqps") or "://" not in broker_url:
             raise ConfigError("BROKER_URL must start with stub://, redis:// or amqp://")
@@ -173,7 +185,23 @@ class Settings:
                 env.get("LEMBRA_PROVIDER_ALLOW", "").strip(),
                 embedded=database_url.startswith("sqlite") and broker_url.startswith("stub://"),
             ),
+            owner_database_url=owner_database_url,
         )
+
+
+def _owner_database_url(value: str, database_url: str) -> str:
+    """LEMBRA_OWNER_DATABASE_URL, checked against DATABASE_URL: both PostgreSQL, and DATABASE_URL
+    naming its role, since that is the role `lembra db upgrade` creates and grants."""
+    if not value:
+        return ""
+    owner = _check_database_url(value, name="LEMBRA_OWNER_DATABASE_URL")
+    if not owner.startswith("postgresql") or not database_url.startswith("postgresql"):
+        raise ConfigError("LEMBRA_OWNER_DATABASE_URL is for PostgreSQL: DATABASE_URL and it must both be "
+                          "postgresql+psycopg:// URLs")
+    if not make_url(database_url).username:
+        raise ConfigError("DATABASE_URL must name the application's role (postgresql+psycopg://ROLE:PASSWORD@HOST/DB) "
+                          "when LEMBRA_OWNER_DATABASE_URL is set")
+    return owner
 
 
 def _provider_allow(value: str, *, embedded: bool) -> str:
@@ -216,7 +244,7 @@ def _positive_float(name: str, get) -> float:  # type: ignore[no-untyped-def]
     return value
 
 
-def _check_database_url(url: str) -> str:
+def _check_database_url(url: str, *, name: str = "DATABASE_URL") -> str:
     """Accept SQLite and PostgreSQL (psycopg 3) URLs; normalise postgres:// spellings."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
@@ -225,16 +253,16 @@ def _check_database_url(url: str) -> str:
         parsed = make_url(url)
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise ConfigError(
-            "DATABASE_URL is not a database URL (expected sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+            f"{name} is not a database URL (expected sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
         ) from None
     if parsed.drivername == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             parent = Path(parsed.database).expanduser().resolve().parent
             if not parent.is_dir():
-                raise ConfigError(f"DATABASE_URL: folder {parent} does not exist")
+                raise ConfigError(f"{name}: folder {parent} does not exist")
         return url
     if parsed.drivername == "postgresql+psycopg":
         if not parsed.database:
-            raise ConfigError("DATABASE_URL names no database (postgresql+psycopg://USER@HOST/DB)")
+            raise ConfigError(f"{name} names no database (postgresql+psycopg://USER@HOST/DB)")
         return url
-    raise ConfigError(f"DATABASE_URL: unsupported database {parsed.drivername!r} (use sqlite or postgresql+psycopg)")
+    raise ConfigError(f"{name}: unsupported database {parsed.drivername!r} (use sqlite or postgresql+psycopg)")

@@ -3,6 +3,11 @@
 - default (the README command): SQLite files + Dramatiq StubBroker;
 - `LEMBRA_TEST_DATABASE_URL=postgresql+psycopg://…` and `LEMBRA_TEST_BROKER_URL=redis://…`
   (what `.ci/run` also runs): real PostgreSQL and Redis;
+- with PostgreSQL, `LEMBRA_TEST_APP_ROLE=1`: the runtime, and every process a test starts, connect
+  as an application role of the session's own (no superuser, no BYPASSRLS, granted by
+  `engine.app_role.grant_app_role` as `lembra db upgrade` grants it), as a deployment's web,
+  workers and scheduler do, so row-level security applies to them; migrations, the fixtures'
+  cleanup and a test's own DDL run as the owner (`owner_database_url`);
 - `LEMBRA_TEST_BROKER_URL=amqp://guest:guest@127.0.0.1:5672/VHOST`: RabbitMQ (`.ci/run` runs the
   real-process tests on it, in a virtual host of the run's own). The process tests empty the
   broker before and after each test (tests/processes.py `flush_broker`: FLUSHDB on Redis, a purge
@@ -36,6 +41,7 @@ TEST_KEY = "1:" + base64.b64encode(b"lembra-test-key-0123456789abcdef"[:32]).dec
 DATABASE_URL = os.environ.get("LEMBRA_TEST_DATABASE_URL", "").strip()
 BROKER_URL = os.environ.get("LEMBRA_TEST_BROKER_URL", "").strip() or "stub://"
 IS_POSTGRES = DATABASE_URL.startswith("postgresql")
+APP_ROLE = IS_POSTGRES and os.environ.get("LEMBRA_TEST_APP_ROLE", "").strip() not in ("", "0")
 #: The instant every test starts at unless it says otherwise: Tuesday 2026-12-01 09:00 in São Paulo.
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -47,7 +53,7 @@ ORG_TABLES = (
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    backend = "postgresql" if IS_POSTGRES else "sqlite"
+    backend = "postgresql" + (" as the application's role" if APP_ROLE else "") if IS_POSTGRES else "sqlite"
     return f"lembra backend: {backend} + broker {BROKER_URL.split('://')[0]}"
 
 
@@ -74,11 +80,39 @@ def _session_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield str(template)
 
 
-@pytest.fixture
-def database_url(_session_db: str, tmp_path: Path) -> Iterator[str]:
-    """An empty migrated database for one test."""
-    if IS_POSTGRES:
+@pytest.fixture(scope="session")
+def _session_app_url(_session_db: str) -> Iterator[str]:
+    """The URL the runtime connects with: the session database's owner's, or (LEMBRA_TEST_APP_ROLE)
+    an application role's, made for this session and dropped after it (roles are cluster-wide)."""
+    if not APP_ROLE:
         yield _session_db
+        return
+    from sqlalchemy.engine import make_url
+
+    from engine.app_role import grant_app_role
+
+    role = f"lembra_test_app_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    app_url = make_url(_session_db).set(username=role, password=None).render_as_string(hide_password=False)
+    grant_app_role(_session_db, app_url)
+    yield app_url
+    owner = create_engine(_session_db)
+    with owner.begin() as conn:
+        conn.execute(text(f'DROP OWNED BY "{role}"'))  # its grants in this database
+        conn.execute(text(f'DROP ROLE "{role}"'))
+    owner.dispose()
+
+
+@pytest.fixture
+def owner_database_url(_session_db: str, database_url: str) -> str:
+    """The database of `database_url` as its owner: for a test's own DDL, roles and truncates."""
+    return _session_db if IS_POSTGRES else database_url
+
+
+@pytest.fixture
+def database_url(_session_db: str, _session_app_url: str, tmp_path: Path) -> Iterator[str]:
+    """An empty migrated database for one test (as the application's role with LEMBRA_TEST_APP_ROLE)."""
+    if IS_POSTGRES:
+        yield _session_app_url
         engine = create_engine(_session_db)
         with engine.begin() as conn:
             # Not `TRUNCATE orgs … CASCADE`: that would also empty `templates` (it references orgs),

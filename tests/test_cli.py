@@ -122,9 +122,11 @@ def test_orgs_and_users_create_validate_and_write_nothing_on_error(tmp_path, dat
     assert no_org.returncode == 2 and "no org" in one_line_error(no_org)
 
 
-def test_scheduler_once_sends_due_demo_messages_and_logs_no_pii(tmp_path, database_url):
+def test_scheduler_once_sends_due_demo_messages_and_logs_no_pii(tmp_path, database_url, owner_database_url):
     env = lembra_env(database_url, LEMBRA_LOG_LEVEL="DEBUG")
-    seeded = run(["demo", "seed"], env)
+    # `demo seed` migrates first, which the application's role may not (LEMBRA_TEST_APP_ROLE): the owner does.
+    owner = {"LEMBRA_OWNER_DATABASE_URL": owner_database_url} if owner_database_url != database_url else {}
+    seeded = run(["demo", "seed"], {**env, **owner})
     assert seeded.returncode == 0, seeded.stderr
     once = run(["scheduler", "--once"], env)
     assert once.returncode == 0, once.stderr

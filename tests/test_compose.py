@@ -12,12 +12,14 @@ import os
 import re
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine import metrics
+from tests.conftest import IS_POSTGRES
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -143,6 +145,75 @@ def test_environment_of_the_lembra_services(compose):
         else:
             assert re.fullmatch(r"\$\{LEMBRA_SECRET_KEYS(:?-[^}]*)?\}", keys), \
                 "from the environment (.env), never a key written in the file"
+
+
+def _postgres_superuser(compose: dict[str, Any]) -> str:
+    """The official image makes POSTGRES_USER a superuser (row-level security never applies to it)."""
+    return _env(compose, "postgres").get("POSTGRES_USER") or "postgres"
+
+
+def test_only_the_migration_connects_as_the_owner_the_others_as_the_application_role(compose):
+    """Issue 30, point 8: web, worker and scheduler connected as the image's superuser, to which
+    row-level security never applies."""
+    from sqlalchemy.engine import make_url
+
+    from engine.config import Settings
+
+    superuser = _postgres_superuser(compose)
+    migrate = _env(compose, "migrate")
+    owner = make_url(migrate["LEMBRA_OWNER_DATABASE_URL"])
+    assert owner.username == superuser, "the migration runs as the schema's owner"
+    for name in ("web", "worker", "scheduler"):
+        env = _env(compose, name)
+        app = make_url(env["DATABASE_URL"])
+        assert app.username not in (superuser, "postgres", None), f"{name} connects as a superuser"
+        assert (app.host, app.port, app.database) == (owner.host, owner.port, owner.database), name
+        assert "LEMBRA_OWNER_DATABASE_URL" not in env, f"{name} must not be given the owner's URL"
+        # The migration grants DATABASE_URL's role: the one these services use.
+        assert migrate["DATABASE_URL"] == env["DATABASE_URL"], name
+    settings = Settings.from_env({**migrate, "LEMBRA_SECRET_KEYS": ""})
+    assert settings.migration_url.startswith("postgresql+psycopg://" + superuser + ":")
+    assert make_url(settings.database_url).username == make_url(_env(compose, "web")["DATABASE_URL"]).username
+
+
+@pytest.mark.skipif(not IS_POSTGRES, reason="runs the compose file's migration on PostgreSQL")
+def test_the_compose_migration_makes_the_role_the_services_then_run_as(compose, owner_database_url):
+    """The compose environment, pointed at the test server: `migrate` (as the owner, which the
+    suite's superuser stands for) creates the application's role; the scheduler's environment
+    then runs as it, and its start does not warn that row-level security is off."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from engine.catalogue import describe
+    from tests.processes import LEMBRA, lembra_env
+
+    test_db = make_url(owner_database_url)
+    role = f"lembra_compose_{uuid.uuid4().hex[:8]}"
+
+    def here(url: str, **user: Any) -> str:
+        parsed = make_url(url).set(host=test_db.host, port=test_db.port, database=test_db.database, **user)
+        return parsed.render_as_string(hide_password=False)
+
+    migrate, scheduler = _env(compose, "migrate"), _env(compose, "scheduler")
+    app_url = here(scheduler["DATABASE_URL"], username=role)
+    owner_url = here(migrate["LEMBRA_OWNER_DATABASE_URL"], username=test_db.username, password=test_db.password)
+    warning = str(describe("row_security_bypassed", role="ROLE")).split("ROLE")[0]
+    try:
+        done = subprocess.run([LEMBRA, *_command(compose["services"]["migrate"])[1:]], capture_output=True, text=True,
+                              timeout=120, check=False, env=lembra_env(app_url, LEMBRA_OWNER_DATABASE_URL=owner_url))
+        assert done.returncode == 0, done.stderr
+        assert warning not in done.stderr
+        once = subprocess.run([LEMBRA, "scheduler", "--once"], capture_output=True, text=True, timeout=120, check=False,
+                              env=lembra_env(app_url))
+        assert once.returncode == 0, once.stderr
+        assert warning not in once.stderr
+    finally:
+        engine = create_engine(test_db)
+        with engine.begin() as conn:
+            if conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
+                conn.execute(text(f'DROP OWNED BY "{role}"'))
+                conn.execute(text(f'DROP ROLE "{role}"'))
+        engine.dispose()
 
 
 def test_postgres_keeps_its_data_in_a_named_volume(compose):

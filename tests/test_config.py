@@ -73,6 +73,31 @@ def test_bad_database_url(url, expected):
     assert "s3cr3t-pw" not in message
 
 
+def test_the_owner_url_is_for_migrations_only_and_defaults_to_the_database_url():
+    single = Settings.from_env({"DATABASE_URL": "postgresql+psycopg://lembra@db/lembra"})
+    assert single.migration_url == single.database_url and single.owner_database_url == ""
+    apart = Settings.from_env({"DATABASE_URL": "postgresql+psycopg://lembra_app:pw@db/lembra",
+                               "LEMBRA_OWNER_DATABASE_URL": "postgres://lembra:owner-pw@db/lembra"})
+    assert apart.database_url == "postgresql+psycopg://lembra_app:pw@db/lembra"
+    assert apart.migration_url == "postgresql+psycopg://lembra:owner-pw@db/lembra"
+
+
+@pytest.mark.parametrize("database_url, owner_url, expected", [
+    ("sqlite:///lembra.db", "postgresql+psycopg://lembra:s3cr3t-pw@db/lembra", "for PostgreSQL"),
+    ("postgresql+psycopg://app@db/lembra", "sqlite:///lembra.db", "for PostgreSQL"),
+    ("postgresql+psycopg://app@db/lembra", "postgresql+psycopg://lembra:s3cr3t-pw@db",
+     "LEMBRA_OWNER_DATABASE_URL names no"),
+    ("postgresql+psycopg://app@db/lembra", "not a url", "LEMBRA_OWNER_DATABASE_URL is not a database URL"),
+    ("postgresql+psycopg://db/lembra", "postgresql+psycopg://lembra:s3cr3t-pw@db/lembra",
+     "must name the application's role"),
+])
+def test_a_bad_owner_url_is_refused_in_one_line(database_url, owner_url, expected):
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"DATABASE_URL": database_url, "LEMBRA_OWNER_DATABASE_URL": owner_url})
+    message = _one_line(info.value)
+    assert expected in message and "s3cr3t-pw" not in message
+
+
 @pytest.mark.parametrize("url", ["http://broker:6379", "redis", "kafka://broker:9092", "redis:/broker"])
 def test_bad_broker_url(url):
     with pytest.raises(ConfigError) as info:

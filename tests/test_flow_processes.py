@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import create_engine, func, insert, select, text, update
 
 from engine import clock as engine_clock
 from engine.flows import versions
@@ -101,17 +101,19 @@ def world(rt, clock) -> World:
 
 
 @pytest.fixture
-def step_writers(rt) -> Iterator[Any]:
+def step_writers(owner_database_url) -> Iterator[Any]:
     """On PostgreSQL: which process wrote each `ok` step event, by the `test.process` setting its
     connections carry (PGOPTIONS, see `_env`), recorded by a test-only trigger. Yields a function
-    that returns the counts by process name."""
+    that returns the counts by process name. The trigger is the owner's (the processes may run as
+    the application's role, LEMBRA_TEST_APP_ROLE), and writes as its owner (SECURITY DEFINER)."""
     if not IS_POSTGRES:
         yield None
         return
-    with rt.db.begin() as conn:
+    owner = create_engine(owner_database_url)
+    with owner.begin() as conn:
         conn.execute(text("CREATE TABLE test_step_writers (event_id BIGINT PRIMARY KEY, app TEXT NOT NULL)"))
         conn.execute(text(
-            "CREATE FUNCTION test_note_step_writer() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "CREATE FUNCTION test_note_step_writer() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$ BEGIN "
             "INSERT INTO test_step_writers VALUES (NEW.id, coalesce(current_setting('test.process', true), '?')); "
             "RETURN NEW; END $$"))
         conn.execute(text(
@@ -120,14 +122,15 @@ def step_writers(rt) -> Iterator[Any]:
             "EXECUTE FUNCTION test_note_step_writer()"))
 
     def writers() -> Counter:
-        with rt.db.connect() as conn:
+        with owner.connect() as conn:
             return Counter(dict(conn.execute(text("SELECT app, count(*) FROM test_step_writers GROUP BY app")).all()))
 
     yield writers
-    with rt.db.begin() as conn:
+    with owner.begin() as conn:
         conn.execute(text("DROP TRIGGER IF EXISTS test_note_step_writer ON enrollment_events"))
         conn.execute(text("DROP FUNCTION IF EXISTS test_note_step_writer()"))
         conn.execute(text("DROP TABLE IF EXISTS test_step_writers"))
+    owner.dispose()
 
 
 def _open_zone() -> str:

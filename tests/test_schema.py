@@ -88,10 +88,10 @@ def _shape(url: str) -> dict[str, dict[str, object]]:
         engine.dispose()
 
 
-def test_migrations_applied_twice_change_nothing(database_url):
-    # The fixture's database is already migrated: a second upgrade applies nothing.
-    assert upgrade(database_url) == []
-    assert upgrade(database_url) == []
+def test_migrations_applied_twice_change_nothing(owner_database_url):
+    # The fixture's database is already migrated: a second upgrade (by its owner) applies nothing.
+    assert upgrade(owner_database_url) == []
+    assert upgrade(owner_database_url) == []
 
 
 def test_fresh_database_gets_every_migration(tmp_path, capfd):

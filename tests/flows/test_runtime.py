@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select, text, update
 
 from engine.api_events import record_contact_event
+from engine.db import Database
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
 from engine.flows.ai.builtin import BuiltinAI
@@ -183,12 +184,13 @@ def test_one_claim_advances_each_org_with_its_own_rows(world, flows, rt, clock):
     assert {m.org_id for m in other_flows.followups()} == {other.org_id}
 
 
-def _fail_updates_of(rt, enrollment_id: int, *, but_the_start: bool = False) -> None:
+def _fail_updates_of(db, enrollment_id: int, *, but_the_start: bool = False) -> None:
     """A real write failure for one enrollment: the database refuses every update of its row (with
-    `but_the_start`, every one but the actor's mark that it started: the step's own write fails)."""
+    `but_the_start`, every one but the actor's mark that it started: the step's own write fails).
+    A trigger is DDL, so `db` is the owner's, which LEMBRA_TEST_APP_ROLE sets apart from rt's."""
     when = f"OLD.id = {int(enrollment_id)}" + (" AND NEW.revision <> OLD.revision" if but_the_start else "")
-    with rt.db.begin() as conn:
-        if rt.db.dialect == "postgresql":
+    with db.begin() as conn:
+        if db.dialect == "postgresql":
             conn.execute(text("CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                               "RAISE EXCEPTION 'refused'; END $$"))
             conn.execute(text(f"CREATE TRIGGER test_refuse BEFORE UPDATE ON enrollments FOR EACH ROW "
@@ -198,14 +200,15 @@ def _fail_updates_of(rt, enrollment_id: int, *, but_the_start: bool = False) -> 
                               f"WHEN {when} BEGIN SELECT RAISE(ABORT, 'refused'); END"))
 
 
-def _accept_updates_again(rt) -> None:
-    with rt.db.begin() as conn:
-        conn.execute(text("DROP TRIGGER test_refuse" + (" ON enrollments" if rt.db.dialect == "postgresql" else "")))
-        if rt.db.dialect == "postgresql":
+def _accept_updates_again(db) -> None:
+    with db.begin() as conn:
+        conn.execute(text("DROP TRIGGER test_refuse" + (" ON enrollments" if db.dialect == "postgresql" else "")))
+        if db.dialect == "postgresql":
             conn.execute(text("DROP FUNCTION test_refuse()"))
+    db.dispose()
 
 
-def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, flows, rt, clock):
+def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, flows, rt, clock, owner_database_url):
     """The claim's steps are written together; when that fails they are written one by one: the
     others advance, and the one that fails (a step that started) keeps its lease until the sweep
     backs it off."""
@@ -214,19 +217,21 @@ def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, fl
     ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
     pairs = runtime.claim_due(rt, limit=10)
     assert len(pairs) == 3
-    _fail_updates_of(rt, ids[1], but_the_start=True)
+    owner = Database(owner_database_url)
+    _fail_updates_of(owner, ids[1], but_the_start=True)
     runtime.advance_claimed(rt, pairs)
     runs = [flows.enrollment(i) for i in ids]
     assert [(r.current_node_id, r.steps) for r in (runs[0], runs[2])] == [("espera", 1), ("espera", 1)]
     assert (runs[1].current_node_id, runs[1].steps) == ("inicio", 0) and runs[1].lease_until is not None
     assert runs[1].claim_started_at is not None
-    _accept_updates_again(rt)
+    _accept_updates_again(owner)
     clock.advance(rt.settings.lease + timedelta(seconds=1))
     assert runtime.sweep_lost(rt) == (1, 0)
     assert (flows.enrollment(ids[1]).attempts, flows.enrollment(ids[1]).last_error) == (1, "claim_expired")
 
 
-def test_an_enrollment_whose_claim_cannot_even_start_leaves_its_claim_mates_alone(world, flows, rt, clock):
+def test_an_enrollment_whose_claim_cannot_even_start_leaves_its_claim_mates_alone(world, flows, rt, clock,
+                                                                                   owner_database_url):
     """The actor marks its claim started in one statement; when one row refuses even that, the
     others are marked one by one and advance, and the one that never started goes back to the
     queue free once the database takes its writes again."""
@@ -234,12 +239,13 @@ def test_an_enrollment_whose_claim_cannot_even_start_leaves_its_claim_mates_alon
                              node("fim", "end", outcome="exhausted")))
     ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
     pairs = runtime.claim_due(rt, limit=10)
-    _fail_updates_of(rt, ids[1])
+    owner = Database(owner_database_url)
+    _fail_updates_of(owner, ids[1])
     assert runtime.advance_claimed(rt, pairs) == 2
     runs = [flows.enrollment(i) for i in ids]
     assert [(r.current_node_id, r.steps) for r in (runs[0], runs[2])] == [("espera", 1), ("espera", 1)]
     assert (runs[1].current_node_id, runs[1].claim_started_at) == ("inicio", None)
-    _accept_updates_again(rt)
+    _accept_updates_again(owner)
     clock.advance(rt.settings.lease + timedelta(seconds=1))
     assert runtime.sweep_lost(rt) == (0, 1)
     run = flows.enrollment(ids[1])
