@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from admin import api, auth, health, optout, webhooks
 from admin.errors import init_error_pages
+from admin.ids import AsciiIntegerConverter
 from admin.i18n import init_i18n
 from admin.security import init_security_headers
 from admin.throttle import LoginThrottle
@@ -23,6 +24,7 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
     """Build the app around a runtime. `enqueue_inbound` hands new patient messages to the
     workers; without one they are processed in the request (tests, one-off tools)."""
     app = Flask(__name__)
+    app.url_map.converters["int"] = AsciiIntegerConverter  # before any route is added
     app.config.update(
         SECRET_KEY=_session_key(rt),
         SESSION_COOKIE_HTTPONLY=True,

@@ -211,7 +211,7 @@ def templates_waba(org_slug: str) -> None:
         org = _org(conn, org_slug)
         channel = meta_templates.meta_channel(conn, org.id)
     if channel is None:
-        cli.fail(str(describe("meta_no_channel")))
+        cli.fail(str(describe("waba_no_channel")))
     waba = meta_templates.read_waba(rt.providers, channel)
     if waba.problem is not None:
         cli.fail(str(waba.problem.text))

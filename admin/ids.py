@@ -8,6 +8,15 @@ answers "bigint out of range").
 
 from __future__ import annotations
 
+from werkzeug.routing import IntegerConverter
+
 from engine.ids import MAX_ID, parse_id, valid_id
 
-__all__ = ["MAX_ID", "parse_id", "valid_id"]
+__all__ = ["MAX_ID", "AsciiIntegerConverter", "parse_id", "valid_id"]
+
+
+class AsciiIntegerConverter(IntegerConverter):
+    """`<int:…>` in every route of the app: ASCII digits only. Werkzeug's own matches any Unicode
+    digit, so `/templates/١٢` reached template 12 (Python's `int` reads Arabic-Indic digits)."""
+
+    regex = r"[0-9]+"

@@ -308,6 +308,8 @@ CATALOGUE: dict[str, Text] = {
     # --- WhatsApp Cloud API (providers/meta: its named codes and Graph error numbers)
     "template_required": N_("A janela de 24 horas do WhatsApp estava fechada e esta mensagem não tem modelo aprovado."
                             " Cadastre o nome do modelo aprovado na Meta e reenvie."),
+    "waba_missing": N_("O canal do WhatsApp oficial não tem a identificação da conta do WhatsApp Business (WABA) "
+                       "ou o token de acesso. Preencha os dois no canal, em Configuração → Canais."),
     "send_window_closed": N_("O paciente não escreve há mais de 24 horas, e fora dessa janela o WhatsApp só aceita "
                              "modelos aprovados. Envie um modelo aprovado."),
     "undeliverable": N_("O WhatsApp não conseguiu entregar: o número pode não ter WhatsApp, o aplicativo pode estar "
@@ -429,23 +431,23 @@ CATALOGUE: dict[str, Text] = {
                       "%(code)s)."),
     # --- what a follow-up flow made of a reply its waiting step took (engine/conversations.py
     # FlowReading, shown in Conversas)
-    "reply_flow_reading": N_("O fluxo %(flow)s está lendo esta resposta; ela só fica para responder se o fluxo "
+    "flow_reply_reading": N_("O fluxo %(flow)s está lendo esta resposta; ela só fica para responder se o fluxo "
                              "não a entender."),
-    "reply_flow_understood": N_("O fluxo %(flow)s entendeu a resposta como “%(class)s” e seguiu para a etapa "
+    "flow_reply_understood": N_("O fluxo %(flow)s entendeu a resposta como “%(class)s” e seguiu para a etapa "
                                 "“%(step)s”."),
-    "reply_flow_understood_ended": N_("O fluxo %(flow)s entendeu a resposta como “%(class)s” e encerrou o "
+    "flow_reply_understood_ended": N_("O fluxo %(flow)s entendeu a resposta como “%(class)s” e encerrou o "
                                       "acompanhamento."),
-    "reply_flow_replied": N_("O fluxo %(flow)s recebeu a resposta durante a espera e seguiu para a etapa "
+    "flow_reply_replied": N_("O fluxo %(flow)s recebeu a resposta durante a espera e seguiu para a etapa "
                              "“%(step)s”."),
-    "reply_flow_replied_ended": N_("O fluxo %(flow)s recebeu a resposta durante a espera e encerrou o "
+    "flow_reply_replied_ended": N_("O fluxo %(flow)s recebeu a resposta durante a espera e encerrou o "
                                    "acompanhamento."),
-    "reply_flow_not_understood": N_("O fluxo %(flow)s não entendeu esta resposta e seguiu pela saída padrão, para "
+    "flow_reply_not_understood": N_("O fluxo %(flow)s não entendeu esta resposta e seguiu pela saída padrão, para "
                                     "a etapa “%(step)s”. Leia e responda, se preciso."),
-    "reply_flow_stopped": N_("O fluxo %(flow)s leu esta resposta, mas parou sem tratá-la. %(why)s Leia e "
+    "flow_reply_stopped": N_("O fluxo %(flow)s leu esta resposta, mas parou sem tratá-la. %(why)s Leia e "
                              "responda, se preciso."),
-    "reply_flow_late": N_("O fluxo %(flow)s ainda não conseguiu ler esta resposta (o serviço de IA ou o "
+    "flow_reply_late": N_("O fluxo %(flow)s ainda não conseguiu ler esta resposta (o serviço de IA ou o "
                           "processamento está atrasado). Leia e responda, se preciso."),
-    "reply_flow_dropped": N_("O fluxo %(flow)s não chegou a ler esta resposta: o acompanhamento foi encerrado, "
+    "flow_reply_dropped": N_("O fluxo %(flow)s não chegou a ler esta resposta: o acompanhamento foi encerrado, "
                              "pausado por atendimento humano ou parou por erro. Leia e responda, se preciso."),
     # --- privacy (engine/privacy): refusals that follow the address, erasure, retention -------
     "address_opted_out": N_("Outro cadastro com o mesmo telefone ou e-mail pediu para não receber mensagens por "
@@ -477,71 +479,71 @@ CATALOGUE: dict[str, Text] = {
     "reminder_no_channel": N_("A clínica não tem um canal ativo para os canais que o paciente aceitou nesta regra."),
     "reminder_no_address": N_("O paciente não tem telefone ou e-mail para os canais desta regra."),
     # --- a template's Meta mapping (engine/meta_templates.py): refusals and warnings at save -----
-    "meta_template_unmapped": N_("Pelo WhatsApp oficial (Meta), esta mensagem também sai fora da janela de 24 horas, "
+    "waba_template_unmapped": N_("Pelo WhatsApp oficial (Meta), esta mensagem também sai fora da janela de 24 horas, "
                                  "e aí a Meta só aceita um modelo aprovado. Informe o nome, o idioma e as variáveis "
                                  "do modelo aprovado na conta da clínica."),
-    "meta_only_whatsapp": N_("Só modelos de WhatsApp têm um modelo aprovado na Meta. Deixe o mapeamento da Meta "
+    "waba_only_whatsapp": N_("Só modelos de WhatsApp têm um modelo aprovado na Meta. Deixe o mapeamento da Meta "
                              "em branco neste canal."),
-    "meta_name_invalid": N_("O nome de um modelo da Meta tem só letras minúsculas sem acento, números e _ (até 512), "
+    "waba_name_invalid": N_("O nome de um modelo da Meta tem só letras minúsculas sem acento, números e _ (até 512), "
                             "como lembrete_sessao. Copie o nome como aparece no Gerenciador do WhatsApp."),
-    "meta_language_invalid": N_("O idioma de um modelo da Meta é um código como pt_BR, en_US ou es. Copie-o como "
+    "waba_language_invalid": N_("O idioma de um modelo da Meta é um código como pt_BR, en_US ou es. Copie-o como "
                                 "aparece no Gerenciador do WhatsApp."),
-    "meta_parameters_too_many": N_("Use no máximo %(max)s variáveis."),
-    "meta_parameter_unknown": N_("A variável %(variable)s não existe. Use uma destas: %(variables)s."),
-    "meta_buttons_not_here": N_("Só o lembrete de sessão e a confirmação de agendamento têm os botões Confirmar e "
+    "waba_parameters_too_many": N_("Use no máximo %(max)s variáveis."),
+    "waba_parameter_unknown": N_("A variável %(variable)s não existe. Use uma destas: %(variables)s."),
+    "waba_buttons_not_here": N_("Só o lembrete de sessão e a confirmação de agendamento têm os botões Confirmar e "
                                 "Cancelar. Deixe os botões deste modelo em branco."),
-    "meta_buttons_invalid": N_("Os botões são Confirmar e Cancelar, cada um no máximo uma vez, na ordem dos botões "
+    "waba_buttons_invalid": N_("Os botões são Confirmar e Cancelar, cada um no máximo uma vez, na ordem dos botões "
                                "de resposta rápida do modelo aprovado."),
-    "meta_template_not_found": N_("A conta do WhatsApp da clínica (WABA) não tem o modelo %(name)s em %(language)s. "
+    "waba_template_not_found": N_("A conta do WhatsApp da clínica (WABA) não tem o modelo %(name)s em %(language)s. "
                                   "Crie-o na Meta e espere a aprovação, ou escolha um dos modelos da conta."),
-    "meta_template_language": N_("O modelo %(name)s existe na Meta em %(languages)s, mas não em %(language)s. "
+    "waba_template_language": N_("O modelo %(name)s existe na Meta em %(languages)s, mas não em %(language)s. "
                                  "Escolha um desses idiomas ou crie o modelo em %(language)s."),
-    "meta_template_not_approved": N_("O modelo %(name)s (%(language)s) está %(status)s na Meta, e só modelos "
+    "waba_template_not_approved": N_("O modelo %(name)s (%(language)s) está %(status)s na Meta, e só modelos "
                                      "aprovados podem ser enviados. Espere a aprovação ou escolha outro modelo."),
-    "meta_template_parameter_count": N_("O modelo %(name)s na Meta tem %(expected)s variáveis no texto, e o "
+    "waba_template_parameter_count": N_("O modelo %(name)s na Meta tem %(expected)s variáveis no texto, e o "
                                         "mapeamento lista %(given)s. Liste uma variável do Lembra para cada {{n}} "
                                         "do modelo, na ordem."),
-    "meta_template_named_parameters": N_("O modelo %(name)s usa variáveis com nome ({{nome}}), e o Lembra preenche "
+    "waba_template_named_parameters": N_("O modelo %(name)s usa variáveis com nome ({{nome}}), e o Lembra preenche "
                                          "variáveis numeradas ({{1}}, {{2}}…). Crie o modelo na Meta com "
                                          "variáveis do tipo número."),
-    "meta_template_header": N_("O modelo %(name)s tem um cabeçalho com imagem, documento ou variável, que o Lembra "
+    "waba_template_header": N_("O modelo %(name)s tem um cabeçalho com imagem, documento ou variável, que o Lembra "
                                "não preenche. Use um modelo sem cabeçalho ou com um cabeçalho de texto fixo."),
-    "meta_template_buttons": N_("O modelo %(name)s na Meta tem %(count)s botões de resposta rápida, e o mapeamento "
+    "waba_template_buttons": N_("O modelo %(name)s na Meta tem %(count)s botões de resposta rápida, e o mapeamento "
                                 "indica %(given)s. Indique um botão do Lembra (Confirmar, Cancelar) para cada "
                                 "resposta rápida do modelo, na ordem, com as respostas rápidas antes dos outros "
                                 "botões."),
-    "meta_template_button_value": N_("O modelo %(name)s tem um botão que precisa de um valor no envio (um link com "
+    "waba_template_button_value": N_("O modelo %(name)s tem um botão que precisa de um valor no envio (um link com "
                                      "variável ou um código), que o Lembra não preenche. Use um modelo sem esse "
                                      "botão."),
-    "meta_channel_no_waba": N_("O canal do WhatsApp oficial não tem a identificação da conta do WhatsApp Business "
+    "waba_channel_no_waba": N_("O canal do WhatsApp oficial não tem a identificação da conta do WhatsApp Business "
                                "(WABA), então o Lembra não conferiu o modelo na Meta. Preencha a WABA no canal, em "
                                "Configuração → Canais."),
-    "meta_templates_unreachable": N_("A Meta não respondeu agora à consulta dos modelos da conta do WhatsApp, então "
+    "waba_templates_unreachable": N_("A Meta não respondeu agora à consulta dos modelos da conta do WhatsApp, então "
                                      "o Lembra não conferiu o modelo. O que foi salvo vale; confira o nome, o idioma "
                                      "e as variáveis quando a Meta voltar."),
-    "meta_templates_refused": N_("A Meta recusou a consulta dos modelos da conta do WhatsApp, então o Lembra não "
+    "waba_templates_refused": N_("A Meta recusou a consulta dos modelos da conta do WhatsApp, então o Lembra não "
                                  "conferiu o modelo. Confira no canal o token de acesso (com a permissão "
                                  "whatsapp_business_management) e a identificação da conta (WABA)."),
-    "meta_templates_address_refused": N_("O endereço da API do canal do WhatsApp oficial aponta para a rede interna "
+    "waba_templates_address_refused": N_("O endereço da API do canal do WhatsApp oficial aponta para a rede interna "
                                          "e não é permitido, então o Lembra não conferiu o modelo na Meta. Corrija o "
                                          "endereço no canal, ou peça a quem opera o Lembra para liberá-lo em "
                                          "LEMBRA_PROVIDER_ALLOW."),
-    "meta_no_channel": N_("O WhatsApp da clínica não sai pela API oficial da Meta, então não há modelos aprovados "
+    "waba_no_channel": N_("O WhatsApp da clínica não sai pela API oficial da Meta, então não há modelos aprovados "
                           "para listar. Configure um canal Meta como padrão do WhatsApp, em Configuração → Canais."),
-    "meta_template_default_read_only": N_("Os modelos padrão não mudam. Personalize o modelo (crie o da clínica) e "
+    "template_default_read_only": N_("Os modelos padrão não mudam. Personalize o modelo (crie o da clínica) e "
                                           "mude esse."),
-    "meta_template_exists": N_("A clínica já tem seu próprio modelo para esta finalidade, canal e idioma. Mude esse."),
-    "meta_template_no_default": N_("Não há modelo padrão para esta finalidade, canal e idioma. Escreva o texto."),
+    "template_exists": N_("A clínica já tem seu próprio modelo para esta finalidade, canal e idioma. Mude esse."),
+    "template_no_default": N_("Não há modelo padrão para esta finalidade, canal e idioma. Escreva o texto."),
     "template_text_invalid": N_("O texto do modelo tem um erro: %(error)s"),
-    "meta_status_approved": N_("aprovado"),
-    "meta_status_pending": N_("em análise"),
-    "meta_status_rejected": N_("rejeitado"),
-    "meta_status_paused": N_("pausado"),
-    "meta_status_disabled": N_("desativado"),
-    "meta_status_in_appeal": N_("em recurso"),
-    "meta_status_pending_deletion": N_("sendo excluído"),
-    "meta_status_deleted": N_("excluído"),
-    "meta_status_limit_exceeded": N_("acima do limite de modelos"),
+    "waba_status_approved": N_("aprovado"),
+    "waba_status_pending": N_("em análise"),
+    "waba_status_rejected": N_("rejeitado"),
+    "waba_status_paused": N_("pausado"),
+    "waba_status_disabled": N_("desativado"),
+    "waba_status_in_appeal": N_("em recurso"),
+    "waba_status_pending_deletion": N_("sendo excluído"),
+    "waba_status_deleted": N_("excluído"),
+    "waba_status_limit_exceeded": N_("acima do limite de modelos"),
     # --- a change of rules or of the sending window (engine/rules.py, engine/replan.py) ----------
     "rule_changed": N_("A regra deste lembrete foi desligada ou deixou de usar este canal; "
                        "o lembrete foi cancelado."),

@@ -166,22 +166,22 @@ class Review:
 def format_findings(key: str, kind: str, mapping: MetaMapping) -> list[Finding]:
     """Whatever makes `mapping` malformed, whatever the WABA holds."""
     if kind != "whatsapp":
-        return [Finding("meta_only_whatsapp")]
+        return [Finding("waba_only_whatsapp")]
     found: list[Finding] = []
     if not NAME_RE.fullmatch(mapping.name):
-        found.append(Finding("meta_name_invalid", "name"))
+        found.append(Finding("waba_name_invalid", "name"))
     if not LANGUAGE_RE.fullmatch(mapping.language):
-        found.append(Finding("meta_language_invalid", "language"))
+        found.append(Finding("waba_language_invalid", "language"))
     if len(mapping.parameters) > MAX_PARAMETERS:
-        found.append(Finding("meta_parameters_too_many", "parameters", {"max": MAX_PARAMETERS}))
+        found.append(Finding("waba_parameters_too_many", "parameters", {"max": MAX_PARAMETERS}))
     for name in dict.fromkeys(mapping.parameters):
         if name not in VARIABLES:
-            found.append(Finding("meta_parameter_unknown", "parameters",
+            found.append(Finding("waba_parameter_unknown", "parameters",
                                  {"variable": name[:40], "variables": ", ".join(VARIABLES)}))
     if mapping.buttons and key not in KEYS_WITH_BUTTONS:
-        found.append(Finding("meta_buttons_not_here", "buttons"))
+        found.append(Finding("waba_buttons_not_here", "buttons"))
     elif any(b not in BUTTON_ACTIONS for b in mapping.buttons) or len(set(mapping.buttons)) != len(mapping.buttons):
-        found.append(Finding("meta_buttons_invalid", "buttons"))
+        found.append(Finding("waba_buttons_invalid", "buttons"))
     return found
 
 
@@ -193,16 +193,16 @@ def match_findings(mapping: MetaMapping, listed: Sequence[ProviderTemplate]) -> 
     if chosen is None:
         if named:
             languages = ", ".join(sorted({t.language for t in named}))
-            return [Finding("meta_template_language", "language", {**what, "languages": languages})]
-        return [Finding("meta_template_not_found", "name", what)]
+            return [Finding("waba_template_language", "language", {**what, "languages": languages})]
+        return [Finding("waba_template_not_found", "name", what)]
     found = unusable(chosen)
     if not chosen.named and len(chosen.parameters) != len(mapping.parameters):
-        found.append(Finding("meta_template_parameter_count", "parameters",
+        found.append(Finding("waba_template_parameter_count", "parameters",
                              {**what, "expected": len(chosen.parameters), "given": len(mapping.parameters)}))
     quick = sum(1 for b in chosen.buttons if b.type == "QUICK_REPLY")
     leading = all(b.type == "QUICK_REPLY" for b in chosen.buttons[:len(mapping.buttons)])
     if quick != len(mapping.buttons) or not leading:
-        found.append(Finding("meta_template_buttons", "buttons", {**what, "count": quick, "given": len(mapping.buttons)}))
+        found.append(Finding("waba_template_buttons", "buttons", {**what, "count": quick, "given": len(mapping.buttons)}))
     return found
 
 
@@ -212,20 +212,20 @@ def unusable(template: ProviderTemplate) -> list[Finding]:
     what = {"name": template.name, "language": template.language}
     found: list[Finding] = []
     if template.status != APPROVED:
-        found.append(Finding("meta_template_not_approved", "name", {**what, "status": status_text(template.status)}))
+        found.append(Finding("waba_template_not_approved", "name", {**what, "status": status_text(template.status)}))
     if template.named:
-        found.append(Finding("meta_template_named_parameters", "parameters", what))
+        found.append(Finding("waba_template_named_parameters", "parameters", what))
     if template.header_needs_parameter:
-        found.append(Finding("meta_template_header", "name", what))
+        found.append(Finding("waba_template_header", "name", what))
     if any(b.needs_parameter for b in template.buttons):
-        found.append(Finding("meta_template_button_value", "buttons", what))
+        found.append(Finding("waba_template_button_value", "buttons", what))
     return found
 
 
 def status_text(status: str) -> Text | str:
     """Meta's template status in words (APPROVED, PENDING, REJECTED, PAUSED, …); an unknown one as
     Meta names it."""
-    code = f"meta_status_{status.lower()}"
+    code = f"waba_status_{status.lower()}"
     return describe(code) if status and known(code) else (status or "?")
 
 
@@ -251,15 +251,15 @@ def read_waba(pool: ProviderPool, channel: Any) -> WabaList:
     try:
         listed = pool.get(channel).list_templates()
     except EgressRefused:
-        return WabaList(problem=Finding("meta_templates_address_refused"))
+        return WabaList(problem=Finding("waba_templates_address_refused"))
     except PermanentError as exc:
         if exc.code == "waba_missing":
-            return WabaList(problem=Finding("meta_channel_no_waba"))
-        return WabaList(problem=Finding("meta_templates_refused", params={"code": exc.code or "error"}))
+            return WabaList(problem=Finding("waba_channel_no_waba"))
+        return WabaList(problem=Finding("waba_templates_refused"))
     except ProviderError as exc:
-        return WabaList(problem=Finding("meta_templates_unreachable", params={"code": exc.code or "error"}))
+        return WabaList(problem=Finding("waba_templates_unreachable"))
     except (CryptoError, registry.UnknownProvider):
-        return WabaList(problem=Finding("meta_templates_refused", params={"code": "channel_misconfigured"}))
+        return WabaList(problem=Finding("waba_templates_refused"))
     return WabaList(templates=tuple(listed))
 
 
@@ -272,14 +272,14 @@ def review(key: str, kind: str, mapping: MetaMapping | None, *, own: bool, on_me
     when `on_meta` (None when it was not asked)."""
     if mapping is None:
         if on_meta and kind == "whatsapp" and key in INITIATED_KEYS:
-            return Review(errors=(Finding("meta_template_unmapped", "name"),))
+            return Review(errors=(Finding("waba_template_unmapped", "name"),))
         return Review()
     errors = format_findings(key, kind, mapping) if own else []
     if errors or not on_meta or kind != "whatsapp":
         return Review(errors=tuple(errors))
     if waba is None or waba.templates is None:
         problem = waba.problem if waba is not None else None
-        return Review(warnings=(problem or Finding("meta_templates_unreachable", params={"code": "error"}),))
+        return Review(warnings=(problem or Finding("waba_templates_unreachable"),))
     return Review(errors=tuple(match_findings(mapping, waba.templates)))
 
 

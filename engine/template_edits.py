@@ -142,14 +142,14 @@ def customize(conn: Connection, org_id: int, *, key: str, kind: str, locale: str
         templates.c.org_id == org_id, templates.c.key == key, templates.c.channel_kind == kind,
         templates.c.locale == locale)).first()
     if exists is not None:
-        raise TemplateRefused([Finding("meta_template_exists")])
+        raise TemplateRefused([Finding("template_exists")])
     default = conn.execute(select(templates).where(
         templates.c.org_id.is_(None), templates.c.key == key, templates.c.channel_kind == kind,
         templates.c.locale == locale)).first()
     values = {name: getattr(default, name) if default is not None else None for name in TEXT_FIELDS}
     values.update({k: v for k, v in changes.given().items() if k != "meta"})
     if not values.get("body"):
-        raise TemplateRefused([Finding("meta_template_no_default", "body")])
+        raise TemplateRefused([Finding("template_no_default", "body")])
     own = changes.meta if changes.meta is not UNSET else None
     warnings = _checked(conn, org_id, _Draft(key=key, channel_kind=kind), values, own, default, waba)
     now = clock.now()
@@ -166,7 +166,7 @@ def change(conn: Connection, org_id: int, template_id: int, changes: Changes, *,
     default; TemplateRefused for a global default (customise it first) or a broken result."""
     row = find_visible(conn, org_id, template_id)
     if row.org_id is None:
-        raise TemplateRefused([Finding("meta_template_default_read_only")])
+        raise TemplateRefused([Finding("template_default_read_only")])
     given = changes.given()
     values = {name: given.get(name, getattr(row, name)) for name in TEXT_FIELDS}
     if not values.get("body"):

@@ -255,16 +255,16 @@ def test_an_unmapped_or_unusable_reminder_is_refused_at_save_not_at_send(rt, clo
 
     with Graph() as graph:
         world, channel_id = meta_world(rt, graph)
-        for meta, code in ((MetaMapping("volte_a_sorrir", "pt_BR", ("nome",)), "meta_template_not_approved"),
+        for meta, code in ((MetaMapping("volte_a_sorrir", "pt_BR", ("nome",)), "waba_template_not_approved"),
                            (MetaMapping("lembrete_sorriso", "pt_BR", ("nome",), ("confirm", "cancel")),
-                            "meta_template_parameter_count")):
+                            "waba_template_parameter_count")):
             with pytest.raises(TemplateRefused) as refused:
                 _customise(rt, world, channel_id, meta=meta)
             assert [f.code for f in refused.value.findings] == [code]
         with pytest.raises(TemplateRefused) as unmapped, rt.db.begin() as conn:
             customize(conn, world.org_id, key="session_reminder", kind="whatsapp", locale="es",
                       changes=Changes(body="Hola {{ nome }}"), waba=None)
-        assert [f.code for f in unmapped.value.findings] == ["meta_template_unmapped"]
+        assert [f.code for f in unmapped.value.findings] == ["waba_template_unmapped"]
         with rt.db.connect() as conn:
             assert conn.execute(select(templates).where(templates.c.org_id == world.org_id)).all() == []
 

@@ -17,7 +17,18 @@ from typing import Any, Iterable
 from flask import jsonify
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from admin.api.core import ApiError, bp, caller, error_response, json_body, load, org_tx, require_key, runtime
+from admin.api.core import (
+    ApiError,
+    bp,
+    caller,
+    error_response,
+    json_body,
+    load,
+    load_query,
+    org_tx,
+    require_key,
+    runtime,
+)
 from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID, Text
 from admin.i18n import translate_to
@@ -29,7 +40,7 @@ from engine.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefu
 
 _DT = {"format": "date-time"}
 #: Refusals that are about the resource's state, not the request's fields.
-CONFLICTS = ("meta_template_default_read_only", "meta_template_exists")
+CONFLICTS = ("template_default_read_only", "template_exists")
 
 
 # --- schemas ------------------------------------------------------------------------------------
@@ -50,6 +61,19 @@ class TemplateMetaIn(Schema):
                           validate=validate.Length(max=len(BUTTON_ACTIONS)),
                           metadata={"description": "What each of the template's quick-reply buttons does, in "
                                                    "their order (reminders and confirmations only)."})
+
+
+class TemplateQuery(Schema):
+    """Filters of the list; an unknown one is a 422, not ignored (a filter a client misspells must
+    not answer every template as if it had matched)."""
+
+    class Meta:
+        unknown = RAISE
+
+    key = Text(validate=validate.Length(min=1, max=64), metadata={"example": "session_reminder"})
+    channel_kind = fields.String(validate=validate.OneOf(CHANNEL_KINDS))
+    locale = fields.String(validate=validate.OneOf(template_edits.LOCALES))
+    origin = fields.String(validate=validate.OneOf(("default", "clinic")))
 
 
 _META_IN = {"description": "The approved Meta template this WhatsApp template sends outside the 24-hour window; "
@@ -172,7 +196,7 @@ def _refused(exc: TemplateRefused) -> Any:
 def template_out(row: Any, default: Any) -> dict[str, Any]:
     mapping, inherited = meta_templates.effective(row, default)
     return {
-        "id": row.id, "origin": "default" if row.org_id is None else "clinic", "key": row.key,
+        "id": row.id, "origin": _origin(row), "key": row.key,
         "channel_kind": row.channel_kind, "locale": row.locale, "subject": row.subject, "body": row.body,
         "body_html": row.body_html, "meta": mapping.as_dict() if mapping is not None else None,
         "meta_inherited": inherited, "meta_preview": meta_templates.preview(mapping),
@@ -182,6 +206,15 @@ def template_out(row: Any, default: Any) -> dict[str, Any]:
 
 def _defaults(rows: Iterable[Any]) -> dict[tuple[str, str, str], Any]:
     return {(r.key, r.channel_kind, r.locale): r for r in rows if r.org_id is None}
+
+
+def _origin(row: Any) -> str:
+    return "default" if row.org_id is None else "clinic"
+
+
+def _matches(row: Any, filters: dict[str, Any]) -> bool:
+    """Whether a template passes the list's filters (key, channel_kind, locale, origin)."""
+    return all(value == (_origin(row) if name == "origin" else getattr(row, name)) for name, value in filters.items())
 
 
 def _one(conn: Any, org_id: int, template_id: int) -> dict[str, Any]:
@@ -227,17 +260,19 @@ def _template_refused(exc: TemplateRefused) -> Any:
 
 @bp.get("/templates")
 @documented("get", "/templates", "List templates: the org's own and the global defaults", tag="templates",
+            query=TemplateQuery, errors=(422,),
             description="Every template the org's messages may use: its own (`origin: clinic`) and the global "
                         "defaults (`origin: default`), each with the Meta mapping it sends outside WhatsApp's "
                         "24-hour window (an override without its own uses its default's: `meta_inherited`).",
             responses={200: (TemplatePageOut, "Every template")})
 @require_key
 def list_templates() -> Any:
+    params = load_query(TemplateQuery())
     with org_tx() as conn:
         rows = template_edits.visible(conn, caller().org_id)
     defaults = _defaults(rows)
     data = [template_out(r, defaults.get((r.key, r.channel_kind, r.locale)) if r.org_id is not None else None)
-            for r in rows]
+            for r in rows if _matches(r, params)]
     return jsonify(TemplatePageOut().dump({"data": data}))
 
 
@@ -306,10 +341,10 @@ def waba_templates() -> Any:
     with org_tx() as conn:
         channel = meta_templates.meta_channel(conn, caller().org_id)
     if channel is None:
-        raise ApiError(409, "the org's WhatsApp does not go through Meta", [finding_out(Finding("meta_no_channel"))])
+        raise ApiError(409, "the org's WhatsApp does not go through Meta", [finding_out(Finding("waba_no_channel"))])
     waba = meta_templates.read_waba(runtime().providers, channel)
     if waba.problem is not None:
-        status = 409 if waba.problem.code == "meta_channel_no_waba" else 502
+        status = 409 if waba.problem.code == "waba_channel_no_waba" else 502
         raise ApiError(status, "the WABA's templates could not be read", [finding_out(waba.problem)])
     data = [{"name": t.name, "language": t.language, "status": t.status,
              "status_text": str(meta_templates.status_text(t.status)), "category": t.category, "body": t.body,

@@ -91,22 +91,22 @@ def flow_text(conn: Any, oid: int, reading: convs.FlowReading, names: dict[int, 
     understand it, has not managed to read it yet, or never got to read it."""
     params: dict[str, Any] = {"flow": names.get(reading.pointer_id, f"#{reading.pointer_id}")}
     if reading.state == "reading":
-        return sentence("reply_flow_reading", **params)
+        return sentence("flow_reply_reading", **params)
     if reading.state == "late":
-        return sentence("reply_flow_late", **params)
+        return sentence("flow_reply_late", **params)
     if reading.state == "dropped":
-        return sentence("reply_flow_dropped", **params)
+        return sentence("flow_reply_dropped", **params)
     ends = reading.next is not None and _ends(conn, oid, reading.version_id, reading.next)
     params["step"] = node_label(conn, oid, reading.version_id, reading.next) if reading.next else "—"
     if reading.state == "understood":
         if reading.reason == "classified":
             params["class"] = reading.label or "—"
-            return sentence("reply_flow_understood_ended" if ends else "reply_flow_understood", **params)
-        return sentence("reply_flow_replied_ended" if ends else "reply_flow_replied", **params)
+            return sentence("flow_reply_understood_ended" if ends else "flow_reply_understood", **params)
+        return sentence("flow_reply_replied_ended" if ends else "flow_reply_replied", **params)
     if reading.reason == "not_classified" and reading.next is not None:
-        return sentence("reply_flow_not_understood", **params)
+        return sentence("flow_reply_not_understood", **params)
     why = step_sentence(reading.reason)
-    return sentence("reply_flow_stopped", why=translate(why) if why is not None else "", **params)
+    return sentence("flow_reply_stopped", why=translate(why) if why is not None else "", **params)
 
 
 def flow_texts(conn: Any, oid: int, readings: dict[int, convs.FlowReading]) -> dict[int, str]:

@@ -97,12 +97,12 @@ def test_a_customised_template_keeps_its_default_mapping_until_given_its_own(rt,
 
 @pytest.mark.parametrize("meta, expected", [
     ({**SORRISO, "name": "volte_a_sorrir", "parameters": ["nome"], "buttons": []},
-     [("meta_template_not_approved", "meta.name")]),
-    ({**SORRISO, "parameters": ["nome", "data"]}, [("meta_template_parameter_count", "meta.parameters")]),
-    ({**SORRISO, "buttons": ["confirm"]}, [("meta_template_buttons", "meta.buttons")]),
-    ({**SORRISO, "name": "nao_existe"}, [("meta_template_not_found", "meta.name")]),
+     [("waba_template_not_approved", "meta.name")]),
+    ({**SORRISO, "parameters": ["nome", "data"]}, [("waba_template_parameter_count", "meta.parameters")]),
+    ({**SORRISO, "buttons": ["confirm"]}, [("waba_template_buttons", "meta.buttons")]),
+    ({**SORRISO, "name": "nao_existe"}, [("waba_template_not_found", "meta.name")]),
     ({**SORRISO, "name": "aviso_com_nome", "parameters": ["nome"], "buttons": []},
-     [("meta_template_named_parameters", "meta.parameters")]),
+     [("waba_template_named_parameters", "meta.parameters")]),
 ], ids=["pending", "parameter-count", "buttons", "not-found", "named"])
 def test_a_mapping_meta_would_refuse_is_a_422_and_nothing_changes(rt, meta_api, fake, meta, expected):
     own = customised(meta_api, body="Oi, {{ nome }}!")
@@ -119,9 +119,9 @@ def test_every_problem_is_listed_at_once(meta_api, fake):
     refused = meta_api.patch(f"/templates/{own['id']}", {"body": "Oi {{ nome ", "meta": {
         "name": "Lembrete Novo", "language": "português", "parameters": ["nome", "telefone"], "buttons": []}})
     assert refused.status_code == 422
-    assert codes(refused) == [("template_text_invalid", "body"), ("meta_name_invalid", "meta.name"),
-                              ("meta_language_invalid", "meta.language"),
-                              ("meta_parameter_unknown", "meta.parameters")]
+    assert codes(refused) == [("template_text_invalid", "body"), ("waba_name_invalid", "meta.name"),
+                              ("waba_language_invalid", "meta.language"),
+                              ("waba_parameter_unknown", "meta.parameters")]
     # The shape is the schema's: unknown fields, wrong types and bad buttons, each by field name.
     shape = meta_api.patch(f"/templates/{own['id']}", {"meta": {"name": 3, "parameters": "nome",
                                                                 "buttons": ["ligar"], "extra": 1}, "cor": "azul"})
@@ -139,17 +139,17 @@ def test_an_unmapped_template_is_refused_at_save_not_at_send(rt, meta_api, fake)
     # No Spanish default: a Spanish reminder on Meta needs its own approved template.
     refused = meta_api.post("/templates", {"key": "session_reminder", "channel_kind": "whatsapp", "locale": "es",
                                            "body": "Hola {{ nome }}"})
-    assert refused.status_code == 422 and codes(refused) == [("meta_template_unmapped", "meta.name")]
+    assert refused.status_code == 422 and codes(refused) == [("waba_template_unmapped", "meta.name")]
     fake.reset(*[Reply(503, b"")] * 4)  # Meta down changes nothing to that
     again = meta_api.post("/templates", {"key": "session_reminder", "channel_kind": "whatsapp", "locale": "es",
                                          "body": "Hola {{ nome }}"})
-    assert codes(again) == [("meta_template_unmapped", "meta.name")]
+    assert codes(again) == [("waba_template_unmapped", "meta.name")]
     with rt.db.connect() as conn:
         assert conn.execute(select(templates).where(templates.c.org_id == meta_api.world.org_id)).all() == []
     mapped = meta_api.post("/templates", {"key": "session_reminder", "channel_kind": "whatsapp", "locale": "es",
                                           "body": "Hola {{ nome }}", "meta": {**SORRISO, "language": "es"}})
     assert mapped.status_code == 201
-    assert [w["code"] for w in mapped.get_json()["warnings"]] == ["meta_templates_unreachable"]
+    assert [w["code"] for w in mapped.get_json()["warnings"]] == ["waba_templates_unreachable"]
 
 
 def test_when_meta_cannot_be_asked_the_save_is_kept_with_a_warning(meta_api, fake):
@@ -158,16 +158,16 @@ def test_when_meta_cannot_be_asked_the_save_is_kept_with_a_warning(meta_api, fak
     saved = meta_api.patch(f"/templates/{own['id']}", {"meta": SORRISO})
     assert saved.status_code == 200
     [warning] = saved.get_json()["warnings"]
-    assert warning["code"] == "meta_templates_unreachable" and "Meta" in warning["message_en"]
+    assert warning["code"] == "waba_templates_unreachable" and "Meta" in warning["message_en"]
     assert saved.get_json()["meta"] == SORRISO
 
 
 def test_defaults_are_read_only_and_an_org_customises_once(meta_api, fake):
     read_only = meta_api.patch(f"/templates/{default_id(meta_api)}", {"body": "Mudei o padrão"})
-    assert read_only.status_code == 409 and codes(read_only) == [("meta_template_default_read_only", "meta")]
+    assert read_only.status_code == 409 and codes(read_only) == [("template_default_read_only", "meta")]
     customised(meta_api, body="Oi")
     twice = meta_api.post("/templates", {"key": "session_reminder", "channel_kind": "whatsapp"})
-    assert twice.status_code == 409 and codes(twice) == [("meta_template_exists", "meta")]
+    assert twice.status_code == 409 and codes(twice) == [("template_exists", "meta")]
     assert meta_api.get(f"/templates/{default_id(meta_api)}").get_json()["body"] != "Mudei o padrão"
 
 
@@ -188,13 +188,13 @@ def test_the_waba_s_templates_approved_first_and_why_they_cannot_be_listed(meta_
     sorriso = next(t for t in data if t["name"] == "lembrete_sorriso")
     assert sorriso["parameter_count"] == 4 and sorriso["status_text"] == "aprovado" and sorriso["problems"] == []
     photo = next(t for t in data if t["name"] == "lembrete_com_foto")
-    assert [(p["code"], p["field"]) for p in photo["problems"]] == [("meta_template_header", "meta.name")]
+    assert [(p["code"], p["field"]) for p in photo["problems"]] == [("waba_template_header", "meta.name")]
     assert [b["type"] for b in sorriso["buttons"]] == ["QUICK_REPLY", "QUICK_REPLY", "PHONE_NUMBER"]
     fake.reset(*[Reply(503, b"")] * 4)
     down = meta_api.get("/templates/waba")
-    assert down.status_code == 502 and codes(down) == [("meta_templates_unreachable", "meta")]
+    assert down.status_code == 502 and codes(down) == [("waba_templates_unreachable", "meta")]
     not_meta = other.get("/templates/waba")  # its WhatsApp is a sandbox channel
-    assert not_meta.status_code == 409 and codes(not_meta) == [("meta_no_channel", "meta")]
+    assert not_meta.status_code == 409 and codes(not_meta) == [("waba_no_channel", "meta")]
 
 
 def test_the_openapi_document_describes_the_template_routes(meta_api):
@@ -202,3 +202,25 @@ def test_the_openapi_document_describes_the_template_routes(meta_api):
     assert set(paths["/api/v1/templates"]) == {"get", "post"}
     assert set(paths["/api/v1/templates/{template_id}"]) == {"get", "patch"}
     assert "502" in paths["/api/v1/templates/waba"]["get"]["responses"]
+
+
+def test_the_list_filters_by_key_channel_language_and_origin_and_refuses_an_unknown_filter(meta_api):
+    mine = customised(meta_api, body="Olá {{ nome }}, até {{ data }}.")
+    by_key = meta_api.get("/templates?key=session_reminder&channel_kind=whatsapp").get_json()["data"]
+    assert {(t["origin"], t["key"], t["channel_kind"]) for t in by_key} == {
+        ("default", "session_reminder", "whatsapp"), ("clinic", "session_reminder", "whatsapp")}
+    [own] = meta_api.get("/templates?origin=clinic").get_json()["data"]
+    assert own["id"] == mine["id"]
+    assert meta_api.get("/templates?locale=pt_BR&origin=default").get_json()["data"]
+    # A misspelt or unknown filter is refused, never ignored (it would answer every template).
+    for query in ("contact_id=1", "chanel_kind=whatsapp", "origin=other", "channel_kind=fax"):
+        answer = meta_api.get(f"/templates?{query}")
+        assert answer.status_code == 422, query
+
+
+def test_an_id_in_other_digits_than_ascii_is_no_template(meta_api):
+    template_id = default_id(meta_api)
+    assert meta_api.get(f"/templates/{template_id}").status_code == 200
+    arabic = "".join(chr(0x0660 + int(d)) for d in str(template_id))  # the same number in Arabic-Indic digits
+    assert meta_api.get(f"/templates/{arabic}").status_code == 404
+    assert meta_api.patch(f"/templates/{arabic}", {"body": "x"}).status_code == 404
