@@ -22,7 +22,6 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     Text,
-    any_,
     bindparam,
     case,
     cast,
@@ -97,14 +96,13 @@ def _sending_values(rt: Runtime, item: Ready, now: datetime) -> dict[str, Any]:
 
 def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Sequence[Ready],
                              rows: dict[int, dict[str, Any]], now: datetime) -> tuple[set[int], dict[int, int]]:
-    orgs = sorted({s.prepared.org_id for s in sent} | {item.msg.org_id for item in wave})
     params = {
-        "now": now, "worker": WORKER_ID, "org_ids": orgs,
-        "sent_id": [s.prepared.message_id for s in sent],
+        "now": now, "worker": WORKER_ID,
+        "sent_id": [s.prepared.message_id for s in sent], "sent_org_id": [s.prepared.org_id for s in sent],
         "sent_provider_message_id": [s.result.provider_message_id for s in sent],
         "sent_attempt": [s.prepared.attempt for s in sent],
         "sent_provider_status": [s.result.provider_status for s in sent],
-        "wave_id": list(rows),
+        "wave_id": list(rows), "wave_org_id": [item.msg.org_id for item in wave],
         **{f"wave_{name}": [row[name] for row in rows.values()]
            for name in ("channel_id", "subject", "body", "lease_until", "slot")},
     }
@@ -124,18 +122,18 @@ def _wave_statement() -> Any:
     SQLAlchemy builds, keys and compiles it once, and psycopg prepares it once)."""
     m, e = messages.c, message_events.c
     now = bindparam("now", type_=m.updated_at.type)
-    org_ids = bindparam("org_ids", type_=postgresql.ARRAY(BigInteger()))
 
     def array(name: str, type_: Any) -> Any:
         return bindparam(name, type_=postgresql.ARRAY(type_))
 
     accepted = func.unnest(
-        array("sent_id", BigInteger()), array("sent_provider_message_id", Text()),
+        array("sent_id", BigInteger()), array("sent_org_id", BigInteger()), array("sent_provider_message_id", Text()),
         array("sent_attempt", Integer()), array("sent_provider_status", Text()),
-    ).table_valued("id", "provider_message_id", "attempt", "provider_status").render_derived(name="accepted")
+    ).table_valued("id", "org_id", "provider_message_id", "attempt", "provider_status").render_derived(
+        name="accepted")
     sent = (
         update(messages)
-        .where(m.id == accepted.c.id, m.org_id == any_(org_ids),
+        .where(m.id == accepted.c.id, m.org_id == accepted.c.org_id,
                or_(m.status == "sending", m.status == "unknown"))  # not IN (…): its text is expanded per call
         .values(status="sent", sent_at=now, lease_until=None, error_code=None, error_detail=None, updated_at=now,
                 provider_message_id=accepted.c.provider_message_id)
@@ -143,13 +141,19 @@ def _wave_statement() -> Any:
         .cte("sent")
     )
     marked = func.unnest(
-        array("wave_id", BigInteger()), array("wave_channel_id", BigInteger()), array("wave_subject", Text()),
-        array("wave_body", Text()), array("wave_lease_until", m.lease_until.type), array("wave_slot", Text()),
-    ).table_valued("id", "channel_id", "subject", "body", "lease_until", "slot").render_derived(name="marked")
+        array("wave_id", BigInteger()), array("wave_org_id", BigInteger()), array("wave_channel_id", BigInteger()),
+        array("wave_subject", Text()), array("wave_body", Text()), array("wave_lease_until", m.lease_until.type),
+        array("wave_slot", Text()),
+    ).table_valued("id", "org_id", "channel_id", "subject", "body", "lease_until", "slot").render_derived(
+        name="marked")
     sending = (
         update(messages)
-        .where(m.id == marked.c.id, m.org_id == any_(org_ids), m.status == "claimed",
-               m.lease_until > now)
+        # The lease is compared as `lease_until - now > 0`, which no index answers: written as
+        # `lease_until > now`, PostgreSQL read every leased row through `messages_leased` and
+        # joined them with the wave (a cost growing with the claims in flight) instead of reading
+        # the wave's rows by the primary key.
+        .where(m.id == marked.c.id, m.org_id == marked.c.org_id, m.status == "claimed",
+               m.lease_until - now > timedelta(0))
         .values(status="sending", attempts=m.attempts + 1, claimed_by=bindparam("worker", type_=Text()),
                 updated_at=now, channel_id=marked.c.channel_id, subject=marked.c.subject, body=marked.c.body,
                 lease_until=marked.c.lease_until)
