@@ -84,7 +84,7 @@ def _refuse_to_create_a_database(database_url: str) -> None:
 
 def _domain(action: Callable[[], Any]) -> Any:
     """Run a domain action, turning its validation errors into one-line CLI errors."""
-    from engine.orgs import DomainError
+    from engine.errors import DomainError
 
     try:
         return action()

@@ -39,7 +39,7 @@ def contacts_group() -> None:
 @click.argument("contact_id", type=int)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def contacts_erase(org_slug: str, contact_id: int, yes: bool) -> None:
-    from engine.api_events import audit
+    from engine.audit import audit
     from engine.orgs import org_by_slug
     from engine.privacy import erasure
 

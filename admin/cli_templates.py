@@ -106,7 +106,7 @@ def _save(org_slug: str, template_id: int, changes: Any) -> None:
     """Save `changes` to the org's template (a default's id customises it first), the WABA read
     before the saving transaction opens."""
     from engine import meta_templates, template_edits
-    from engine.api_events import audit
+    from engine.audit import audit
 
     cli = _cli()
     rt = cli._runtime()

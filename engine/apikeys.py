@@ -18,8 +18,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
+from engine.errors import DomainError
 from engine.models import api_keys
-from engine.orgs import DomainError
 
 KEY_PREFIX = "lembra"
 #: `last_used_at` is written at most this often per key, so reads do not all become writes.

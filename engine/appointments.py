@@ -12,6 +12,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
+from engine.errors import DomainError
 from engine.models import (
     APPOINTMENT_STATUSES,
     appointments,
@@ -23,7 +24,6 @@ from engine.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.orgs import DomainError
 from engine.privacy import addresses
 
 LIVE = ("scheduled", "confirmed")

@@ -1,24 +1,20 @@
-"""Channels: a clinic's account at a provider, with encrypted credentials, and the provider
-instances the workers send through."""
+"""Channels: a clinic's account at a provider, with encrypted credentials (the provider
+instances the workers send through are in `engine.provider_pool`)."""
 
 from __future__ import annotations
 
 import secrets
-import threading
-import uuid
 from typing import Any, Mapping
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
-from engine.db import Database
-from engine.models import CHANNEL_KINDS, channels, sandbox_messages
-from engine.orgs import DomainError
+from engine.errors import DomainError
+from engine.models import CHANNEL_KINDS, channels
+from engine.provider_pool import ProviderPool
 from gateway import registry
-from gateway.contract import OutboundMessage, Provider, ProviderContext
 from gateway.crypto import Keyring
-from gateway.egress import STRICT, EgressPolicy
 
 #: Credential keys each provider needs (more are accepted: `base_url`, `from_name`, …).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -112,70 +108,6 @@ def sandbox_webhook_secret(conn: Connection, keyring: Keyring, pool: ProviderPoo
     conn.execute(update(channels).where(channels.c.org_id == current.org_id, channels.c.id == current.id)
                  .values(credentials=sealed.ciphertext, key_version=sealed.key_version, updated_at=clock.now()))
     return secret
-
-
-class DbSandboxRecorder:
-    """Records what the sandbox provider 'sent' in `sandbox_messages`, in its own transaction,
-    the way a real provider's side effect is independent of ours."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    def record(self, org_id: int, channel_id: int, message: OutboundMessage) -> str:
-        provider_id = f"sbx-{uuid.uuid4().hex}"
-        with self.db.begin() as conn:
-            conn.execute(insert(sandbox_messages).values(
-                org_id=org_id,
-                channel_id=channel_id,
-                provider_message_id=provider_id,
-                idempotency_key=message.idempotency_key,
-                to_address=message.to,
-                subject=message.subject,
-                body=message.text,
-                buttons=[{"id": b.id, "title": b.title} for b in message.buttons] or None,
-                created_at=clock.now(),
-            ))
-        return provider_id
-
-
-class ProviderPool:
-    """Provider instances per channel, rebuilt when the channel row changes."""
-
-    def __init__(self, db: Database, keyring: Keyring, *, timeout: float, public_url: str,
-                 egress: EgressPolicy = STRICT) -> None:
-        self.db = db
-        self.keyring = keyring
-        self.timeout = timeout
-        self.public_url = public_url
-        #: Where the channels' tenant-set addresses may connect (`Settings.egress`).
-        self.egress = egress
-        self.recorder = DbSandboxRecorder(db)
-        self._cache: dict[int, tuple[Any, Provider]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, channel: Any) -> Provider:
-        """The provider for a `channels` row (decrypting its credentials once per version)."""
-        # The sealed credentials themselves, not only the time of the change: two edits within one
-        # clock tick (or a frozen clock) must not hand out a provider with the old URL and key.
-        stamp = (channel.updated_at, channel.key_version, bytes(channel.credentials or b""))
-        with self._lock:
-            cached = self._cache.get(channel.id)
-            if cached and cached[0] == stamp:
-                return cached[1]
-        config: dict[str, Any] = dict(channel.settings or {})
-        if channel.credentials:
-            config.update(self.keyring.open(
-                channel.credentials, key_version=channel.key_version, table="channels",
-                org_id=channel.org_id, row_id=channel.id,
-            ))
-        context = ProviderContext(
-            org_id=channel.org_id, channel_id=channel.id, timeout=self.timeout,
-            public_url=self.public_url, sandbox_recorder=self.recorder, egress=self.egress,
-        )
-        provider = registry.load(channel.provider)(config, context)
-        with self._lock:
-            self._cache[channel.id] = (stamp, provider)
-        return provider
 
 
 def default_channel(conn: Connection, org_id: int, kind: str) -> Any:

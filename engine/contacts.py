@@ -12,12 +12,11 @@ from sqlalchemy.sql import Select
 
 from engine import clock
 from engine.dialect import insert_ignore
+from engine.errors import DomainError
 from engine.models import CHANNEL_KINDS, contacts, messages, preferences
-from engine.orgs import DomainError
 from engine.outbox import cancel_open
 from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone
-
 
 #: How a patient can give consent at the clinic (`preferences.source` when the console records
 #: it; `evidence` then names who recorded it, `user:ID`). The API writes `api`, the CSV import

@@ -29,7 +29,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from engine import clock
 from engine.appointments import LIVE
 from engine.channels import default_channel
-from engine.dispatch import conversation_open
+from engine.conversation_window import conversation_open
 from engine.flows.lifecycle import CLOCKED
 from engine.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
 from engine.outbox import enqueue

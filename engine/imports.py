@@ -38,8 +38,8 @@ from engine import appointments as appts
 from engine import clock
 from engine.contacts import set_consent
 from engine.db import Database
+from engine.errors import DomainError
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
-from engine.orgs import DomainError
 from engine.populate import DEFAULT_HORIZON, populate_org
 from engine.privacy import addresses
 from engine.texts import N_, Text

@@ -27,8 +27,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from engine.catalogue import describe, known
-from engine.channels import ProviderPool, default_channel
+from engine.channels import default_channel
 from engine.models import templates
+from engine.provider_pool import ProviderPool
 from engine.render import SAMPLE_VARIABLES
 from engine.texts import Text
 from gateway import registry
@@ -256,7 +257,7 @@ def read_waba(pool: ProviderPool, channel: Any) -> WabaList:
         if exc.code == "waba_missing":
             return WabaList(problem=Finding("waba_channel_no_waba"))
         return WabaList(problem=Finding("waba_templates_refused"))
-    except ProviderError as exc:
+    except ProviderError:
         return WabaList(problem=Finding("waba_templates_unreachable"))
     except (CryptoError, registry.UnknownProvider):
         return WabaList(problem=Finding("waba_templates_refused"))

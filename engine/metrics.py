@@ -1,7 +1,7 @@
 """Prometheus metrics of every Lembra process (SPEC §10), and how each kind of process exposes them.
 
 The engine calls the one-line helpers below (`provider_call`, `lateness`, `message_events`,
-`webhook`, `enrollment_event`, `scheduler_pass`, …) at the points that matter; every metric and label is
+`webhook`, `flow_step`, `scheduler_pass`, …) at the points that matter; every metric and label is
 listed in docs/metrics.md. Labels are bounded code words (provider, outcome, event, node kind):
 never an id, a phone, an e-mail, a name or an org. A helper never raises: a metrics bug must not
 stop a send.
@@ -147,9 +147,9 @@ def _quiet(fn: Callable[..., None]) -> Callable[..., None]:
 
 @functools.cache
 def _providers() -> tuple[str, ...]:
-    from engine.models import PROVIDERS
+    from gateway import registry
 
-    return PROVIDERS
+    return tuple(registry.names())
 
 
 # -- hooks ------------------------------------------------------------------------------------------
@@ -228,19 +228,12 @@ def webhook(provider: str, result: Any) -> None:
 
 
 @_quiet
-def enrollment_event(event_type: str, payload: Any, *, stored: bool) -> None:
-    """An enrollment event was appended (engine.flows.lifecycle.record_event); a newly stored
-    `step` (payload: kind, status, llm_calls) counts a follow-up step and its LLM calls."""
-    if not stored or event_type != "step" or not payload:
-        return
-    from engine.flows.lifecycle import STEP_STATUSES
-    from engine.flows.schema import NODE_TYPES
-
-    kind = _bounded((payload or {}).get("kind"), NODE_TYPES + ("wake",))
-    _metric("flow_steps", kind, _bounded(payload.get("status"), STEP_STATUSES)).inc()
-    calls = int(payload.get("llm_calls") or 0)
-    if calls > 0:
-        _metric("llm_calls", kind).inc(calls)
+def flow_step(kind: str, status: str, llm_calls: int = 0) -> None:
+    """A follow-up step was recorded, with the LLM calls it made. The caller (the flow's lifecycle,
+    which knows its node kinds and step statuses) passes bounded label values."""
+    _metric("flow_steps", kind, status).inc()
+    if llm_calls > 0:
+        _metric("llm_calls", kind).inc(llm_calls)
 
 
 _heartbeat = [time.monotonic()]

@@ -1,11 +1,11 @@
-"""Tenants and their people: orgs, users, and the sending policy an org's settings imply."""
+"""Tenants and their people: orgs and users (the sending window an org's settings imply is
+`engine.windows.policy_for`)."""
 
 from __future__ import annotations
 
 import functools
 import re
 import secrets
-from datetime import time
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -14,48 +14,17 @@ from sqlalchemy.exc import IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from engine import clock
+from engine.errors import DomainError
 from engine.models import orgs, users
-from engine.windows import WindowPolicy
+from engine.windows import window_policy
 
 ROLES = ("owner", "manager", "agent")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 
 
-class DomainError(ValueError):
-    """Bad input to a domain operation; the message is one line and safe to show."""
-
-
 class EmailTaken(DomainError):
     """Another user (of any org: e-mails are unique across the table) already has that e-mail."""
-
-
-def parse_hhmm(value: str) -> time:
-    """'08:00' → time(8, 0)."""
-    try:
-        hours, minutes = value.strip().split(":")
-        return time(int(hours), int(minutes))
-    except (ValueError, AttributeError):
-        raise DomainError(f"not a time of day: {value!r} (use HH:MM)") from None
-
-
-# Cached: a send checks its org's window for every message, and an install has few distinct ones.
-@functools.lru_cache(maxsize=256)
-def window_policy(*, timezone: str, quiet_start: str, quiet_end: str, skip_sundays: bool, skip_holidays: bool,
-                  state: str | None) -> WindowPolicy:
-    """The sending window these org settings describe; DomainError when they do not make one."""
-    try:
-        return WindowPolicy(timezone=timezone, allowed_start=parse_hhmm(quiet_start),
-                            allowed_end=parse_hhmm(quiet_end), skip_sundays=bool(skip_sundays),
-                            skip_holidays=bool(skip_holidays), state=state or None)
-    except ValueError as exc:
-        raise DomainError(str(exc)) from None
-
-
-def policy_for(org: Any) -> WindowPolicy:
-    """The sending window an org's settings describe (timezone, hours, Sundays, holidays)."""
-    return window_policy(timezone=org.timezone, quiet_start=org.quiet_start, quiet_end=org.quiet_end,
-                         skip_sundays=org.skip_sundays, skip_holidays=org.skip_holidays, state=org.state)
 
 
 def create_org(

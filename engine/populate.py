@@ -65,7 +65,6 @@ from engine.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.orgs import policy_for
 from engine.outbox import cancel_open, record_events, transition_where
 from engine.populate_plan import (  # noqa: F401 - re-exported (engine/replan.py)
     AFTER_START_VALIDITY,
@@ -77,7 +76,7 @@ from engine.populate_plan import (  # noqa: F401 - re-exported (engine/replan.py
     plan_source,
 )
 from engine.privacy.addresses import refused_clause
-from engine.windows import WindowPolicy
+from engine.windows import WindowPolicy, policy_for
 
 log = logging.getLogger(__name__)
 

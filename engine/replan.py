@@ -26,10 +26,9 @@ from sqlalchemy.engine import Connection
 
 from engine import clock
 from engine.models import appointments, messages, orgs, reminder_rules
-from engine.orgs import policy_for
 from engine.outbox import record_events
 from engine.populate import LIVE_STATUSES, PLAN_BATCH, nominal_and_deadline
-from engine.windows import place
+from engine.windows import place, policy_for
 
 #: The reason a re-placed reminder's `planned` event carries (engine/catalogue.py says it).
 REPLANNED = "replanned"

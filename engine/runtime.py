@@ -6,9 +6,9 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from engine.channels import ProviderPool
 from engine.config import Settings
 from engine.db import Database
+from engine.provider_pool import ProviderPool
 from engine.secrets import keyring_for
 from gateway.crypto import Keyring
 

@@ -28,9 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 from functools import lru_cache
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import holidays
+
+from engine.errors import DomainError
 
 __all__ = [
     "MAX_SEARCH_DAYS",
@@ -447,3 +450,31 @@ def place(
         if due is None:
             return Placement(None, SKIP_NO_ALLOWED_INSTANT, False)
     return Placement(due, None, due != nominal_utc)
+
+
+def parse_hhmm(value: str) -> time:
+    """'08:00' → time(8, 0)."""
+    try:
+        hours, minutes = value.strip().split(":")
+        return time(int(hours), int(minutes))
+    except (ValueError, AttributeError):
+        raise DomainError(f"not a time of day: {value!r} (use HH:MM)") from None
+
+
+# Cached: a send checks its org's window for every message, and an install has few distinct ones.
+@lru_cache(maxsize=256)
+def window_policy(*, timezone: str, quiet_start: str, quiet_end: str, skip_sundays: bool, skip_holidays: bool,
+                  state: str | None) -> WindowPolicy:
+    """The sending window these org settings describe; DomainError when they do not make one."""
+    try:
+        return WindowPolicy(timezone=timezone, allowed_start=parse_hhmm(quiet_start),
+                            allowed_end=parse_hhmm(quiet_end), skip_sundays=bool(skip_sundays),
+                            skip_holidays=bool(skip_holidays), state=state or None)
+    except ValueError as exc:
+        raise DomainError(str(exc)) from None
+
+
+def policy_for(org: Any) -> WindowPolicy:
+    """The sending window an org's settings describe (timezone, hours, Sundays, holidays)."""
+    return window_policy(timezone=org.timezone, quiet_start=org.quiet_start, quiet_end=org.quiet_end,
+                         skip_sundays=org.skip_sundays, skip_holidays=org.skip_holidays, state=org.state)

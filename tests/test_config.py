@@ -12,8 +12,9 @@ from engine.broker import check_broker
 from engine.config import ConfigError, Settings
 from engine.contacts import create_contact
 from engine.db import Database
+from engine.errors import DomainError
 from engine.models import contacts, orgs, preferences
-from engine.orgs import DomainError, create_org
+from engine.orgs import create_org
 from engine.windows import WindowPolicy
 from tests.factories import World
 

@@ -25,11 +25,11 @@ import pytest
 from engine import dispatch
 from engine.channels import create_channel
 from engine.config import ENV_VARS, ConfigError, Settings
+from engine.errors import DomainError
 from engine.flows.agents import create_agent, update_agent
 from engine.flows.ai.base import AIError
 from engine.flows.ai.openai_compat import OpenAICompatAI
 from engine.models import channels
-from engine.orgs import DomainError
 from gateway.contract import OutboundMessage, ProviderContext
 from gateway.egress import (
     LOOPBACK,

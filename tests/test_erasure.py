@@ -18,7 +18,7 @@ from admin.cli import main
 from admin.cli_privacy import register
 from engine import clock as engine_clock
 from engine import dispatch
-from engine.api_events import audit
+from engine.audit import audit
 from engine.contacts import create_contact
 from engine.inbound import process_inbound
 from engine.models import (

@@ -18,7 +18,8 @@ from admin.cli import main
 from admin.cli_privacy import register
 from admin.views.dashboard import tally
 from engine import dispatch
-from engine.api_events import record_contact_event
+from engine.flows.contact_events import record_contact_event
+from engine.errors import DomainError
 from engine.inbound import process_inbound
 from engine.models import (
     contact_events,
@@ -32,7 +33,6 @@ from engine.models import (
     sandbox_messages,
     webhook_events,
 )
-from engine.orgs import DomainError
 from engine.outbox import enqueue
 from engine.privacy import retention
 from engine.scheduler import Scheduler

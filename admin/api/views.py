@@ -57,7 +57,8 @@ from admin.api.schemas import (
     VersionOut,
     encode_cursor,
 )
-from engine.api_events import audit, record_contact_event
+from engine.audit import audit
+from engine.flows.contact_events import record_contact_event
 from engine.flows import queries, versions
 from engine.flows.schema import json_schema
 from engine.models import appointments, contacts, enrollments, flow_pointers, messages

@@ -419,7 +419,7 @@ class TenantModelView(SignedInOrgAccess, ModelView):
         write_audit(self.session.connection(), "delete", self.audit_entity, model.id, None)
 
     def handle_view_exception(self, exc: Exception) -> bool:
-        from engine.orgs import DomainError
+        from engine.errors import DomainError
 
         if isinstance(exc, DomainError):
             flash(_("Não foi possível salvar: %(erro)s", erro=exc), "error")

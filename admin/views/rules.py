@@ -36,6 +36,7 @@ from wtforms.validators import DataRequired, Length, NumberRange, ValidationErro
 from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, is_editor, org_id, runtime, write_audit
 from engine import clock
+from engine.errors import DomainError
 from engine.models import (
     CHANNEL_KINDS,
     ReminderRuleKind,
@@ -43,8 +44,8 @@ from engine.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.orgs import DomainError, parse_hhmm, window_policy
 from engine.rules import QueueChange, reflect_rule_changes, write_rule_kinds
+from engine.windows import parse_hhmm, window_policy
 
 TRIGGERS = [("before_start", _l("Antes do início")), ("after_start", _l("Depois do início")),
             ("on_create", _l("Ao agendar")), ("on_cancel", _l("Ao cancelar"))]

@@ -22,7 +22,6 @@ from wtforms import (
     StringField,
 )
 from wtforms.fields import DateTimeLocalField
-from wtforms.widgets import CheckboxInput, ListWidget
 from wtforms.validators import (
     DataRequired,
     Email,
@@ -30,6 +29,7 @@ from wtforms.validators import (
     Optional,
     ValidationError,
 )
+from wtforms.widgets import CheckboxInput, ListWidget
 
 from admin.i18n import _, _l, ngettext, translate
 from admin.ids import parse_id
@@ -63,6 +63,7 @@ from engine.contacts import (
     matching,
     set_consent,
 )
+from engine.errors import DomainError
 from engine.models import (
     APPOINTMENT_STATUSES,
     CHANNEL_KINDS,
@@ -76,7 +77,6 @@ from engine.models import (
     inbound_messages,
     messages,
 )
-from engine.orgs import DomainError
 from engine.populate import DEFAULT_HORIZON, refresh_appointment
 from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone

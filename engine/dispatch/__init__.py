@@ -16,22 +16,13 @@ on a `sending` row means the worker died when the call may have started, so the 
 - `outcomes`: retried, failed, dead, expired, unknown.
 """
 
-from datetime import datetime
-
-from sqlalchemy.engine import Connection
-
-from engine.dispatch.batch import CONVERSATION_WINDOW, last_inbound, refusal, window_open
-from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, Prepared, Ready, check
+from engine.dispatch.batch import refusal
+from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, check
+from engine.dispatch.ready import Prepared, Ready
 from engine.dispatch.claim import WORKER_ID, claim_due, sweep_leases
 from engine.dispatch.send import prepare, send_batch, send_one
 
 __all__ = [
-    "CONVERSATION_WINDOW", "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "Ready", "check",
-    "claim_due", "conversation_open", "prepare", "refusal", "send_batch", "send_one", "sweep_leases",
+    "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "Ready", "check",
+    "claim_due", "prepare", "refusal", "send_batch", "send_one", "sweep_leases",
 ]
-
-
-def conversation_open(conn: Connection, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
-    """Whether the patient wrote on this channel within the last 24 hours (`Batch.conversation_open`
-    for one contact, outside a send)."""
-    return window_open(last_inbound(conn, [(org_id, contact_id)]).get((org_id, channel_id, contact_id)), now)

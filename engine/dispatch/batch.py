@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
 from engine.dialect import in_pairs, in_values
+from engine.conversation_window import last_inbound, window_open
 from engine.models import (
     address_optouts,
     appointments,
     channels,
     contacts,
     enrollments,
-    inbound_messages,
     messages,
     orgs,
     preferences,
@@ -34,8 +34,6 @@ from engine.privacy import addresses
 from engine.templates import find_templates
 
 #: The Meta customer-service window: free text only within this long after the patient wrote.
-CONVERSATION_WINDOW = timedelta(hours=24)
-
 Key = tuple[int, int]  # (org_id, row id)
 
 #: What a send reads of its `messages` row; the rest (a dozen timestamps, outcomes, the body
@@ -81,11 +79,6 @@ class Batch:
     def conversation_open(self, org_id: int, channel_id: int, contact_id: int, now: datetime) -> bool:
         """Whether the patient wrote on this channel within the last 24 hours."""
         return window_open(self.last_inbound.get((org_id, channel_id, contact_id)), now)
-
-
-def window_open(last_inbound_at: datetime | None, now: datetime) -> bool:
-    """Whether a patient who last wrote at `last_inbound_at` may still get free text (Meta's 24 h)."""
-    return last_inbound_at is not None and now - last_inbound_at < CONVERSATION_WINDOW
 
 
 def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -> Batch:
@@ -134,16 +127,6 @@ def _by_key(conn: Connection, columns: Sequence[Any], org_ids: Sequence[int], id
     table = columns[0].table
     return {(row.org_id, row.id): row for row in conn.execute(
         select(*columns).where(in_values(conn, table.c.org_id, org_ids), in_values(conn, table.c.id, sorted(ids))))}
-
-
-def last_inbound(conn: Connection, contacts_of_orgs: Iterable[tuple[int, int]]) -> dict[tuple[int, int, int], datetime]:
-    """(org, channel, contact) → when that contact last wrote on that channel, for each
-    (org, contact) pair asked about."""
-    im = inbound_messages.c
-    return {(r.org_id, r.channel_id, r.contact_id): r.last for r in conn.execute(
-        select(im.org_id, im.channel_id, im.contact_id, func.max(im.received_at).label("last"))
-        .where(in_pairs(conn, (im.org_id, im.contact_id), contacts_of_orgs))
-        .group_by(im.org_id, im.channel_id, im.contact_id))}
 
 
 def refusals(conn: Connection, contact_rows: dict[Key, Any], wanted: set[tuple[int, int, str]], *,

@@ -11,7 +11,6 @@ that may go stays `claimed` until its wave is marked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from datetime import time as dt_time
 from typing import Any, Sequence
@@ -22,53 +21,22 @@ from sqlalchemy.engine import Connection
 from engine import clock
 from engine.dispatch import batch as batches
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
+from engine.dispatch.ready import Ready
 from engine.optout_links import OptOutTarget, make_url
-from engine.orgs import policy_for
 from engine.outbox import transition
 from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.pacing import DbPacingStore
 from engine.render import TemplateError
 from engine.runtime import Runtime
-from engine.templates import MissingAddress, RenderedMessage, render_message
-from engine.windows import earliest_allowed_after, is_allowed
+from engine.templates import MissingAddress, render_message
+from engine.windows import earliest_allowed_after, is_allowed, policy_for
 from gateway import registry
-from gateway.contract import Provider
 from gateway.crypto import CryptoError
 from gateway.pacing import PacingPolicy, Reservation
 
 LIVE_APPOINTMENT = ("scheduled", "confirmed")
 #: Messages that must reach a contact even though they just opted out (the goodbye).
 OPT_OUT_EXEMPT = ("optout_confirmation",)
-
-
-@dataclass
-class Prepared:
-    """A message marked `sending`: what to hand its provider, and what to settle it with after."""
-
-    org_id: int
-    message_id: int
-    attempt: int
-    channel: Any
-    rendered: RenderedMessage
-    provider: Provider
-    #: The last moment its provider call may begin: the lease's end less LEMBRA_SEND_TIMEOUT, so a
-    #: call that takes as long as it may still returns before the sweep takes the row as `unknown`.
-    start_by: datetime
-    send_at: datetime | None = None
-    #: When it was due (for the lateness metric once it is sent).
-    due_at: datetime | None = None
-
-
-@dataclass
-class Ready:
-    """A checked message, still `claimed`: rendered, its channel's provider built, its pacing
-    slot (if any) reserved."""
-
-    msg: Any
-    channel: Any
-    rendered: RenderedMessage
-    provider: Provider
-    send_at: datetime | None
 
 
 def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[int, str]]:

@@ -23,7 +23,7 @@ from engine.runtime import Runtime
 from gateway.errors import ProviderError
 
 if TYPE_CHECKING:
-    from engine.dispatch.checks import Prepared
+    from engine.dispatch.ready import Prepared
 
 
 def park_unknown(rt: Runtime, prepared: "Prepared", code: str, reason: str) -> str:

@@ -32,7 +32,8 @@ from datetime import datetime
 from typing import Sequence
 
 from engine import clock, metrics
-from engine.dispatch.checks import Prepared, Ready, check
+from engine.dispatch.checks import check
+from engine.dispatch.ready import Prepared, Ready
 from engine.dispatch.outcomes import after_lease_ran_out, after_permanent, after_transient, park_unknown
 from engine.dispatch.waves import Sent, observe_sent, settle_wave
 from engine.runtime import Runtime

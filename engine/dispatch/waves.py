@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 
 from engine import metrics
 from engine.dialect import in_values, insert_rows, update_per_row
-from engine.dispatch.checks import Prepared, Ready
+from engine.dispatch.ready import Prepared, Ready
 from engine.dispatch.claim import WORKER_ID
 from engine.models import message_events, messages
 from engine.runtime import Runtime

@@ -14,9 +14,9 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
+from engine.errors import DomainError
 from engine.flows.ai.factory import seal_api_key
 from engine.models import agents, flow_pointers
-from engine.orgs import DomainError
 from gateway.crypto import Keyring
 from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, endpoint, secrets_follow
 

@@ -16,6 +16,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from engine import clock, metrics
 from engine.dialect import insert_ignore
+from engine.flows.schema import NODE_TYPES
 from engine.models import enrollment_events, enrollments, messages
 from engine.outbox import cancel_open
 
@@ -26,6 +27,8 @@ CLOCKED = ("active", "waiting_reply")
 TERMINAL = ("completed", "cancelled", "dead")
 #: The outcome kinds of a step, as the run timeline shows them.
 STEP_STATUSES = ("ok", "skipped", "failed", "waiting", "deferred", "stale")
+#: What a `step` event can be about: a node, or the wake that found nothing to do.
+STEP_KINDS = NODE_TYPES + ("wake",)
 
 
 def record_event(
@@ -62,9 +65,19 @@ class Journal:
             insert_ignore(conn, enrollment_events, ("enrollment_id", "idempotency_key")).values(rows)
             .returning(enrollment_events.c.enrollment_id, enrollment_events.c.idempotency_key))}
         for row in rows:
-            metrics.enrollment_event(row["event_type"], row["payload"],
-                                     stored=(row["enrollment_id"], row["idempotency_key"]) in stored)
+            if (row["enrollment_id"], row["idempotency_key"]) in stored:
+                _count_step(row["event_type"], row["payload"])
         return len(stored)
+
+
+def _count_step(event_type: str, payload: Mapping[str, Any] | None) -> None:
+    """Count a newly stored `step` event (its kind, status and LLM calls) in the metrics."""
+    if event_type != "step" or not payload:
+        return
+    kind = payload.get("kind")
+    status = payload.get("status")
+    metrics.flow_step(kind if kind in STEP_KINDS else "other", status if status in STEP_STATUSES else "other",
+                      int(payload.get("llm_calls") or 0))
 
 
 def step_payload(

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from sqlalchemy.engine import Connection
 
-from engine import dispatch
+from engine.conversation_window import conversation_open
 from engine.channels import default_channel
 from engine.flows import conditions, facts, triggers
 from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
@@ -215,7 +215,7 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     if config["mode"] == "template":
         return Decision("ok", "message_queued", next_node=after, send=Send(kind, config["template"]))
     fallback = config.get("fallback_template")
-    closed = channel.provider == "meta" and not dispatch.conversation_open(
+    closed = channel.provider == "meta" and not conversation_open(
         conn, snap.org.id, channel.id, snap.contact.id, snap.now)
     if closed:
         # Outside Meta's 24 h window only an approved template may go out.

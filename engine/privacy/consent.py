@@ -17,6 +17,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from engine import clock
+from engine.errors import DomainError
 from engine.models import (
     CHANNEL_KINDS,
     address_optouts,
@@ -26,7 +27,6 @@ from engine.models import (
     inbound_messages,
     preferences,
 )
-from engine.orgs import DomainError
 from engine.privacy import addresses
 
 FORMAT = "lembra.consent-evidence/1"

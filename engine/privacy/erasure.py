@@ -29,6 +29,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.engine import Connection
 
 from engine import clock
+from engine.errors import DomainError
 from engine.flows.lifecycle import end_live
 from engine.models import (
     audit_log,
@@ -38,7 +39,6 @@ from engine.models import (
     messages,
     sandbox_messages,
 )
-from engine.orgs import DomainError
 from engine.outbox import cancel_open
 from engine.privacy import addresses
 from engine.privacy.retention import anonymise_messages

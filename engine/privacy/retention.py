@@ -40,6 +40,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from engine import clock
 from engine.db import Database
 from engine.dialect import insert_ignore
+from engine.errors import DomainError
 from engine.flows.lifecycle import LIVE as LIVE_ENROLLMENT
 from engine.flows.lifecycle import TERMINAL as ENDED_ENROLLMENT
 from engine.models import (
@@ -56,7 +57,6 @@ from engine.models import (
     sandbox_messages,
     webhook_events,
 )
-from engine.orgs import DomainError
 
 log = logging.getLogger(__name__)
 

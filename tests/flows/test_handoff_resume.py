@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 from sqlalchemy import select, update
 
-from engine.api_events import record_contact_event
+from engine.flows.contact_events import record_contact_event
 from engine.flows import queries, runtime
 from engine.flows.ai.base import Plan, PlannedWait
 from engine.flows.ai.builtin import BuiltinAI

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from engine import conversations as convs
-from engine.api_events import record_contact_event
+from engine.flows.contact_events import record_contact_event
 from engine.flows import triggers, versions
 from engine.flows.ai.base import AIError
 from engine.flows.ai.builtin import BuiltinAI

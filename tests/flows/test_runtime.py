@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, text, update
 
-from engine.api_events import record_contact_event
+from engine.flows.contact_events import record_contact_event
 from engine.db import Database
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written

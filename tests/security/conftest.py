@@ -38,7 +38,7 @@ from engine.config import Settings
 from engine.contacts import opt_out
 from engine.flows.agents import create_agent
 from engine.inbox import open_inbox_item
-from engine.api_events import record_contact_event
+from engine.flows.contact_events import record_contact_event
 from engine.models import Base, audit_log, templates
 from engine.orgs import create_user
 from engine.runtime import Runtime, install

@@ -27,9 +27,9 @@ from sqlalchemy import select
 
 from engine import clock, dispatch
 from engine.channels import create_channel
+from engine.errors import DomainError
 from engine.flows.agents import create_agent
 from engine.models import channels, contacts, messages
-from engine.orgs import DomainError
 from tests.security.conftest import PASSWORD, PHONE, Probe, csrf, diff
 from tests.security.routes import classify
 from tests.security.walk import filled, main_form

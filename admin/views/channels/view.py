@@ -41,8 +41,8 @@ from engine.connect import (
     recorded_state,
     supports_connect,
 )
+from engine.errors import DomainError
 from engine.models import PROVIDERS, channels
-from engine.orgs import DomainError
 from gateway import registry
 from gateway.contract import ConnectInfo, Health, OutboundMessage
 from gateway.errors import EgressRefused, ProviderError

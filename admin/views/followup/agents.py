@@ -32,13 +32,13 @@ from admin.views.base import TenantModelView, db_session, is_editor, org_id, org
 from admin.views.channels import egress_error
 from engine import clock
 from engine.catalogue import describe
+from engine.errors import DomainError
 from engine.flows import agents as agent_ops
 from engine.flows import queries
 from engine.flows.ai.base import AIContext, AIError
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.factory import ai_for
 from engine.models import FlowPointer, Org
-from engine.orgs import DomainError
 from gateway.egress import EgressRefused, InvalidAddress
 
 HANDOFF_LABELS = {

@@ -2,7 +2,7 @@
 
 - hand-off: a receptionist takes the conversation over (or hands it back) from the contact page
   or the sandbox chat. It is the same contact event the REST API records
-  (`engine.api_events.record_contact_event`), so in the same transaction the engine applies each
+  (`engine.flows.contact_events.record_contact_event`), so in the same transaction the engine applies each
   flow's policy (`replies.on_handoff_started` / `on_handoff_ended`: pause, cancel or allow, and
   the resume after the flow's grace) and starts flows triggered by a hand-off's end. Every role
   may do it: it is the front desk's job.
@@ -37,7 +37,7 @@ from admin.views.followup.queue import (
     reason_text,
     run_reason,
 )
-from engine.api_events import record_contact_event
+from engine.flows.contact_events import record_contact_event
 from engine.flows import facts, lifecycle, queries, triggers
 from engine.models import Contact, enrollments, flow_pointers
 
