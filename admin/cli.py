@@ -232,7 +232,7 @@ def db() -> None:
                   "workers and scheduler use) is created if missing, with no superuser nor BYPASSRLS, and granted "
                   "the tables.")
 def upgrade() -> None:
-    from engine.catalogue import describe
+    from engine.words.catalogue import describe
     from engine.migrate import upgrade_database
 
     settings = _settings()
@@ -346,7 +346,7 @@ def messages(status: str | None, org_slug: str | None, limit: int, codes: bool) 
 
 def _message_words(row: Any, codes: bool) -> tuple[str, str]:
     """A queue row's status and reason: the catalogue's pt-BR words, or the raw codes."""
-    from engine.reasons import row_reason, status_label
+    from engine.words.reasons import row_reason, status_label
 
     if codes:
         return row.status, row.error_code or row.skip_reason or ""

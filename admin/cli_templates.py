@@ -203,7 +203,7 @@ def templates_update(org_slug: str, template_id: int, subject: str | None, body_
 @click.option("--org", "org_slug", required=True)
 def templates_waba(org_slug: str) -> None:
     from engine import meta_templates
-    from engine.catalogue import describe
+    from engine.words.catalogue import describe
 
     cli = _cli()
     rt = cli._runtime()

@@ -21,7 +21,7 @@ from flask import Flask, has_request_context, request
 from flask_babel import Babel, Domain, get_locale
 from flask_login import current_user
 
-from engine.texts import Text
+from engine.words.texts import Text
 
 #: The console's languages, the first the default.
 LOCALES: dict[str, str] = {"pt_BR": "Português (BR)", "en": "English"}
@@ -57,7 +57,7 @@ ngettext = domain.ngettext
 
 
 def translate(value: object) -> str:
-    """A sentence from the engine (`engine.texts.Text`) in the reader's language; anything else as is."""
+    """A sentence from the engine (`engine.words.texts.Text`) in the reader's language; anything else as is."""
     if isinstance(value, Text):
         params = {k: translate(v) if isinstance(v, Text) else v for k, v in value.params.items()}
         return _(value.msgid, **params)

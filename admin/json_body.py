@@ -16,9 +16,9 @@ from typing import Any
 from flask import current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.strict_json import JsonRefused, loads
-from engine.texts import Text
+from engine.words.texts import Text
 
 
 class BodyRefused(Exception):

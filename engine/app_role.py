@@ -28,7 +28,7 @@ from psycopg import sql
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.config import ConfigError
 from engine.db import Database
 

@@ -162,7 +162,7 @@ _GOING = ("new", "pending", "claimed", "sending", "sent", "delivered", "read", "
 @dataclass(frozen=True)
 class SkippedReminder:
     """An active rule that sends nothing for the appointment's current time, and why
-    (`reason` is a code of engine/catalogue.py)."""
+    (`reason` is a code of engine/words/catalogue.py)."""
 
     rule_id: int
     rule_name: str

@@ -42,7 +42,7 @@ from engine.errors import DomainError
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
 from engine.populate import DEFAULT_HORIZON, populate_org
 from engine.privacy import addresses
-from engine.texts import N_, Text
+from engine.words.texts import N_, Text
 from gateway.phones import InvalidPhone, normalize_phone
 
 #: Biggest file accepted (bytes) and most data rows; beyond them the whole file is refused.

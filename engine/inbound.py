@@ -26,7 +26,7 @@ from engine.dialect import insert_ignore
 from engine.flows.replies import on_reply
 from engine.ids import valid_id
 from engine.inbox import open_inbox_item
-from engine.keywords import classify, parse_keywords
+from engine.words.keywords import classify, parse_keywords
 from engine.models import (
     CHANNEL_KINDS,
     PROVIDERS,

@@ -26,12 +26,12 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from engine.catalogue import describe, known
+from engine.words.catalogue import describe, known
 from engine.channels import default_channel
 from engine.models import templates
 from engine.provider_pool import ProviderPool
 from engine.render import SAMPLE_VARIABLES
-from engine.texts import Text
+from engine.words.texts import Text
 from gateway import registry
 from gateway.contract import Button, ProviderTemplate, TemplateRef
 from gateway.crypto import CryptoError

@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from yoyo import get_backend, read_migrations
 
 from engine.app_role import AppRole, grant_app_role, row_security_bypassed_at
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.config import ConfigError, Settings
 
 SQL_ROOT = Path(__file__).resolve().parent.parent / "sql"

@@ -59,7 +59,7 @@ from jinja2.runtime import Context, LoopContext, Undefined, markup_join, str_joi
 from jinja2.utils import pass_eval_context
 from jinja2.visitor import NodeTransformer
 
-from engine.texts import N_, Text
+from engine.words.texts import N_, Text
 
 __all__ = [
     "MAX_HTML_OUTPUT",
@@ -171,7 +171,7 @@ class TemplateError(Exception):
     ..."``) and never contains the value of any variable. ``lineno`` is the
     template line when known. ``text`` is set for the refusals of the
     render's bounds and of internal values: a translatable sentence
-    (:class:`engine.texts.Text`) whose ``str()`` is the message; the console
+    (:class:`engine.words.texts.Text`) whose ``str()`` is the message; the console
     shows it in the reader's language. These refusals hold whatever the data
     (``whatever_the_data``), so a template that gets one on sample data is
     refused when saved. Every other error has a ``text`` too, saying what to fix.

@@ -30,7 +30,7 @@ from engine.outbox import record_events
 from engine.populate import LIVE_STATUSES, PLAN_BATCH, nominal_and_deadline
 from engine.windows import place, policy_for
 
-#: The reason a re-placed reminder's `planned` event carries (engine/catalogue.py says it).
+#: The reason a re-placed reminder's `planned` event carries (engine/words/catalogue.py says it).
 REPLANNED = "replanned"
 
 

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.catalogue import describe
-from engine.texts import Text
+from engine.words.catalogue import describe
+from engine.words.texts import Text
 
 #: How deep containers may nest (the document itself is level 1). A flow graph needs about seven.
 MAX_DEPTH = 32

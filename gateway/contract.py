@@ -89,7 +89,7 @@ class OutboundMessage:
 
 def N_(msgid: str) -> str:
     """Mark a provider's pt-BR sentence (a field label, its help) for extraction (babel.cfg's `N_`
-    keyword, as `engine.texts.N_`); the console translates it when it shows it. Providers may not
+    keyword, as `engine.words.texts.N_`); the console translates it when it shows it. Providers may not
     import the engine, so this marker lives in the contract and returns the msgid as is."""
     return msgid
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalogue import CATALOGUE, UnknownCode, describe
+from engine.words.catalogue import CATALOGUE, UnknownCode, describe
 from engine.flows.ai.base import ERROR_CODES, REASON_CODES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_no_code_is_defined_twice_in_the_catalogue():
     # hands) giving one code two sentences would lose one without a word.
     import ast
 
-    source = (ROOT / "engine" / "catalogue.py").read_text()
+    source = (ROOT / "engine" / "words" / "catalogue.py").read_text()
     [assign] = [node for node in ast.parse(source).body
                 if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "CATALOGUE"]
     keys = [key.value for key in assign.value.keys if isinstance(key, ast.Constant)]
@@ -70,7 +70,7 @@ def test_no_code_is_defined_twice_in_the_catalogue():
 def test_a_message_code_the_flows_already_use_is_read_through_its_send_side_sentence():
     # `timeout` is an AI error (a fragment) and `window_closed` a flow step: on a message they say
     # what the provider answered, from their own keys.
-    from engine.reasons import ALIASES, message_reason
+    from engine.words.reasons import ALIASES, message_reason
 
     for code in ("timeout", "connection_error", "window_closed"):
         assert code in CATALOGUE and ALIASES[code] in CATALOGUE

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.flows.queries import sentence
 from tests.factories import World
 from tests.flows.helpers import Flows, edge, linear, node

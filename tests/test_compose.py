@@ -184,7 +184,7 @@ def test_the_compose_migration_makes_the_role_the_services_then_run_as(compose, 
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from engine.catalogue import describe
+    from engine.words.catalogue import describe
     from tests.processes import LEMBRA, lembra_env
 
     test_db = make_url(owner_database_url)

@@ -1,4 +1,4 @@
-"""Tests for engine.keywords (reply normalisation and intent classification)."""
+"""Tests for engine.words.keywords (reply normalisation and intent classification)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.keywords import (
+from engine.words.keywords import (
     DEFAULT_KEYWORDS,
     classify,
     normalize_text,

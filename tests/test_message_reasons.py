@@ -1,4 +1,4 @@
-"""Every code a message can carry reads as a sentence (engine/reasons.py over engine/catalogue.py):
+"""Every code a message can carry reads as a sentence (engine/words/reasons.py over engine/words/catalogue.py):
 the codes are found in the source, not kept by hand; the families built at run time resolve;
 nothing shows a raw code; the CLI prints the words."""
 
@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from admin.cli import main
 from engine import dispatch
-from engine.catalogue import CATALOGUE
+from engine.words.catalogue import CATALOGUE
 from engine.models import APPOINTMENT_STATUSES, MESSAGE_STATUSES
-from engine.reasons import (
+from engine.words.reasons import (
     ALIASES,
     FAMILIES,
     META_CODES,

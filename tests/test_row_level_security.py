@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 from engine.app_role import MIGRATION_TABLES, grant_app_role
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.config import ConfigError
 from tests.conftest import IS_POSTGRES
 from tests.factories import World

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.catalogue import known
+from engine.words.catalogue import known
 from engine.strict_json import INT_MAX, INT_MIN, MAX_DEPTH, JsonRefused, find_problem, loads, storable_text
 
 

@@ -29,7 +29,7 @@ from engine.render import (
     render_text,
     validate,
 )
-from engine.texts import Text
+from engine.words.texts import Text
 from tests.admin.conftest import agent, app, csrf, owner, tenants  # noqa: F401 - the console's fixtures
 from tests.factories import World, local
 

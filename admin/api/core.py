@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
 from engine.apikeys import ApiKeyIdentity, authenticate
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.runtime import Runtime
 
 log = logging.getLogger("lembra.api")

@@ -24,7 +24,7 @@ from engine.models import appointments, contacts, enrollments, messages, prefere
 from engine.outbox import enqueue, find_id
 from engine.privacy import addresses
 from engine.populate import plan_new, refresh_appointment
-from engine.reasons import row_reason, status_label
+from engine.words.reasons import row_reason, status_label
 from gateway.phones import normalize_phone
 
 LIVE = appointment_ops.LIVE

@@ -19,7 +19,7 @@ from admin.i18n import _, _l, translate
 from admin.views.base import KIND_LABELS, STATUS_LABELS, TenantModelView, local_dt, org_id
 from admin.views.filters import OrgDateTimeBetweenFilter
 from engine.models import AuditLog, User
-from engine.reasons import message_reason
+from engine.words.reasons import message_reason
 
 ACTION_LABELS = {"create": _l("criou"), "update": _l("alterou"), "delete": _l("excluiu"), "cancel": _l("cancelou"),
                  "retry": _l("reenviou"), "test_send": _l("testou"), "import": _l("importou"),

@@ -39,7 +39,7 @@ from admin.views.sandbox import BUTTON_TITLES
 from admin.views.words import reply_outcome_text
 from engine import clock
 from engine import conversations as convs
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.flows.queries import sentence as step_sentence
 from engine.flows.versions import FlowNotFound, graph_of
 

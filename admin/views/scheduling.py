@@ -54,7 +54,7 @@ from admin.views.privacy import ContactPrivacyMixin
 from engine import appointments as appts
 from engine import clock
 from engine import imports as csv_import
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.contacts import (
     CONSENT_METHODS,
     ExternalIdTaken,

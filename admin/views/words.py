@@ -1,5 +1,5 @@
 """The engine's codes in the reader's words, for every console page that shows a message or a
-reply: one place, over engine/reasons.py (the catalogue), so Fila, Registros, Pendências,
+reply: one place, over engine/words/reasons.py (the catalogue), so Fila, Registros, Pendências,
 Conversas, the sandbox chat and a patient's history all say the same thing.
 """
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from admin.i18n import _, translate
-from engine.reasons import event_label, message_reason, reply_outcome, row_reason
+from engine.words.reasons import event_label, message_reason, reply_outcome, row_reason
 
 
 def message_reason_text(message: Any) -> str:

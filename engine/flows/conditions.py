@@ -16,7 +16,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Literal
 
-from engine.keywords import normalize_text
+from engine.words.keywords import normalize_text
 
 FieldType = Literal["text", "number", "instant"]
 #: What an op's `value` must be: nothing, a text, a list of texts, a number, whole minutes.
@@ -201,7 +201,7 @@ def evaluate(checks: Sequence[Mapping[str, Any]], combinator: str, facts: Mappin
     """Whether the checks hold over `facts` (field name → value), combined with `all` or `any`.
 
     A missing or None fact fails every op but `not_exists`. Texts compare casefolded and
-    accent-folded (`engine.keywords.normalize_text`). Instants are aware datetimes and `now` must
+    accent-folded (`engine.words.keywords.normalize_text`). Instants are aware datetimes and `now` must
     be aware: a naive one raises ValueError, as do an unknown combinator, field or op; a fact of
     the wrong type raises TypeError (both are bugs of the caller). No checks: `all` holds, `any`
     does not.

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.catalogue import describe
-from engine.texts import Text
+from engine.words.catalogue import describe
+from engine.words.texts import Text
 
 #: How many issues a refusal lists; the rest are counted in one last `more_issues` issue (a
 #: request with thousands of unknown keys got an answer of 15 MB when each had its own issue).

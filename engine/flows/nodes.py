@@ -23,7 +23,7 @@ from engine.flows import conditions, facts, triggers
 from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.graph import GraphIndex
-from engine.keywords import parse_keywords
+from engine.words.keywords import parse_keywords
 from engine.models import preferences
 from engine.privacy import addresses
 from sqlalchemy import select

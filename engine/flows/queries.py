@@ -17,10 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
-from engine.catalogue import describe, known
+from engine.words.catalogue import describe, known
 from engine.flows import lifecycle
 from engine.models import enrollment_events, enrollments, flow_pointers, flow_versions
-from engine.texts import Text
+from engine.words.texts import Text
 
 #: Every status an enrollment can have, live ones first (the filters of the API and the CLI).
 ENROLLMENT_STATUSES = (*lifecycle.LIVE, *lifecycle.TERMINAL)

@@ -29,12 +29,12 @@ from apispec.ext.marshmallow.field_converter import DEFAULT_FIELD_MAPPING
 from apispec.ext.marshmallow.openapi import OpenAPIConverter
 from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.flows import conditions
 from engine.fields import WholeNumber
 from engine.flows.issues import FlowIssue, bounded, sort_issues
 from engine.strict_json import find_problem, storable_text
-from engine.texts import Text
+from engine.words.texts import Text
 
 # --- limits (docs/flows.md) ---------------------------------------------------------------------
 

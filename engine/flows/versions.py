@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from engine import clock
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.errors import DomainError
 from engine.flows import lifecycle
 from engine.flows.graph import GraphIndex

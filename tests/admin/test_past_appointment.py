@@ -11,7 +11,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from engine import clock as engine_clock
-from engine.catalogue import CATALOGUE
+from engine.words.catalogue import CATALOGUE
 from engine.models import appointments, messages
 from tests.admin.conftest import csrf
 

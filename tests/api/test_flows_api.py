@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import select
 
 from admin.i18n import translate_to
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.contacts import opt_out
 from engine.flows import runtime
 from engine.flows.schema import json_schema
 from engine.models import audit_log, enrollments, messages
-from engine.texts import Text
+from engine.words.texts import Text
 from tests.flows.helpers import edge, linear, node
 
 NAME, PHONE, EMAIL = "Ana Clara Souza", "+5516999887766", "ana.clara@example.com"

@@ -1,5 +1,5 @@
 """A message in the REST API keeps its codes for machines and says them in words: `status_text`
-and `reason_text` come from the one catalogue (engine/reasons.py), in pt-BR like an enrollment's
+and `reason_text` come from the one catalogue (engine/words/reasons.py), in pt-BR like an enrollment's
 `reason_text`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import timezone
 
 from engine import dispatch
 from engine.models import channels
-from engine.reasons import status_label
+from engine.words.reasons import status_label
 from tests.factories import local
 
 #: Thursday 14:00 in São Paulo, and Wednesday 14:00 when its 24 h reminder is due.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.catalogue import known
+from engine.words.catalogue import known
 from engine.flows import issues as flow_issues
 from engine.flows.issues import FlowIssue
 from engine.flows.schema import ConfigError, check_draft, load_trigger_config, normalize_node_config

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from marshmallow import ValidationError
 
-from engine import catalogue
+from engine.words import catalogue
 from engine.flows import conditions
 from engine.flows.schema import (
     NODE_CONFIGS,
@@ -23,7 +23,7 @@ from engine.flows.schema import (
     normalize_graph,
     normalize_node_config,
 )
-from engine.texts import Text
+from engine.words.texts import Text
 from tests.flows.test_validate import DOCS_GRAPH, edge, graph, no_show, node
 
 SCHEMA = json_schema()

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from marshmallow import ValidationError
 
-from engine import catalogue
+from engine.words import catalogue
 from engine.flows import schema, validate
 from engine.flows.graph import GraphIndex
 from engine.flows.issues import FlowIssue

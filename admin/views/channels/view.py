@@ -31,7 +31,7 @@ from admin.views.channels.messages import (
     provider_error,
 )
 from engine import clock
-from engine.catalogue import describe
+from engine.words.catalogue import describe
 from engine.channels import create_channel
 from engine.config import ENV_VARS
 from engine.connect import (

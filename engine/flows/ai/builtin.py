@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from engine.flows.ai.base import AIContext, Classification, Plan, PlannedWait, SmartWait, Written
-from engine.keywords import normalize_text
+from engine.words.keywords import normalize_text
 
 __all__ = ["DEFAULT_CLASS_KEYWORDS", "MAX_WAIT_REASON", "BuiltinAI", "find_keyword"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.texts import N_, Text
+from engine.words.texts import N_, Text
 
 CATALOGUE: dict[str, Text] = {
     # --- flow publish rules (engine/flows/validate.py) -----------------------------------------
@@ -171,7 +171,7 @@ CATALOGUE: dict[str, Text] = {
     "credential_retype_new_endpoint": N_("O endereço mudou para outro servidor: informe este valor de novo (o "
                                          "guardado era do endereço anterior e não é enviado a um servidor novo)."),
     # === messages: statuses, provider errors, skip reasons, reply outcomes ====================
-    # Read through engine/reasons.py (message_reason, status_label, event_label, reply_outcome),
+    # Read through engine/words/reasons.py (message_reason, status_label, event_label, reply_outcome),
     # which maps a raw code to its key here; a code the catalogue already gives another meaning
     # (timeout, connection_error, window_closed, http_*: the AI's and the flow steps') has its
     # send-side sentence under its own key (send_timeout, ...).

@@ -1,7 +1,7 @@
 """A message in words: why a `messages` row was not sent, failed or waits (its `error_code` and
 `skip_reason`), its status and its events, and what became of a patient's message
 (`inbound_messages.outcome`). The queue, the logs, Pendências, the REST API and the CLI all call
-these functions, so a person never reads a raw code; the sentences live in engine/catalogue.py.
+these functions, so a person never reads a raw code; the sentences live in engine/words/catalogue.py.
 
 Codes come from three places: the engine's own (dispatch, outbox, populate...), the names the
 providers give their errors (`sandbox_permanent`, `not_on_whatsapp`...), and codes a provider
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from engine.catalogue import describe, known
-from engine.texts import Text
+from engine.words.catalogue import describe, known
+from engine.words.texts import Text
 
 #: Message codes whose plain key the catalogue gives to another context (the AI's own errors, a
 #: flow step), and provider spellings of something the catalogue already says.
