@@ -25,7 +25,7 @@ from wtforms.validators import DataRequired
 
 from admin.i18n import LOCALES, _, _l, ngettext
 from admin.throttle import LoginThrottle
-from engine import clock
+from engine.core import clock
 from engine.models import orgs, users
 from engine.orgs import end_sessions, verify_password
 from engine.runtime import Runtime

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import click
 from sqlalchemy import func, select
 
-from engine.config import ENV_VARS, ConfigError, Settings
+from engine.core.config import ENV_VARS, ConfigError, Settings
 from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS
 
 EXIT_CONFIG = 2
@@ -44,7 +44,7 @@ def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
     from engine.app_role import warn_if_row_security_is_off
     from engine.broker import check_broker as broker_check
     from engine.db import Database
-    from engine.logs import configure
+    from engine.core.logs import configure
     from engine.migrate import upgrade_database
     from engine.runtime import Runtime
 
@@ -84,7 +84,7 @@ def _refuse_to_create_a_database(database_url: str) -> None:
 
 def _domain(action: Callable[[], Any]) -> Any:
     """Run a domain action, turning its validation errors into one-line CLI errors."""
-    from engine.errors import DomainError
+    from engine.core.errors import DomainError
 
     try:
         return action()
@@ -133,7 +133,7 @@ def up(host: str, port: int, demo: bool, threads: int) -> None:
 def web(bind: str, workers: int) -> None:
     from gunicorn.app.base import BaseApplication
 
-    from engine import metrics
+    from engine.core import metrics
 
     metrics.use_multiprocess("web")  # before prometheus_client is imported: /metrics adds up every gunicorn worker
     rt = _runtime(check_broker=True)
@@ -182,7 +182,7 @@ def scheduler(once: bool) -> None:
     import threading
 
     from admin.embedded import Embedded
-    from engine import metrics
+    from engine.core import metrics
     from engine.broker import setup_broker
     from engine.runtime import install
     from engine.scheduler import Scheduler

@@ -7,10 +7,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
-from engine import clock
-from engine import metrics as engine_metrics
+from engine.core import clock
+from engine.core import metrics as engine_metrics
 from engine.broker import check_broker
-from engine.config import ConfigError
+from engine.core.config import ConfigError
 from engine.models import MESSAGE_STATUSES, messages
 from engine.runtime import Runtime
 
@@ -59,6 +59,6 @@ class QueueCollector:
 @bp.route("/metrics")
 def metrics():  # type: ignore[no-untyped-def]
     """The queue gauges, then this process's counters (under gunicorn: every web process's, added
-    up through prometheus-client's multiprocess directory; see engine/metrics.py)."""
+    up through prometheus-client's multiprocess directory; see engine/core/metrics.py)."""
     registry: CollectorRegistry = current_app.config["LEMBRA_METRICS"]
     return Response(generate_latest(registry) + engine_metrics.exposition(), mimetype=CONTENT_TYPE_LATEST)

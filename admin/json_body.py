@@ -4,7 +4,7 @@ and the sentence that says so, is the same for both.
 
 - larger than the app's MAX_CONTENT_LENGTH: 413 (`body_too_large`), before it is read;
 - not JSON (or not UTF-8): 400 (`body_not_json`);
-- nested deeper than `engine.strict_json.MAX_DEPTH`: 400 (`body_too_deep`);
+- nested deeper than `engine.core.strict_json.MAX_DEPTH`: 400 (`body_too_deep`);
 - a value no database stores (NaN, Infinity, 1e999, an integer past 64 bits, a NUL character or
   a lone surrogate in a string or a key): 422 (`body_invalid_value`, saying where).
 """
@@ -17,7 +17,7 @@ from flask import current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from engine.words.catalogue import describe
-from engine.strict_json import JsonRefused, loads
+from engine.core.strict_json import JsonRefused, loads
 from engine.words.texts import Text
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from admin.app import create_app
 from engine.broker import setup_broker
-from engine.config import Settings
-from engine.logs import configure
+from engine.core.config import Settings
+from engine.core.logs import configure
 from engine.runtime import Runtime, install
 
 _settings = Settings.from_env()

@@ -78,10 +78,10 @@ from bench.throughput import (  # noqa: E402
     wait_for_workers,
 )
 from engine.channels import create_channel  # noqa: E402
-from engine.config import Settings  # noqa: E402
+from engine.core.config import Settings  # noqa: E402
 from engine.db import Database  # noqa: E402
 from engine.flows import versions  # noqa: E402
-from engine.logs import configure as configure_logs  # noqa: E402
+from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.migrate import upgrade  # noqa: E402
 from engine.models import flow_pointers  # noqa: E402
 from engine.orgs import create_org  # noqa: E402

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sqlalchemy import event  # noqa: E402
 
 from engine import dispatch  # noqa: E402
-from engine.config import Settings  # noqa: E402
+from engine.core.config import Settings  # noqa: E402
 from engine.db import Database  # noqa: E402
-from engine.logs import configure as configure_logs  # noqa: E402
+from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.migrate import upgrade  # noqa: E402
 from engine.populate import populate  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402

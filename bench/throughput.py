@@ -79,7 +79,7 @@ from sqlalchemy import insert  # noqa: E402
 
 from engine.channels import create_channel  # noqa: E402
 from engine.db import Database  # noqa: E402
-from engine.logs import configure as configure_logs  # noqa: E402
+from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.migrate import upgrade  # noqa: E402
 from engine.models import reminder_rule_kinds, reminder_rules  # noqa: E402
 from engine.orgs import create_org  # noqa: E402
@@ -1313,7 +1313,7 @@ def engine_env(args: argparse.Namespace, database_url: str, secret_keys: str) ->
 def calls_in_flight(args: argparse.Namespace) -> int:
     """Provider calls one worker process has in flight at most: its actor threads share one pool
     of `LEMBRA_SEND_CONCURRENCY` threads, so the bare wire runs that many threads per process."""
-    from engine.config import Settings
+    from engine.core.config import Settings
 
     defaults = Settings()
     concurrency = int(args.send_concurrency or defaults.send_concurrency)
@@ -1406,7 +1406,7 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
     scheduler would hand one actor (LEMBRA_SEND_BATCH, 25) when the engine has it, else
     `dispatch.send_one` per id, as the `send_messages` actor does."""
     from engine import dispatch
-    from engine.config import Settings
+    from engine.core.config import Settings
     from engine.runtime import Runtime, install
 
     k = args.inline
@@ -1508,7 +1508,7 @@ def probe_body(args: argparse.Namespace, database_url: str, secret_keys: str, fa
     from sqlalchemy import select
 
     from engine.channels import default_channel
-    from engine.config import Settings
+    from engine.core.config import Settings
     from engine.models import appointments, contacts, messages, orgs
     from engine.runtime import Runtime
     from engine.templates import render_message

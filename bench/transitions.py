@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine.db import Database  # noqa: E402
-from engine.logs import configure as configure_logs  # noqa: E402
+from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.migrate import upgrade  # noqa: E402
 from engine.populate import populate  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402

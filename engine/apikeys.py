@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.models import api_keys
 
 KEY_PREFIX = "lembra"

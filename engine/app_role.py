@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from engine.words.catalogue import describe
-from engine.config import ConfigError
+from engine.core.config import ConfigError
 from engine.db import Database
 
 log = logging.getLogger(__name__)

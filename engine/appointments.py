@@ -11,8 +11,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.models import (
     APPOINTMENT_STATUSES,
     appointments,

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.models import audit_log
 
 #: Fields whose values never go into the audit trail (only the fact that they changed).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
-from engine.config import ConfigError, Settings
+from engine.core.config import ConfigError, Settings
 
 
 def make_broker(settings: Settings) -> dramatiq.Broker:

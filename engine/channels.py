@@ -9,8 +9,8 @@ from typing import Any, Mapping
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.models import CHANNEL_KINDS, channels
 from engine.provider_pool import ProviderPool
 from gateway import registry

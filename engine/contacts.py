@@ -10,9 +10,9 @@ from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
-from engine import clock
+from engine.core import clock
 from engine.dialect import insert_ignore
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.models import CHANNEL_KINDS, contacts, messages, preferences
 from engine.outbox import cancel_open
 from engine.privacy import addresses

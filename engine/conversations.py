@@ -26,7 +26,7 @@ from sqlalchemy import and_, case, exists, func, not_, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock
+from engine.core import clock
 from engine.appointments import LIVE
 from engine.channels import default_channel
 from engine.conversation_window import conversation_open

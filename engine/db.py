@@ -20,7 +20,7 @@ from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
 
-from engine.config import ConfigError
+from engine.core.config import ConfigError
 
 UTC = timezone.utc
 

@@ -35,10 +35,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from engine import appointments as appts
-from engine import clock
+from engine.core import clock
 from engine.contacts import set_consent
 from engine.db import Database
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
 from engine.populate import DEFAULT_HORIZON, populate_org
 from engine.privacy import addresses

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import String, cast, literal, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.dialect import insert_ignore
 from engine.models import inbox_items
 

@@ -14,7 +14,7 @@ from yoyo import get_backend, read_migrations
 
 from engine.app_role import AppRole, grant_app_role, row_security_bypassed_at
 from engine.words.catalogue import describe
-from engine.config import ConfigError, Settings
+from engine.core.config import ConfigError, Settings
 
 SQL_ROOT = Path(__file__).resolve().parent.parent / "sql"
 

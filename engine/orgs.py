@@ -13,8 +13,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.models import orgs, users
 from engine.windows import window_policy
 

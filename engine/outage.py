@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from engine import clock
+from engine.core import clock
 
 #: How often a lasting outage is said again.
 REMIND_EVERY = timedelta(minutes=1)

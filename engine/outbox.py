@@ -12,7 +12,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock, metrics
+from engine.core import clock, metrics
 from engine.dialect import insert_ignore, insert_rows
 from engine.models import OPEN_STATUSES, message_events, messages
 

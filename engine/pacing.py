@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.dialect import insert_ignore
 from engine.models import channel_pacing
 from gateway.pacing import PacingPolicy, Reservation

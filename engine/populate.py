@@ -50,7 +50,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock, metrics
+from engine.core import clock, metrics
 from engine.db import Database
 from engine.dialect import epoch_seconds, insert_ignore, planner_setting
 from engine.models import (

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from engine import clock
+from engine.core import clock
 from engine.db import Database
 from engine.models import sandbox_messages
 from gateway import registry

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from engine.config import Settings
+from engine.core.config import Settings
 from engine.db import Database
 from engine.provider_pool import ProviderPool
 from engine.secrets import keyring_for

@@ -27,9 +27,10 @@ from typing import Callable, Iterator, Sequence, TypeVar
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from engine import clock, dispatch, inbound, metrics, statuses
+from engine.core import clock, metrics
+from engine import dispatch, inbound, statuses
 from engine.broker import BrokerUnavailable, connection_errors, ping
-from engine.config import Settings
+from engine.core.config import Settings
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
 from engine.outage import BrokerOutage

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from engine.config import ConfigError, Settings
+from engine.core.config import ConfigError, Settings
 from gateway.crypto import CryptoError, Keyring
 
 

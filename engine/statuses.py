@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import delete, exists, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.contacts import opt_out
 from engine.dialect import insert_ignore
 from engine.models import early_statuses, messages

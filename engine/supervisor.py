@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine import metrics
+from engine.core import metrics
 from engine.worker_process import SUPERVISOR_PID_ENV
 
 log = logging.getLogger("engine.supervisor")
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     child = args.child[1:] if args.child[:1] == ["--"] else args.child
     if not child or args.processes < 1:
         parser.error("needs --processes N (N >= 1) and a child command after --")
-    from engine.logs import configure
+    from engine.core.logs import configure
 
     # Already validated by `lembra worker` (Settings.from_env), which execs this module.
     configure(os.environ.get("LEMBRA_LOG_LEVEL", "").strip().upper() or "INFO",

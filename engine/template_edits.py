@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.meta_templates import (
     NO_MAPPING,
     Finding,

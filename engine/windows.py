@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import holidays
 
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 
 __all__ = [
     "MAX_SEARCH_DAYS",

@@ -6,8 +6,8 @@ own supervised worker processes (engine/supervisor.py, engine/worker_process.py)
 from __future__ import annotations
 
 from engine.broker import setup_broker
-from engine.config import Settings
-from engine.logs import configure
+from engine.core.config import Settings
+from engine.core.logs import configure
 
 _settings = Settings.from_env()
 configure(_settings.log_level, _settings.log_format)

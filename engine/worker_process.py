@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         from dramatiq.errors import ConnectionError as BrokerConnectionError  # type: ignore[no-redef]
 
     from engine.broker import setup_broker
-    from engine.config import ConfigError, Settings
-    from engine.logs import configure
+    from engine.core.config import ConfigError, Settings
+    from engine.core.logs import configure
 
     try:
         settings = Settings.from_env()

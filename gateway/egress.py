@@ -6,7 +6,7 @@ the private network, a cloud metadata address. So by default such an address may
 loopback, link-local (169.254/16, fe80::/10: metadata endpoints live there), private (RFC 1918,
 fc00::/7), CGNAT (100.64/10), multicast, unspecified or reserved ranges, nor to an IPv6 address
 that embeds one of those (IPv4-mapped, 6to4, Teredo, NAT64). Ops allow their own Evolution server
-or SMTP relay with `LEMBRA_PROVIDER_ALLOW` (hosts and/or CIDRs, `engine.config`), which becomes an
+or SMTP relay with `LEMBRA_PROVIDER_ALLOW` (hosts and/or CIDRs, `engine.core.config`), which becomes an
 `EgressPolicy`.
 
 The check is made on the resolved addresses, at connect time, on every new connection: the name

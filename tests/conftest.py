@@ -32,8 +32,8 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
-from engine import clock as engine_clock
-from engine.config import Settings
+from engine.core import clock as engine_clock
+from engine.core.config import Settings
 from engine.migrate import upgrade
 from engine.runtime import Runtime, install
 

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import insert, select
 
-from engine import clock
+from engine.core import clock
 from engine.appointments import create_appointment
 from engine.channels import create_channel
 from engine.contacts import create_contact

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from engine.broker import make_broker
-from engine.config import Settings
+from engine.core.config import Settings
 
 
 def test_an_amqp_url_builds_a_rabbitmq_broker_with_a_heartbeat():

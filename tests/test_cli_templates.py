@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import insert, select
 
-from engine import clock
+from engine.core import clock
 from engine.channels import create_channel
 from engine.models import templates
 from tests.factories import World

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from engine import metrics
+from engine.core import metrics
 from tests.conftest import IS_POSTGRES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_only_the_migration_connects_as_the_owner_the_others_as_the_application_
     row-level security never applies."""
     from sqlalchemy.engine import make_url
 
-    from engine.config import Settings
+    from engine.core.config import Settings
 
     superuser = _postgres_superuser(compose)
     migrate = _env(compose, "migrate")
@@ -268,7 +268,7 @@ def test_dockerignore_keeps_local_state_secrets_and_history_out_of_the_image():
     for path in (".venv/bin/python", "lembra.db", "lembra.db-wal", "data/other.db", "lembra.key", "keys/old.key",
                  ".git/HEAD", "test-artifacts/screenshot.png", ".env", "engine/__pycache__/x.cpython-311.pyc"):
         assert _ignored(path), f"{path} would be copied into the image"
-    for path in ("README.md", "pyproject.toml", "engine/metrics.py", "admin/templates/base.html",
+    for path in ("README.md", "pyproject.toml", "engine/core/metrics.py", "admin/templates/base.html",
                  "sql/postgresql/0001.initial-schema.sql", "providers/sandbox/provider.py"):
         assert not _ignored(path), f"{path} is needed in the image"
 

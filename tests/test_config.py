@@ -9,10 +9,10 @@ from sqlalchemy import func, select
 
 from engine.appointments import create_appointment
 from engine.broker import check_broker
-from engine.config import ConfigError, Settings
+from engine.core.config import ConfigError, Settings
 from engine.contacts import create_contact
 from engine.db import Database
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.models import contacts, orgs, preferences
 from engine.orgs import create_org
 from engine.windows import WindowPolicy

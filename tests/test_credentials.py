@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select, update
 
 from engine.channels import create_channel
-from engine.config import Settings
+from engine.core.config import Settings
 from engine.keys import rotate
 from engine.models import channels
 from engine.runtime import Runtime

@@ -20,7 +20,7 @@ from sqlalchemy.pool import NullPool
 from engine import appointments as appts
 from engine import dispatch
 from engine.channels import create_channel
-from engine.config import Settings
+from engine.core.config import Settings
 from engine.models import message_events
 from engine.runtime import Runtime, install
 from providers.sandbox.provider import SandboxProvider

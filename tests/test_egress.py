@@ -24,8 +24,8 @@ import pytest
 
 from engine import dispatch
 from engine.channels import create_channel
-from engine.config import ENV_VARS, ConfigError, Settings
-from engine.errors import DomainError
+from engine.core.config import ENV_VARS, ConfigError, Settings
+from engine.core.errors import DomainError
 from engine.flows.agents import create_agent, update_agent
 from engine.flows.ai.base import AIError
 from engine.flows.ai.openai_compat import OpenAICompatAI

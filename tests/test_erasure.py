@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select
 
 from admin.cli import main
 from admin.cli_privacy import register
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine import dispatch
 from engine.audit import audit
 from engine.contacts import create_contact

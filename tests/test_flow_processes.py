@@ -35,7 +35,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, func, insert, select, text, update
 
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.flows import versions
 from engine.flows.runtime import BACKOFF
 from engine.models import contacts as contacts_table

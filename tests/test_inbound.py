@@ -59,7 +59,7 @@ def status(rt, channel_id: int, provider_message_id: str, value: str, at: dateti
 
 
 def rt_now_ts() -> float:
-    from engine import clock
+    from engine.core import clock
 
     return clock.now().timestamp()
 

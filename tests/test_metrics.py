@@ -1,4 +1,4 @@
-"""Metrics (SPEC §10, engine/metrics.py) in one process: every counter moves where the work is done,
+"""Metrics (SPEC §10, engine/core/metrics.py) in one process: every counter moves where the work is done,
 and `/metrics` carries them with bounded labels and no personal data. The worker fleet and the web
 processes (multiprocess mode, real processes) are in tests/test_metrics_processes.py."""
 
@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from admin.app import create_app
-from engine import dispatch, metrics
+from engine import dispatch
+from engine.core import metrics
 from engine.flows.ai.builtin import BuiltinAI
 from engine.models import PROVIDERS, channels
 from engine.outbox import enqueue

@@ -1,4 +1,4 @@
-"""Metrics of real processes (engine/metrics.py): what worker processes count is scraped from
+"""Metrics of real processes (engine/core/metrics.py): what worker processes count is scraped from
 their supervisor, added up over every process of the fleet (prometheus-client's multiprocess
 mode), dead ones included; the scheduler serves its own; `lembra web` adds up its gunicorn
 workers on `/metrics`. Over loopback, against the test's database and broker."""

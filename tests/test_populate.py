@@ -128,7 +128,7 @@ def test_concurrent_populates_in_processes(rt, clock, database_url):
 
 
 def _populate_in_process(url, org_id, now, barrier, queue) -> None:  # pragma: no cover - runs in a child
-    from engine import clock as engine_clock
+    from engine.core import clock as engine_clock
     from engine.db import Database
 
     engine_clock.use(engine_clock.FrozenClock(now))

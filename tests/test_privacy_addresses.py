@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy import insert, select, update
 
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine import dispatch
 from engine.contacts import create_contact, opt_out
 from engine.imports import import_appointments

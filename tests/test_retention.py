@@ -19,7 +19,7 @@ from admin.cli_privacy import register
 from admin.views.dashboard import tally
 from engine import dispatch
 from engine.flows.contact_events import record_contact_event
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.inbound import process_inbound
 from engine.models import (
     contact_events,
@@ -84,7 +84,7 @@ def tenant(rt, slug: str) -> tuple[World, Flows, dict[str, Any]]:
 
 
 def _now():
-    from engine import clock
+    from engine.core import clock
 
     return clock.now()
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from engine.app_role import MIGRATION_TABLES, grant_app_role
 from engine.words.catalogue import describe
-from engine.config import ConfigError
+from engine.core.config import ConfigError
 from tests.conftest import IS_POSTGRES
 from tests.factories import World
 from tests.processes import LEMBRA, lembra_env

@@ -1,4 +1,4 @@
-"""engine/strict_json.py: the one strict reading of a JSON document from outside (issue 30, point 6).
+"""engine/core/strict_json.py: the one strict reading of a JSON document from outside (issue 30, point 6).
 Every hostile input is refused with a catalogue code and the path of the value, never an exception
 of another kind, and nothing it lets through would fail a write to either database."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.words.catalogue import known
-from engine.strict_json import INT_MAX, INT_MIN, MAX_DEPTH, JsonRefused, find_problem, loads, storable_text
+from engine.core.strict_json import INT_MAX, INT_MIN, MAX_DEPTH, JsonRefused, find_problem, loads, storable_text
 
 
 def refused(raw: str | bytes) -> JsonRefused:

@@ -65,7 +65,7 @@ def test_the_units_connect_as_the_application_role_and_only_the_migration_as_the
     is in a file only the migration unit reads."""
     from sqlalchemy.engine import make_url
 
-    from engine.config import Settings
+    from engine.core.config import Settings
 
     app = _env_file("lembra.env.example")
     owner = _env_file("owner.env.example")

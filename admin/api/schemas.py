@@ -22,11 +22,11 @@ from marshmallow import (
 )
 
 from admin.i18n import translate_to
-from engine.fields import WholeNumber
+from engine.core.fields import WholeNumber
 from engine.flows.queries import ENROLLMENT_STATUSES
 from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES, MAX_VERSION
 from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
-from engine.strict_json import find_problem, storable_text
+from engine.core.strict_json import find_problem, storable_text
 from gateway.phones import InvalidPhone, normalize_phone
 
 MAX_ID = 2**63 - 1
@@ -86,7 +86,7 @@ class Flag(fields.Boolean):
 
 class JsonObject(fields.Dict):
     """A JSON object stored as given (a flow's graph or trigger). Its meaning is the engine's to
-    judge (`engine.flows.schema`); here it only has to be storable (`engine.strict_json`: no NUL
+    judge (`engine.flows.schema`); here it only has to be storable (`engine.core.strict_json`: no NUL
     characters or lone surrogates, finite numbers within 64 bits, no deeper than MAX_DEPTH). The
     body's parser refuses all of that already; this keeps the schema true for any other caller."""
 

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from admin.api.core import ApiError
 from admin.i18n import translate_to
 from engine import appointments as appointment_ops
-from engine import clock
+from engine.core import clock
 from engine.contacts import ExternalIdTaken, create_contact, set_consent
 from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue

@@ -23,7 +23,7 @@ from admin.auth import sign_in_again
 from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, ids_of, org_id, write_audit
 from engine.apikeys import KEY_PREFIX, NewApiKey, create_key, revoke
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.models import ApiKey, User
 from engine.orgs import ROLES, EmailTaken, create_user, hash_password
 

@@ -48,7 +48,7 @@ from werkzeug.utils import secure_filename
 
 from admin.i18n import _, _l, current_locale
 from admin.ids import MAX_ID, parse_id
-from engine import clock
+from engine.core import clock
 from engine.models import Org, audit_log
 from engine.runtime import Runtime
 
@@ -419,7 +419,7 @@ class TenantModelView(SignedInOrgAccess, ModelView):
         write_audit(self.session.connection(), "delete", self.audit_entity, model.id, None)
 
     def handle_view_exception(self, exc: Exception) -> bool:
-        from engine.errors import DomainError
+        from engine.core.errors import DomainError
 
         if isinstance(exc, DomainError):
             flash(_("Não foi possível salvar: %(erro)s", erro=exc), "error")

@@ -33,7 +33,7 @@ from admin.views.base import (
 )
 from admin.views.followup.queue import reason_text, run_reason
 from admin.views.words import code_text
-from engine import clock
+from engine.core import clock
 from engine.flows import queries
 from engine.conversations import unhandled_count
 from engine.inbox import resolve_inbox_item

@@ -24,7 +24,7 @@ from admin.views.base import (
     write_audit,
 )
 from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter, PatientSearchMixin
-from engine import clock
+from engine.core import clock
 from engine.models import (
     CHANNEL_KINDS,
     MESSAGE_STATUSES,

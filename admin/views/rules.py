@@ -35,8 +35,8 @@ from wtforms.validators import DataRequired, Length, NumberRange, ValidationErro
 
 from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, is_editor, org_id, runtime, write_audit
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.models import (
     CHANNEL_KINDS,
     ReminderRuleKind,

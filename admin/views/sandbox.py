@@ -41,7 +41,7 @@ from admin.views.base import (
 from admin.views.followup.handoff import handoff_state
 from admin.views.words import reply_outcome_text
 from admin.webhooks import deliver
-from engine import clock
+from engine.core import clock
 from engine.channels import sandbox_webhook_secret
 from engine.models import channels, contacts, inbound_messages, messages, sandbox_messages
 from engine.runtime import Runtime

@@ -52,7 +52,7 @@ from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
 from admin.views.followup.handoff import ContactFollowupMixin
 from admin.views.privacy import ContactPrivacyMixin
 from engine import appointments as appts
-from engine import clock
+from engine.core import clock
 from engine import imports as csv_import
 from engine.words.catalogue import describe
 from engine.contacts import (
@@ -63,7 +63,7 @@ from engine.contacts import (
     matching,
     set_consent,
 )
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.models import (
     APPOINTMENT_STATUSES,
     CHANNEL_KINDS,

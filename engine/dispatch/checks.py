@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.dispatch import batch as batches
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
 from engine.dispatch.ready import Ready

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.dialect import planner_setting
 from engine.inbox import open_inbox_item
 from engine.models import channels, messages

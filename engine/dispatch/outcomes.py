@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.channels import default_channel
 from engine.inbox import open_inbox_item
 from engine.models import channels, contacts, messages, reminder_rule_kinds

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Sequence
 
-from engine import clock, metrics
+from engine.core import clock, metrics
 from engine.dispatch.checks import check
 from engine.dispatch.ready import Prepared, Ready
 from engine.dispatch.outcomes import after_lease_ran_out, after_permanent, after_transient, park_unknown

@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from engine import metrics
+from engine.core import metrics
 from engine.dialect import in_values, insert_rows, update_per_row
 from engine.dispatch.ready import Prepared, Ready
 from engine.dispatch.claim import WORKER_ID

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.flows.ai.factory import seal_api_key
 from engine.models import agents, flow_pointers
 from gateway.crypto import Keyring

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.flows import replies, triggers
 from engine.models import contact_events
 

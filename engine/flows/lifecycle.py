@@ -14,7 +14,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock, metrics
+from engine.core import clock, metrics
 from engine.dialect import insert_ignore
 from engine.flows.schema import NODE_TYPES
 from engine.models import enrollment_events, enrollments, messages

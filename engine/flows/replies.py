@@ -16,7 +16,7 @@ from typing import Any, Sequence, cast
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.flows import lifecycle
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of

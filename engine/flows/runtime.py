@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.flows import lifecycle, nodes, replies
 from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for

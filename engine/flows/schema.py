@@ -31,9 +31,9 @@ from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validat
 
 from engine.words.catalogue import describe
 from engine.flows import conditions
-from engine.fields import WholeNumber
+from engine.core.fields import WholeNumber
 from engine.flows.issues import FlowIssue, bounded, sort_issues
-from engine.strict_json import find_problem, storable_text
+from engine.core.strict_json import find_problem, storable_text
 from engine.words.texts import Text
 
 # --- limits (docs/flows.md) ---------------------------------------------------------------------
@@ -567,7 +567,7 @@ def check_draft(graph: Any) -> list[FlowIssue]:
     """The issues of the graph's shape only, as every auto-save of the builder must satisfy: an
     object with `nodes` and `edges` lists (≤ 200 / ≤ 400), nodes with valid unique ids, known
     types, an object `config` and numeric positions, edges with source/target strings and a
-    known condition, and nothing a database cannot store (engine.strict_json: NUL, lone surrogates,
+    known condition, and nothing a database cannot store (engine.core.strict_json: NUL, lone surrogates,
     NaN, numbers past 64 bits, nesting past MAX_DEPTH). Node configs are NOT checked otherwise (a
     draft is work in progress).
 

@@ -16,7 +16,7 @@ from sqlalchemy import and_, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine import clock
+from engine.core import clock
 from engine.flows import conditions, facts, lifecycle
 from engine.flows.schema import load_trigger_config
 from engine.flows.versions import graph_of

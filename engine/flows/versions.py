@@ -16,17 +16,17 @@ from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from engine import clock
+from engine.core import clock
 from engine.words.catalogue import describe
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.flows import lifecycle
 from engine.flows.graph import GraphIndex
 from engine.flows.issues import FlowIssue, bounded
 from engine.flows.schema import ConfigError, check_draft, load_trigger_config, normalize_graph
 from engine.flows.validate import validate_for_publish
-from engine.ids import valid_id
+from engine.core.ids import valid_id
 from engine.models import enrollments, flow_pointers, flow_versions, templates
-from engine.strict_json import storable_text
+from engine.core.strict_json import storable_text
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")
 DISABLE_LIVE = ("finish", "cancel")

@@ -36,7 +36,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock
+from engine.core import clock
 from engine.models import CHANNEL_KINDS, address_optouts, contacts
 from gateway.crypto import Keyring
 from gateway.phones import InvalidPhone, normalize_phone

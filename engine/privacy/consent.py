@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.models import (
     CHANNEL_KINDS,
     address_optouts,

@@ -28,8 +28,8 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.engine import Connection
 
-from engine import clock
-from engine.errors import DomainError
+from engine.core import clock
+from engine.core.errors import DomainError
 from engine.flows.lifecycle import end_live
 from engine.models import (
     audit_log,

@@ -37,10 +37,10 @@ from sqlalchemy import Table, and_, delete, exists, func, not_, null, or_, selec
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from engine import clock
+from engine.core import clock
 from engine.db import Database
 from engine.dialect import insert_ignore
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.flows.lifecycle import LIVE as LIVE_ENROLLMENT
 from engine.flows.lifecycle import TERMINAL as ENDED_ENROLLMENT
 from engine.models import (

@@ -122,7 +122,7 @@ CATALOGUE: dict[str, Text] = {
     "invalid_name": N_("Dê ao fluxo um nome de 1 a 120 caracteres."),
     # A refusal lists its first issues (engine/flows/issues.py MAX_ISSUES) and counts the rest.
     "more_issues": N_("E mais %(count)s problema(s), mostrados depois que estes forem corrigidos."),
-    # --- request bodies and documents from outside (engine/strict_json.py, admin/json_body.py) ----
+    # --- request bodies and documents from outside (engine/core/strict_json.py, admin/json_body.py) ----
     "body_not_json": N_("O pedido não é um JSON válido em UTF-8. Confira o que foi enviado e envie de novo."),
     "body_too_large": N_("O pedido passa do limite de %(max)s KB. Envie um pedido menor."),
     "body_too_deep": N_("O JSON do pedido aninha mais de %(max)s níveis. Envie um documento mais simples."),

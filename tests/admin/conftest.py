@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from admin.app import create_app
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.channels import create_channel
 from engine.models import audit_log, messages, templates
 from engine.orgs import create_user

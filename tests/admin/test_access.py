@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from werkzeug.security import check_password_hash
 
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.apikeys import create_key, hash_key
 from engine.models import api_keys, audit_log, users
 from engine.orgs import create_user

@@ -13,7 +13,7 @@ from flask_admin.contrib.sqla.view import ModelView
 from sqlalchemy import BigInteger, Integer, update
 
 from admin.ids import MAX_ID, parse_id, valid_id
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.models import messages
 from tests.admin.conftest import csrf
 

@@ -9,7 +9,7 @@ import re
 
 from sqlalchemy import func, select
 
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.contacts import opt_out
 from engine.imports import EVIDENCE, import_appointments
 from engine.models import audit_log, contacts, preferences, users

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.models import appointments, audit_log, channels, messages, templates
 from tests.admin.conftest import SECRET, csrf
 

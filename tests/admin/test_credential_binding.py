@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from engine import clock
+from engine.core import clock
 from engine.channels import create_channel
 from engine.flows import agents as agent_ops
 from engine.models import agents, audit_log, channels

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from engine.channels import create_channel
-from engine.config import Settings
+from engine.core.config import Settings
 from engine.models import channels
 from tests.admin.conftest import SECRET, csrf
 from tests.conftest import BROKER_URL, TEST_KEY

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import insert, select
 
-from engine import clock
+from engine.core import clock
 from engine.channels import create_channel
 from engine.models import audit_log, templates
 from engine.orgs import create_user

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.words.catalogue import CATALOGUE
 from engine.models import appointments, messages
 from tests.admin.conftest import csrf

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import insert, select
 
 import admin.api.privacy  # noqa: F401  (registers the privacy routes; admin/api/__init__.py does it too)
-from engine import clock
+from engine.core import clock
 from engine.inbound import process_inbound
 from engine.models import audit_log, contacts, inbound_messages
 

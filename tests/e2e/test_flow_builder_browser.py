@@ -39,7 +39,7 @@ from playwright import sync_api
 from sqlalchemy import insert, select
 
 from admin.app import create_app
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine.models import enrollments, flow_pointers, templates
 from engine.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve

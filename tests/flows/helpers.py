@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from sqlalchemy import insert, select, update
 
-from engine import clock, dispatch
+from engine.core import clock
+from engine import dispatch
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AI
 from engine.inbound import process_inbound, receive

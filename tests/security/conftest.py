@@ -30,11 +30,11 @@ from flask.testing import FlaskClient
 from sqlalchemy import create_engine, insert, select, text
 
 from admin.app import create_app
-from engine import clock as engine_clock
+from engine.core import clock as engine_clock
 from engine import dispatch
 from engine.apikeys import create_key
 from engine.channels import create_channel
-from engine.config import Settings
+from engine.core.config import Settings
 from engine.contacts import opt_out
 from engine.flows.agents import create_agent
 from engine.inbox import open_inbox_item

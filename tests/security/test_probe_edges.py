@@ -25,9 +25,10 @@ import jwt
 import pytest
 from sqlalchemy import select
 
-from engine import clock, dispatch
+from engine.core import clock
+from engine import dispatch
 from engine.channels import create_channel
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.flows.agents import create_agent
 from engine.models import channels, contacts, messages
 from tests.security.conftest import PASSWORD, PHONE, Probe, csrf, diff

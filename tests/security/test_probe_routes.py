@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert
 
-from engine import clock
+from engine.core import clock
 from engine.models import contacts
 from tests.security.conftest import PHONE, Probe, csrf, diff
 from tests.security.routes import ARG_TABLES, EXTRA_ID_PARAMS, QUERY_ID_PARAMS, Route, classify

@@ -30,10 +30,10 @@ from admin.views.channels.messages import (
     egress_error,
     provider_error,
 )
-from engine import clock
+from engine.core import clock
 from engine.words.catalogue import describe
 from engine.channels import create_channel
-from engine.config import ENV_VARS
+from engine.core.config import ENV_VARS
 from engine.connect import (
     ChannelNotFound,
     connect_channel,
@@ -41,7 +41,7 @@ from engine.connect import (
     recorded_state,
     supports_connect,
 )
-from engine.errors import DomainError
+from engine.core.errors import DomainError
 from engine.models import PROVIDERS, channels
 from gateway import registry
 from gateway.contract import ConnectInfo, Health, OutboundMessage

@@ -28,7 +28,7 @@ from admin.api.core import ApiError
 from admin.i18n import _, _l, ngettext, translate
 from admin.views.base import TenantModelView, db_session, ids_of, is_editor, local_dt, org_id, write_audit
 from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter
-from engine import clock
+from engine.core import clock
 from engine.flows import lifecycle, queries
 from engine.flows.versions import FlowNotFound, graph_of
 from engine.models import Enrollment, FlowPointer, contacts, enrollment_events, flow_pointers

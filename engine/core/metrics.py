@@ -303,7 +303,7 @@ def use_multiprocess(role: str) -> str:
     prometheus_client is imported (the children inherit it through the environment). Stale
     directories of earlier runs of the same role are removed; this one is removed at exit."""
     if "prometheus_client.values" in sys.modules and not os.environ.get(MULTIPROC_ENV):
-        raise RuntimeError("engine.metrics.use_multiprocess() must run before prometheus_client is imported")
+        raise RuntimeError("engine.core.metrics.use_multiprocess() must run before prometheus_client is imported")
     base = os.environ.get(DIR_ENV) or tempfile.gettempdir()
     try:
         os.makedirs(base, exist_ok=True)

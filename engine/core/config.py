@@ -42,7 +42,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_SEND_CONCURRENCY": ("8", "provider calls one worker process makes at once"),
     "LEMBRA_MAX_IN_FLIGHT": ("5000", "claimed-but-unsent messages allowed at once across the fleet"),
     "LEMBRA_SEND_TIMEOUT": ("15", "seconds a provider call may take"),
-    "LEMBRA_METRICS_HOST": ("127.0.0.1", "address of the worker and scheduler metrics servers (engine/metrics.py)"),
+    "LEMBRA_METRICS_HOST": ("127.0.0.1", "address of the worker and scheduler metrics servers (engine/core/metrics.py)"),
     "LEMBRA_WORKER_METRICS_PORT": ("9191", "lembra worker's /metrics (all its processes) and /healthz; 0 = off"),
     "LEMBRA_SCHEDULER_METRICS_PORT": ("9192", "lembra scheduler's /metrics and /healthz; 0 = off"),
     "LEMBRA_METRICS_DIR": ("", "parent folder of the web and worker groups' metric files (default: temp folder)"),
