@@ -15,7 +15,7 @@ from admin.i18n import init_i18n
 from admin.security import init_security_headers
 from admin.throttle import LoginThrottle
 from engine.orgs import warm_dummy_hash
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 csrf = CSRFProtect()
 

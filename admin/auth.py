@@ -26,9 +26,9 @@ from wtforms.validators import DataRequired
 from admin.i18n import LOCALES, _, _l, ngettext
 from admin.throttle import LoginThrottle
 from engine.core import clock
-from engine.models import orgs, users
+from engine.store.models import orgs, users
 from engine.orgs import end_sessions, verify_password
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 bp = Blueprint("auth", __name__)
 login_manager = LoginManager()

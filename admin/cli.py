@@ -41,12 +41,12 @@ def _settings() -> Settings:
 
 def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
     """Settings → checked database (and broker) → runtime, or a one-line error."""
-    from engine.app_role import warn_if_row_security_is_off
+    from engine.store.app_role import warn_if_row_security_is_off
     from engine.broker import check_broker as broker_check
-    from engine.db import Database
+    from engine.store.db import Database
     from engine.core.logs import configure
-    from engine.migrate import upgrade_database
-    from engine.runtime import Runtime
+    from engine.store.migrate import upgrade_database
+    from engine.store.runtime import Runtime
 
     settings = _settings()
     configure(settings.log_level, settings.log_format)
@@ -184,7 +184,7 @@ def scheduler(once: bool) -> None:
     from admin.embedded import Embedded
     from engine.core import metrics
     from engine.broker import setup_broker
-    from engine.runtime import install
+    from engine.store.runtime import install
     from engine.scheduler import Scheduler
 
     rt = _runtime(check_broker=True)
@@ -233,7 +233,7 @@ def db() -> None:
                   "the tables.")
 def upgrade() -> None:
     from engine.words.catalogue import describe
-    from engine.migrate import upgrade_database
+    from engine.store.migrate import upgrade_database
 
     settings = _settings()
     try:
@@ -311,9 +311,9 @@ def users_create(org_slug: str, email: str, role: str, password: str | None) -> 
 @click.option("--limit", default=50, show_default=True, type=int)
 @click.option("--codes", is_flag=True, help="Print status and reason as codes, not sentences.")
 def messages(status: str | None, org_slug: str | None, limit: int, codes: bool) -> None:
-    from engine.models import MESSAGE_STATUSES
-    from engine.models import messages as messages_table
-    from engine.models import orgs as orgs_table
+    from engine.store.models import MESSAGE_STATUSES
+    from engine.store.models import messages as messages_table
+    from engine.store.models import orgs as orgs_table
     from engine.orgs import org_by_slug
 
     if status is not None and status not in MESSAGE_STATUSES:
@@ -398,7 +398,7 @@ def channels_add(org_slug: str, kind: str, provider: str, name: str, pairs: tupl
     click.echo(f"webhook URL: {rt.settings.public_url}/webhooks/{provider}/{channel_id}")
     if provider == "evolution":
         # Evolution is told where to call (with the JWT key); other providers are set in their consoles.
-        from engine.models import channels as channels_table
+        from engine.store.models import channels as channels_table
         from gateway.errors import ProviderError
 
         with rt.db.connect() as conn:
@@ -415,7 +415,7 @@ def channels_add(org_slug: str, kind: str, provider: str, name: str, pairs: tupl
 @channels.command("list", help="List an org's channels (never a secret: only which keys are set).")
 @click.option("--org", "org_slug", required=True)
 def channels_list(org_slug: str) -> None:
-    from engine.models import channels as channels_table
+    from engine.store.models import channels as channels_table
     from engine.orgs import org_by_slug
 
     rt = _runtime()
@@ -438,7 +438,7 @@ def channels_list(org_slug: str) -> None:
 @click.option("--to", "to", required=True, help="Phone number (E.164 or national) or e-mail address.")
 @click.option("--text", default="Mensagem de teste do Lembra.", show_default=True)
 def channels_test(channel_id: int, to: str, text: str) -> None:
-    from engine.models import channels as channels_table
+    from engine.store.models import channels as channels_table
     from gateway.contract import OutboundMessage
     from gateway.errors import ProviderError
     from gateway.phones import InvalidPhone, normalize_phone
@@ -474,7 +474,7 @@ def keys() -> None:
                             "older keys can be removed afterwards.")
 @click.option("--batch", default=200, show_default=True, type=int)
 def keys_rotate(batch: int) -> None:
-    from engine.keys import rotate
+    from engine.store.keys import rotate
     from gateway.crypto import CryptoError
 
     rt = _runtime()
@@ -584,7 +584,7 @@ def flows_validate(file: str) -> None:
 @click.option("--org", "org_slug", required=True)
 def flows_list(org_slug: str) -> None:
     from engine.flows import queries
-    from engine.models import flow_pointers
+    from engine.store.models import flow_pointers
     from engine.orgs import org_by_slug
 
     rt = _runtime()
@@ -633,7 +633,7 @@ def flows_enroll(flow_id: int, org_slug: str, contact_id: int, key: str | None) 
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
 def enrollments(org_slug: str, status: str | None, flow_id: int | None, limit: int) -> None:
     from engine.flows import queries
-    from engine.models import enrollments as enrollments_table
+    from engine.store.models import enrollments as enrollments_table
     from engine.orgs import org_by_slug
 
     if status is not None and status not in queries.ENROLLMENT_STATUSES:

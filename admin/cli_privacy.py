@@ -106,7 +106,7 @@ def retention_group() -> None:
 def _org_ids(conn: Any, org_slug: str | None) -> list[tuple[int, str]]:
     from sqlalchemy import select
 
-    from engine.models import orgs
+    from engine.store.models import orgs
     from engine.orgs import org_by_slug
 
     if org_slug:
@@ -138,7 +138,7 @@ def retention_run(org_slug: str | None, dry_run: bool) -> None:
 def retention_show(org_slug: str | None) -> None:
     from sqlalchemy import select
 
-    from engine.models import orgs
+    from engine.store.models import orgs
     from engine.privacy import retention
 
     cli = _cli()

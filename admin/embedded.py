@@ -12,7 +12,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from admin.app import create_app
 from engine.broker import setup_broker
-from engine.runtime import Runtime, install
+from engine.store.runtime import Runtime, install
 from engine.scheduler import Scheduler
 from engine.worker_pools import WorkerPools, start_pools
 

@@ -11,8 +11,8 @@ from engine.core import clock
 from engine.core import metrics as engine_metrics
 from engine.broker import check_broker
 from engine.core.config import ConfigError
-from engine.models import MESSAGE_STATUSES, messages
-from engine.runtime import Runtime
+from engine.store.models import MESSAGE_STATUSES, messages
+from engine.store.runtime import Runtime
 
 bp = Blueprint("health", __name__)
 

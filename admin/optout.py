@@ -7,9 +7,9 @@ from flask import Blueprint, abort, current_app, render_template, request
 from sqlalchemy import select
 
 from engine.contacts import opt_out
-from engine.models import contacts, orgs
+from engine.store.models import contacts, orgs
 from engine.optout_links import read_token
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 bp = Blueprint("optout", __name__)
 

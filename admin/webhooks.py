@@ -12,7 +12,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from engine import inbound
 from engine.core import metrics
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from gateway.contract import WebhookRequest
 from gateway.errors import WebhookError
 

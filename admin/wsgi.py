@@ -6,7 +6,7 @@ from admin.app import create_app
 from engine.broker import setup_broker
 from engine.core.config import Settings
 from engine.core.logs import configure
-from engine.runtime import Runtime, install
+from engine.store.runtime import Runtime, install
 
 _settings = Settings.from_env()
 configure(_settings.log_level, _settings.log_format)

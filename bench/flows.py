@@ -79,11 +79,11 @@ from bench.throughput import (  # noqa: E402
 )
 from engine.channels import create_channel  # noqa: E402
 from engine.core.config import Settings  # noqa: E402
-from engine.db import Database  # noqa: E402
+from engine.store.db import Database  # noqa: E402
 from engine.flows import versions  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
-from engine.migrate import upgrade  # noqa: E402
-from engine.models import flow_pointers  # noqa: E402
+from engine.store.migrate import upgrade  # noqa: E402
+from engine.store.models import flow_pointers  # noqa: E402
 from engine.orgs import create_org  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 
@@ -309,7 +309,7 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
                clinic: dict[str, int]) -> dict[str, Any]:
     from engine import dispatch
     from engine.flows import runtime as flows_runtime
-    from engine.runtime import Runtime, install
+    from engine.store.runtime import Runtime, install
 
     k = args.inline
     first_contact = args.enrollments + 1

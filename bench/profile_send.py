@@ -28,11 +28,11 @@ from sqlalchemy import event  # noqa: E402
 
 from engine import dispatch  # noqa: E402
 from engine.core.config import Settings  # noqa: E402
-from engine.db import Database  # noqa: E402
+from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
-from engine.migrate import upgrade  # noqa: E402
+from engine.store.migrate import upgrade  # noqa: E402
 from engine.populate import populate  # noqa: E402
-from engine.runtime import Runtime  # noqa: E402
+from engine.store.runtime import Runtime  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 from throughput import (  # noqa: E402
     HORIZON, LoadPlan, bulk_load, create_database, create_orgs, drop_database, pick_timezone, sqlalchemy_url,
@@ -50,7 +50,7 @@ ENGINE_FUNCS = (
     ("engine/templates.py", "find_template"), ("engine/render.py", "reminder_variables"),
     ("engine/render.py", "render_text"), ("engine/channels.py", "record"), ("engine/channels.py", "default_channel"),
     ("engine/channels.py", "get"), ("engine/orgs.py", "policy_for"),
-    ("engine/windows.py", "is_allowed"), ("engine/db.py", "begin"),
+    ("engine/windows.py", "is_allowed"), ("engine/store/db.py", "begin"),
     ("sqlalchemy/engine/base.py", "_commit_impl"), ("sqlalchemy/pool/base.py", "_checkout"),
     ("sqlalchemy/engine/default.py", "do_ping"), ("psycopg/connection.py", "wait"),
 )
@@ -94,7 +94,7 @@ def micro(rt: Runtime, message_id: int, rounds: int = 2000) -> None:
     """Unprofiled costs of single pieces, per call (this machine, this load)."""
     from sqlalchemy import select, text
 
-    from engine.models import messages
+    from engine.store.models import messages
     from engine.render import render_text, reminder_variables
 
     def timed(label: str, fn, k: int = rounds) -> None:  # type: ignore[no-untyped-def]

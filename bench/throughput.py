@@ -78,10 +78,10 @@ import redis  # noqa: E402
 from sqlalchemy import insert  # noqa: E402
 
 from engine.channels import create_channel  # noqa: E402
-from engine.db import Database  # noqa: E402
+from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
-from engine.migrate import upgrade  # noqa: E402
-from engine.models import reminder_rule_kinds, reminder_rules  # noqa: E402
+from engine.store.migrate import upgrade  # noqa: E402
+from engine.store.models import reminder_rule_kinds, reminder_rules  # noqa: E402
 from engine.orgs import create_org  # noqa: E402
 from engine.populate import PARALLEL_ORGS, populate, populate_changed  # noqa: E402
 from engine.worker_pools import SEND_THREADS  # noqa: E402
@@ -1407,7 +1407,7 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
     `dispatch.send_one` per id, as the `send_messages` actor does."""
     from engine import dispatch
     from engine.core.config import Settings
-    from engine.runtime import Runtime, install
+    from engine.store.runtime import Runtime, install
 
     k = args.inline
     with psycopg.connect(conninfo, autocommit=True) as pg:
@@ -1509,8 +1509,8 @@ def probe_body(args: argparse.Namespace, database_url: str, secret_keys: str, fa
 
     from engine.channels import default_channel
     from engine.core.config import Settings
-    from engine.models import appointments, contacts, messages, orgs
-    from engine.runtime import Runtime
+    from engine.store.models import appointments, contacts, messages, orgs
+    from engine.store.runtime import Runtime
     from engine.templates import render_message
 
     settings = Settings.from_env({**engine_env(args, database_url, secret_keys), "BROKER_URL": "stub://"})

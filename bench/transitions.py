@@ -36,9 +36,9 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine.db import Database  # noqa: E402
+from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
-from engine.migrate import upgrade  # noqa: E402
+from engine.store.migrate import upgrade  # noqa: E402
 from engine.populate import populate  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 from throughput import (  # noqa: E402

@@ -10,7 +10,8 @@ import logging
 
 import dramatiq
 
-from engine import dispatch, inbound, runtime
+from engine import dispatch, inbound
+from engine.store import runtime
 from engine.flows.runtime import advance_claimed
 
 log = logging.getLogger(__name__)

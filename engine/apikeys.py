@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.models import api_keys
+from engine.store.models import api_keys
 
 KEY_PREFIX = "lembra"
 #: `last_used_at` is written at most this often per key, so reads do not all become writes.

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.models import (
+from engine.store.models import (
     APPOINTMENT_STATUSES,
     appointments,
     channels,

@@ -10,7 +10,7 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.models import audit_log
+from engine.store.models import audit_log
 
 #: Fields whose values never go into the audit trail (only the fact that they changed).
 REDACTED_FIELDS = frozenset({"name", "phone", "email", "text", "subject", "body", "key", "key_hash"})

@@ -1,5 +1,5 @@
 """Channels: a clinic's account at a provider, with encrypted credentials (the provider
-instances the workers send through are in `engine.provider_pool`)."""
+instances the workers send through are in `engine.store.provider_pool`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.models import CHANNEL_KINDS, channels
-from engine.provider_pool import ProviderPool
+from engine.store.models import CHANNEL_KINDS, channels
+from engine.store.provider_pool import ProviderPool
 from gateway import registry
 from gateway.crypto import Keyring
 

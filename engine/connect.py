@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import select
 
 from engine.inbound import BROKEN_STATES, apply_connection
-from engine.models import channels
-from engine.runtime import Runtime
+from engine.store.models import channels
+from engine.store.runtime import Runtime
 from gateway import registry
 from gateway.contract import ConnectInfo, ConnectionEvent, Health, Provider
 from gateway.errors import PermanentError

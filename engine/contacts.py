@@ -11,9 +11,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
 from engine.core import clock
-from engine.dialect import insert_ignore
+from engine.store.dialect import insert_ignore
 from engine.core.errors import DomainError
-from engine.models import CHANNEL_KINDS, contacts, messages, preferences
+from engine.store.models import CHANNEL_KINDS, contacts, messages, preferences
 from engine.outbox import cancel_open
 from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone

@@ -10,8 +10,8 @@ from typing import Iterable
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from engine.dialect import in_pairs
-from engine.models import inbound_messages
+from engine.store.dialect import in_pairs
+from engine.store.models import inbound_messages
 
 CONVERSATION_WINDOW = timedelta(hours=24)
 

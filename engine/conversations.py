@@ -31,7 +31,7 @@ from engine.appointments import LIVE
 from engine.channels import default_channel
 from engine.conversation_window import conversation_open
 from engine.flows.lifecycle import CLOCKED
-from engine.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
+from engine.store.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
 from engine.outbox import enqueue
 from engine.templates import find_template
 from gateway.webhook_body import clean_text

@@ -37,9 +37,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from engine import appointments as appts
 from engine.core import clock
 from engine.contacts import set_consent
-from engine.db import Database
+from engine.store.db import Database
 from engine.core.errors import DomainError
-from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
+from engine.store.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
 from engine.populate import DEFAULT_HORIZON, populate_org
 from engine.privacy import addresses
 from engine.words.texts import N_, Text

@@ -22,12 +22,12 @@ from sqlalchemy.engine import Connection
 from engine import appointments as appts
 from engine.core import clock
 from engine.contacts import find_all_by_address, opt_out
-from engine.dialect import insert_ignore
+from engine.store.dialect import insert_ignore
 from engine.flows.replies import on_reply
 from engine.core.ids import valid_id
 from engine.inbox import open_inbox_item
 from engine.words.keywords import classify, parse_keywords
-from engine.models import (
+from engine.store.models import (
     CHANNEL_KINDS,
     PROVIDERS,
     appointments,
@@ -42,7 +42,7 @@ from engine.outbox import enqueue
 from engine.populate import refresh_appointment
 from engine.privacy.addresses import block_sender
 from engine.core.redact import redact
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from engine.statuses import apply_status
 from gateway.contract import (
     ConnectionEvent,

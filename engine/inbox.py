@@ -7,8 +7,8 @@ from sqlalchemy import String, cast, literal, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.dialect import insert_ignore
-from engine.models import inbox_items
+from engine.store.dialect import insert_ignore
+from engine.store.models import inbox_items
 
 
 def open_inbox_item(

@@ -28,8 +28,8 @@ from sqlalchemy.engine import Connection
 
 from engine.words.catalogue import describe, known
 from engine.channels import default_channel
-from engine.models import templates
-from engine.provider_pool import ProviderPool
+from engine.store.models import templates
+from engine.store.provider_pool import ProviderPool
 from engine.render import SAMPLE_VARIABLES
 from engine.words.texts import Text
 from gateway import registry

@@ -15,7 +15,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.models import orgs, users
+from engine.store.models import orgs, users
 from engine.windows import window_policy
 
 ROLES = ("owner", "manager", "agent")

@@ -13,8 +13,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock, metrics
-from engine.dialect import insert_ignore, insert_rows
-from engine.models import OPEN_STATUSES, message_events, messages
+from engine.store.dialect import insert_ignore, insert_rows
+from engine.store.models import OPEN_STATUSES, message_events, messages
 
 
 def record_events(

@@ -9,8 +9,8 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.dialect import insert_ignore
-from engine.models import channel_pacing
+from engine.store.dialect import insert_ignore
+from engine.store.models import channel_pacing
 from gateway.pacing import PacingPolicy, Reservation
 
 #: A worker waits for a slot at most this long; a later slot sends the message back to the queue.

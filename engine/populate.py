@@ -51,9 +51,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock, metrics
-from engine.db import Database
-from engine.dialect import epoch_seconds, insert_ignore, planner_setting
-from engine.models import (
+from engine.store.db import Database
+from engine.store.dialect import epoch_seconds, insert_ignore, planner_setting
+from engine.store.models import (
     OPEN_STATUSES,
     appointments,
     channels,

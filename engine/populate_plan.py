@@ -16,8 +16,8 @@ from typing import Any, Sequence
 from sqlalchemy import BigInteger, Column, MetaData, Table, Text, bindparam, column, insert, text, update
 from sqlalchemy.engine import Connection
 
-from engine.db import UTCDateTime
-from engine.models import messages
+from engine.store.db import UTCDateTime
+from engine.store.models import messages
 from engine.windows import WindowPolicy, nominal_due, place
 
 #: After-start messages (a follow-up after the session) may still go out this long after due.

@@ -25,7 +25,7 @@ from sqlalchemy import and_, bindparam, literal, or_, select, true, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.models import appointments, messages, orgs, reminder_rules
+from engine.store.models import appointments, messages, orgs, reminder_rules
 from engine.outbox import record_events
 from engine.populate import LIVE_STATUSES, PLAN_BATCH, nominal_and_deadline
 from engine.windows import place, policy_for

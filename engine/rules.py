@@ -9,7 +9,7 @@ from datetime import timedelta
 from sqlalchemy import String, and_, cast, delete, exists, false, insert, literal, not_, or_
 from sqlalchemy.engine import Connection
 
-from engine.models import OPEN_STATUSES, messages, reminder_rule_kinds, reminder_rules
+from engine.store.models import OPEN_STATUSES, messages, reminder_rule_kinds, reminder_rules
 from engine.outbox import transition_where
 from engine.populate import DEFAULT_HORIZON, populate_org
 from engine.replan import replace_pending

@@ -36,7 +36,7 @@ from engine.flows.triggers import scan as scan_triggers
 from engine.outage import BrokerOutage
 from engine.populate import PopulateResult, populate, populate_changed
 from engine.privacy.retention import DailyRetention
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,10 +17,10 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.contacts import opt_out
-from engine.dialect import insert_ignore
-from engine.models import early_statuses, messages
+from engine.store.dialect import insert_ignore
+from engine.store.models import early_statuses, messages
 from engine.outbox import transition
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from gateway.contract import StatusEvent
 
 STATUS_RANK = {"unknown": 0, "sent": 1, "delivered": 2, "read": 3}

@@ -27,7 +27,7 @@ from engine.meta_templates import (
     meta_channel,
     review,
 )
-from engine.models import CHANNEL_KINDS, templates
+from engine.store.models import CHANNEL_KINDS, templates
 from engine.render import SAMPLE_VARIABLES, TemplateError, render_html, render_text, validate
 
 #: The purposes a template serves (the console's Modelos offers these).

@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
-from engine.dialect import in_values
+from engine.store.dialect import in_values
 from engine.meta_templates import MetaMapping, effective, template_ref
-from engine.models import templates
+from engine.store.models import templates
 from engine.render import TemplateError, reminder_variables, render_html, render_text
 from gateway.contract import Button, OutboundMessage, TemplateRef
 

@@ -5,7 +5,7 @@
   (what `.ci/run` also runs): real PostgreSQL and Redis;
 - with PostgreSQL, `LEMBRA_TEST_APP_ROLE=1`: the runtime, and every process a test starts, connect
   as an application role of the session's own (no superuser, no BYPASSRLS, granted by
-  `engine.app_role.grant_app_role` as `lembra db upgrade` grants it), as a deployment's web,
+  `engine.store.app_role.grant_app_role` as `lembra db upgrade` grants it), as a deployment's web,
   workers and scheduler do, so row-level security applies to them; migrations, the fixtures'
   cleanup and a test's own DDL run as the owner (`owner_database_url`);
 - `LEMBRA_TEST_BROKER_URL=amqp://guest:guest@127.0.0.1:5672/VHOST`: RabbitMQ (`.ci/run` runs the
@@ -34,8 +34,8 @@ from sqlalchemy import create_engine, text
 
 from engine.core import clock as engine_clock
 from engine.core.config import Settings
-from engine.migrate import upgrade
-from engine.runtime import Runtime, install
+from engine.store.migrate import upgrade
+from engine.store.runtime import Runtime, install
 
 TEST_KEY = "1:" + base64.b64encode(b"lembra-test-key-0123456789abcdef"[:32]).decode()
 DATABASE_URL = os.environ.get("LEMBRA_TEST_DATABASE_URL", "").strip()
@@ -89,7 +89,7 @@ def _session_app_url(_session_db: str) -> Iterator[str]:
         return
     from sqlalchemy.engine import make_url
 
-    from engine.app_role import grant_app_role
+    from engine.store.app_role import grant_app_role
 
     role = f"lembra_test_app_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     app_url = make_url(_session_db).set(username=role, password=None).render_as_string(hide_password=False)

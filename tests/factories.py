@@ -14,7 +14,7 @@ from engine.core import clock
 from engine.appointments import create_appointment
 from engine.channels import create_channel
 from engine.contacts import create_contact
-from engine.models import (
+from engine.store.models import (
     channels,
     inbox_items,
     message_events,
@@ -25,7 +25,7 @@ from engine.models import (
 )
 from engine.orgs import create_org
 from engine.populate import DEFAULT_HORIZON, populate, refresh_appointment
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from gateway import registry
 
 

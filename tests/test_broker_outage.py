@@ -20,8 +20,8 @@ from sqlalchemy import select
 
 from engine.broker import BrokerUnavailable
 from engine.flows import runtime as flows_runtime
-from engine.models import enrollments
-from engine.runtime import Runtime
+from engine.store.models import enrollments
+from engine.store.runtime import Runtime
 from engine.scheduler import Scheduler
 from tests.factories import World
 from tests.flows.helpers import Flows, linear, node

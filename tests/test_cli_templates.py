@@ -14,7 +14,7 @@ from sqlalchemy import insert, select
 
 from engine.core import clock
 from engine.channels import create_channel
-from engine.models import templates
+from engine.store.models import templates
 from tests.factories import World
 from tests.fakes.meta import FakeGraph
 from tests.fakes.server import Reply

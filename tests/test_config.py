@@ -11,9 +11,9 @@ from engine.appointments import create_appointment
 from engine.broker import check_broker
 from engine.core.config import ConfigError, Settings
 from engine.contacts import create_contact
-from engine.db import Database
+from engine.store.db import Database
 from engine.core.errors import DomainError
-from engine.models import contacts, orgs, preferences
+from engine.store.models import contacts, orgs, preferences
 from engine.orgs import create_org
 from engine.windows import WindowPolicy
 from tests.factories import World
@@ -267,7 +267,7 @@ def test_create_appointment_refuses_bad_input(rt, clock):
             with pytest.raises(DomainError) as info:
                 create_appointment(conn, **args)
         assert expected in _one_line(info.value), kwargs
-    from engine.models import appointments
+    from engine.store.models import appointments
     with rt.db.connect() as conn:
         assert conn.execute(select(func.count()).select_from(appointments)).scalar_one() == 0
 

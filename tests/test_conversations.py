@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from sqlalchemy import event, update
 
 from engine.conversations import appointments_for
-from engine.models import messages
+from engine.store.models import messages
 from tests.factories import World
 
 

@@ -11,9 +11,9 @@ from sqlalchemy import select, update
 
 from engine.channels import create_channel
 from engine.core.config import Settings
-from engine.keys import rotate
-from engine.models import channels
-from engine.runtime import Runtime
+from engine.store.keys import rotate
+from engine.store.models import channels
+from engine.store.runtime import Runtime
 from gateway.crypto import CryptoError, Keyring
 from tests.conftest import TEST_KEY
 from tests.factories import World
@@ -123,6 +123,6 @@ def test_provider_repr_and_channel_repr_hold_no_secret(rt):
     provider = rt.providers.get(_row(rt, channel_id))
     assert provider.config["access_token"] == SECRET
     assert SECRET not in repr(provider)
-    from engine.models import Channel
+    from engine.store.models import Channel
 
     assert SECRET not in repr(Channel(id=1, org_id=1, kind="whatsapp", provider="meta", name="x"))

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from engine import dispatch
-from engine.models import templates
+from engine.store.models import templates
 from engine.render import reminder_variables, render_text
 from tests.factories import World
 

@@ -1,4 +1,4 @@
-"""engine.dialect: the statements spelled per backend give the same rows on both, and on
+"""engine.store.dialect: the statements spelled per backend give the same rows on both, and on
 PostgreSQL keep one statement text whatever the number of values (so it is compiled and
 prepared once)."""
 
@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.exc import StatementError
 
-from engine.dialect import in_pairs, in_values, insert_rows, update_per_row
-from engine.models import contacts, message_events
+from engine.store.dialect import in_pairs, in_values, insert_rows, update_per_row
+from engine.store.models import contacts, message_events
 from tests.factories import World
 
 

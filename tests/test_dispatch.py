@@ -13,9 +13,9 @@ from sqlalchemy import event, insert, select, update
 from engine import appointments as appts
 from engine import dispatch
 from engine.contacts import opt_out
-from engine.models import channels, message_events, preferences, templates
+from engine.store.models import channels, message_events, preferences, templates
 from engine.populate import refresh_appointment
-from engine.runtime import Runtime, install
+from engine.store.runtime import Runtime, install
 from providers.sandbox.provider import SandboxProvider
 from tests.conftest import IS_POSTGRES
 from tests.factories import World, local, provider_as

@@ -21,8 +21,8 @@ from engine import appointments as appts
 from engine import dispatch
 from engine.channels import create_channel
 from engine.core.config import Settings
-from engine.models import message_events
-from engine.runtime import Runtime, install
+from engine.store.models import message_events
+from engine.store.runtime import Runtime, install
 from providers.sandbox.provider import SandboxProvider
 from tests.conftest import IS_POSTGRES
 from tests.factories import World, local, provider_as
@@ -521,7 +521,7 @@ def test_a_message_that_breaks_the_batch_costs_only_itself(rt, clock, monkeypatc
 
 @pytest.mark.skipif(not IS_POSTGRES, reason="a server that drops a connection: PostgreSQL")
 def test_a_connection_the_server_dropped_costs_one_failed_statement_not_the_batch(rt, clock, caplog):
-    """Busy connections are not pinged before use (engine.db._ping_when_idle): one the server
+    """Busy connections are not pinged before use (engine.store.db._ping_when_idle): one the server
     dropped fails its statement once, the pool is discarded, and the batch still goes out."""
     world = World(rt)
     world.channel("whatsapp")

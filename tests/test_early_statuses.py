@@ -23,8 +23,8 @@ from sqlalchemy import func, select
 from admin.app import create_app
 from engine import dispatch, statuses
 from engine.channels import create_channel
-from engine.models import early_statuses, messages
-from engine.runtime import Runtime
+from engine.store.models import early_statuses, messages
+from engine.store.runtime import Runtime
 from engine.scheduler import Scheduler
 from tests.factories import World, local
 from tests.fakes.meta import sample_json

@@ -29,7 +29,7 @@ from engine.core.errors import DomainError
 from engine.flows.agents import create_agent, update_agent
 from engine.flows.ai.base import AIError
 from engine.flows.ai.openai_compat import OpenAICompatAI
-from engine.models import channels
+from engine.store.models import channels
 from gateway.contract import OutboundMessage, ProviderContext
 from gateway.egress import (
     LOOPBACK,

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from admin.app import create_app
 from engine import dispatch
 from engine.channels import create_channel
-from engine.models import preferences
+from engine.store.models import preferences
 from tests.factories import World
 from tests.fakes.smtp import FakeSmtpServer, make_certificate
 

@@ -21,7 +21,7 @@ from engine import dispatch
 from engine.audit import audit
 from engine.contacts import create_contact
 from engine.inbound import process_inbound
-from engine.models import (
+from engine.store.models import (
     address_optouts,
     audit_log,
     contacts,

@@ -38,8 +38,8 @@ from sqlalchemy import create_engine, func, insert, select, text, update
 from engine.core import clock as engine_clock
 from engine.flows import versions
 from engine.flows.runtime import BACKOFF
-from engine.models import contacts as contacts_table
-from engine.models import (
+from engine.store.models import contacts as contacts_table
+from engine.store.models import (
     enrollment_events,
     enrollments,
     flow_pointers,

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from engine import imports
 from engine.contacts import opt_out
 from engine.imports import ImportFileError, import_appointments
-from engine.models import appointments, contacts, messages, preferences
+from engine.store.models import appointments, contacts, messages, preferences
 from tests.factories import World
 
 HEADER = "external_id;contact_external_id;contact_name;phone;email;starts_at;professional;mode;location;status;consent"

@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 
 from engine import dispatch
 from engine.inbound import process_inbound, receive
-from engine.models import (
+from engine.store.models import (
     appointments,
     channels,
     contacts,
@@ -541,8 +541,8 @@ def test_connection_updates_break_and_restore_the_channel(rt, clock):
     from sqlalchemy import select as _select
 
     from engine.inbound import apply_connection
-    from engine.models import channels as channels_table
-    from engine.models import inbox_items
+    from engine.store.models import channels as channels_table
+    from engine.store.models import inbox_items
     from gateway.contract import ConnectionEvent
 
     world = clinic(rt)
@@ -595,7 +595,7 @@ def test_replies_handed_out_again_go_in_tasks_of_a_hundred_whatever_the_send_bat
     never a task of replies."""
     from dataclasses import replace
 
-    from engine.runtime import Runtime
+    from engine.store.runtime import Runtime
     from engine.scheduler import CONVERSATION_TASK, Scheduler
 
     world = clinic(rt)

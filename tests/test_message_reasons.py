@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from admin.cli import main
 from engine import dispatch
 from engine.words.catalogue import CATALOGUE
-from engine.models import APPOINTMENT_STATUSES, MESSAGE_STATUSES
+from engine.store.models import APPOINTMENT_STATUSES, MESSAGE_STATUSES
 from engine.words.reasons import (
     ALIASES,
     FAMILIES,

@@ -24,7 +24,7 @@ from sqlalchemy import insert, select
 from admin.app import create_app
 from engine import dispatch
 from engine.channels import create_channel
-from engine.models import appointments, messages, templates
+from engine.store.models import appointments, messages, templates
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World

@@ -22,9 +22,9 @@ from admin.app import create_app
 from engine import dispatch
 from engine.core import metrics
 from engine.flows.ai.builtin import BuiltinAI
-from engine.models import PROVIDERS, channels
+from engine.store.models import PROVIDERS, channels
 from engine.outbox import enqueue
-from engine.runtime import Runtime, install
+from engine.store.runtime import Runtime, install
 from engine.scheduler import Scheduler
 from providers.sandbox.provider import SandboxProvider
 from tests.factories import World, sandbox_headers
@@ -74,7 +74,7 @@ def _due_message(rt, world: World, clock, key: str, *, late: timedelta = timedel
 def _contact(rt, world: World) -> int:
     from sqlalchemy import select
 
-    from engine.models import contacts
+    from engine.store.models import contacts
 
     with rt.db.connect() as conn:
         return int(conn.execute(select(contacts.c.id).where(contacts.c.org_id == world.org_id)).scalars().first())

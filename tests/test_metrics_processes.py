@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from engine.models import messages
+from engine.store.models import messages
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL
 from tests.factories import World

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import select
 
-from engine.models import message_events, messages
+from engine.store.models import message_events, messages
 from engine.pacing import DbPacingStore
 from gateway.pacing import PacingPolicy
 from tests.processes import wait_until

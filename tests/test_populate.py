@@ -11,7 +11,7 @@ from sqlalchemy import func, select, update
 from engine import appointments as appts
 from engine import dispatch
 from engine.contacts import opt_out
-from engine.models import contacts, message_events, messages
+from engine.store.models import contacts, message_events, messages
 from engine.populate import DEFAULT_HORIZON, populate, populate_org, refresh_appointment
 from tests.conftest import IS_POSTGRES
 from tests.factories import World, local
@@ -129,7 +129,7 @@ def test_concurrent_populates_in_processes(rt, clock, database_url):
 
 def _populate_in_process(url, org_id, now, barrier, queue) -> None:  # pragma: no cover - runs in a child
     from engine.core import clock as engine_clock
-    from engine.db import Database
+    from engine.store.db import Database
 
     engine_clock.use(engine_clock.FrozenClock(now))
     db = Database(url)
@@ -338,7 +338,7 @@ def test_kind_without_a_working_channel_is_passed_over(rt, clock):
     world.channel("email")
     broken = world.channel("whatsapp")
     with rt.db.begin() as conn:
-        from engine.models import channels
+        from engine.store.models import channels
         conn.execute(update(channels).where(channels.c.id == broken).values(status="disabled"))
     world.rule(1440, kinds=("whatsapp", "email"))
     contact = world.contact()
@@ -411,7 +411,7 @@ def test_each_org_gets_only_its_own_rows(rt, clock):
     a.populate()  # org A only
     assert len(a.messages()) == 2 and b.messages() == []
     populate(rt.db, horizon=DEFAULT_HORIZON)
-    from engine.models import appointments
+    from engine.store.models import appointments
     with rt.db.connect() as conn:
         rows = conn.execute(
             select(messages.c.org_id, contacts.c.org_id.label("contact_org"), appointments.c.org_id.label("appt_org"))

@@ -9,7 +9,7 @@ from datetime import timedelta, timezone
 from sqlalchemy import func, select, update
 
 from engine import appointments as appts
-from engine.models import appointments, message_events, reminder_rules
+from engine.store.models import appointments, message_events, reminder_rules
 from engine.populate import DEFAULT_HORIZON, populate, populate_changed
 from tests.factories import World, local
 

@@ -16,7 +16,7 @@ from engine import dispatch
 from engine.contacts import create_contact, opt_out
 from engine.imports import import_appointments
 from engine.inbound import process_inbound
-from engine.models import address_optouts, contacts, inbound_messages
+from engine.store.models import address_optouts, contacts, inbound_messages
 from engine.outbox import enqueue
 from engine.privacy import addresses
 from tests.factories import World, local

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from engine.channels import create_channel
-from engine.models import channels, contacts, inbox_items, messages, sandbox_messages
+from engine.store.models import channels, contacts, inbox_items, messages, sandbox_messages
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World

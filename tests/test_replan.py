@@ -10,7 +10,7 @@ from datetime import timedelta, timezone
 from sqlalchemy import event, func, select, update
 
 from engine import dispatch
-from engine.models import message_events, messages, orgs, reminder_rules
+from engine.store.models import message_events, messages, orgs, reminder_rules
 from engine.replan import REPLANNED
 from engine.rules import RULE_CHANGED, reflect_rule_changes, write_rule_kinds
 from tests.factories import World, local

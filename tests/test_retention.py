@@ -21,7 +21,7 @@ from engine import dispatch
 from engine.flows.contact_events import record_contact_event
 from engine.core.errors import DomainError
 from engine.inbound import process_inbound
-from engine.models import (
+from engine.store.models import (
     contact_events,
     enrollment_events,
     enrollments,

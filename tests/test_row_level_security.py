@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from engine.app_role import MIGRATION_TABLES, grant_app_role
+from engine.store.app_role import MIGRATION_TABLES, grant_app_role
 from engine.words.catalogue import describe
 from engine.core.config import ConfigError
 from tests.conftest import IS_POSTGRES

@@ -14,9 +14,9 @@ from sqlalchemy import create_engine, inspect, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from engine.db import Database
-from engine.migrate import upgrade
-from engine.models import Base, messages, orgs
+from engine.store.db import Database
+from engine.store.migrate import upgrade
+from engine.store.models import Base, messages, orgs
 from engine.orgs import create_org
 from tests.conftest import DATABASE_URL, IS_POSTGRES
 from tests.factories import World

@@ -5,7 +5,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from engine import dispatch
-from engine.models import sandbox_messages
+from engine.store.models import sandbox_messages
 from tests.factories import World
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import insert, select
 
 from engine import dispatch
 from engine import render as render_module
-from engine.models import message_events, templates
+from engine.store.models import message_events, templates
 from engine.render import (
     MAX_RENDER_STEPS,
     MAX_RENDER_VOLUME,

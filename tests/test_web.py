@@ -13,7 +13,7 @@ from sqlalchemy import func, select, update
 
 from admin.app import create_app
 from engine import dispatch
-from engine.models import appointments, channels, inbound_messages, messages, sandbox_messages
+from engine.store.models import appointments, channels, inbound_messages, messages, sandbox_messages
 from engine.orgs import create_user
 from tests.factories import World, sandbox_headers
 
@@ -215,7 +215,7 @@ def test_health_ready_and_metrics(rt, client):
 def test_readyz_reports_an_unreachable_broker(rt):
     from dataclasses import replace
 
-    from engine.runtime import Runtime
+    from engine.store.runtime import Runtime
 
     broken = Runtime(settings=replace(rt.settings, broker_url="redis://127.0.0.1:1/0"), db=rt.db,
                      keyring=rt.keyring, providers=rt.providers)

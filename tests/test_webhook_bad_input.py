@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 
 from admin.app import create_app
 from engine.channels import create_channel
-from engine.models import inbound_messages, webhook_events
+from engine.store.models import inbound_messages, webhook_events
 from gateway.webhook_body import clean_json, clean_text, json_value
 from tests.factories import World
 

@@ -18,7 +18,7 @@ from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
 from engine.apikeys import ApiKeyIdentity, authenticate
 from engine.words.catalogue import describe
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 log = logging.getLogger("lembra.api")
 

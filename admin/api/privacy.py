@@ -16,7 +16,7 @@ from admin.api.core import ApiError, bp, caller, org_tx, require_key, runtime
 from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID
 from engine.audit import audit
-from engine.models import CHANNEL_KINDS
+from engine.store.models import CHANNEL_KINDS
 from engine.privacy import consent, erasure
 
 _DT = {"format": "date-time"}

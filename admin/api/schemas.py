@@ -25,7 +25,7 @@ from admin.i18n import translate_to
 from engine.core.fields import WholeNumber
 from engine.flows.queries import ENROLLMENT_STATUSES
 from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES, MAX_VERSION
-from engine.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
+from engine.store.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
 from engine.core.strict_json import find_problem, storable_text
 from gateway.phones import InvalidPhone, normalize_phone
 

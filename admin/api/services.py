@@ -20,7 +20,7 @@ from engine.core import clock
 from engine.contacts import ExternalIdTaken, create_contact, set_consent
 from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue
-from engine.models import appointments, contacts, enrollments, messages, preferences
+from engine.store.models import appointments, contacts, enrollments, messages, preferences
 from engine.outbox import enqueue, find_id
 from engine.privacy import addresses
 from engine.populate import plan_new, refresh_appointment

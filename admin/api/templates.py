@@ -35,7 +35,7 @@ from admin.i18n import translate_to
 from engine import meta_templates, template_edits
 from engine.audit import audit
 from engine.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, Finding, MetaMapping
-from engine.models import CHANNEL_KINDS
+from engine.store.models import CHANNEL_KINDS
 from engine.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefused
 
 _DT = {"format": "date-time"}

@@ -61,7 +61,7 @@ from engine.audit import audit
 from engine.flows.contact_events import record_contact_event
 from engine.flows import queries, versions
 from engine.flows.schema import json_schema
-from engine.models import appointments, contacts, enrollments, flow_pointers, messages
+from engine.store.models import appointments, contacts, enrollments, flow_pointers, messages
 from gateway.phones import normalize_phone
 
 

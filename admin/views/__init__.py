@@ -13,7 +13,7 @@ from sqlalchemy.orm import scoped_session, sessionmaker
 
 from admin.i18n import _l
 from admin.security import csp_nonce
-from engine.models import (
+from engine.store.models import (
     Appointment,
     AuditLog,
     Channel,
@@ -22,7 +22,7 @@ from engine.models import (
     ReminderRule,
     Template,
 )
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 
 def init_admin(app: Flask, rt: Runtime) -> Admin:
@@ -42,7 +42,7 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.rules import ReminderRuleView
     from admin.views.sandbox import SandboxView
     from admin.views.scheduling import AppointmentView, ContactView
-    from engine.models import Agent, ApiKey, Enrollment, InboxItem, User
+    from engine.store.models import Agent, ApiKey, Enrollment, InboxItem, User
 
     factory = sessionmaker(bind=rt.db.engine)
     Session: scoped_session[Any] = scoped_session(factory)

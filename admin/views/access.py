@@ -24,7 +24,7 @@ from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, ids_of, org_id, write_audit
 from engine.apikeys import KEY_PREFIX, NewApiKey, create_key, revoke
 from engine.core.errors import DomainError
-from engine.models import ApiKey, User
+from engine.store.models import ApiKey, User
 from engine.orgs import ROLES, EmailTaken, create_user, hash_password
 
 #: The console asks for more than the domain's floor (8, which the CLI and the demo keep using):

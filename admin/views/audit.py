@@ -18,7 +18,7 @@ from markupsafe import Markup
 from admin.i18n import _, _l, translate
 from admin.views.base import KIND_LABELS, STATUS_LABELS, TenantModelView, local_dt, org_id
 from admin.views.filters import OrgDateTimeBetweenFilter
-from engine.models import AuditLog, User
+from engine.store.models import AuditLog, User
 from engine.words.reasons import message_reason
 
 ACTION_LABELS = {"create": _l("criou"), "update": _l("alterou"), "delete": _l("excluiu"), "cancel": _l("cancelou"),

@@ -49,8 +49,8 @@ from werkzeug.utils import secure_filename
 from admin.i18n import _, _l, current_locale
 from admin.ids import MAX_ID, parse_id
 from engine.core import clock
-from engine.models import Org, audit_log
-from engine.runtime import Runtime
+from engine.store.models import Org, audit_log
+from engine.store.runtime import Runtime
 
 #: Columns that hold secrets (sealed credentials, hashes): never listed, in forms or exported.
 SECRET_COLUMNS = frozenset({"credentials", "key_version", "password_hash", "key_hash", "llm_api_key"})

@@ -19,7 +19,7 @@ from sqlalchemy import func, or_, select
 from admin.i18n import _, _l, format_percent_local
 from admin.views.base import KIND_LABELS, STATUS_LABELS, SignedInOrgAccess, org_id, org_timezone
 from engine.core import clock
-from engine.models import Org, messages
+from engine.store.models import Org, messages
 
 PENDING_ALERT = 500
 FAILURE_ALERT = 0.10

@@ -2,7 +2,7 @@
 
 Flask-Admin hands a filter the query string's text. Compared as is with an integer column it
 fails on PostgreSQL (`bigint = varchar`), and a naive date-time is refused by the UTC column type
-(engine.db.UTCDateTime), so every filter of the console converts and validates its value first:
+(engine.store.db.UTCDateTime), so every filter of the console converts and validates its value first:
 a value it cannot take is ignored, and the list says so (TenantModelView._get_list_filter_args),
 instead of answering 500.
 """

@@ -37,7 +37,7 @@ from engine.core import clock
 from engine.flows import queries
 from engine.conversations import unhandled_count
 from engine.inbox import resolve_inbox_item
-from engine.models import Appointment, Channel, Contact, InboxItem, Message, User
+from engine.store.models import Appointment, Channel, Contact, InboxItem, Message, User
 
 #: What engine code opens (grep open_inbox_item), in the operator's words.
 KIND_LABELS = {

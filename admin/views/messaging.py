@@ -30,7 +30,7 @@ from admin.views.base import (
 )
 from engine import meta_templates
 from engine.meta_templates import NO_MAPPING, Finding, MetaMapping, WabaList
-from engine.models import CHANNEL_KINDS, Template
+from engine.store.models import CHANNEL_KINDS, Template
 from engine.render import TemplateError, render_html, render_text, validate
 from engine.template_edits import PREVIEW_VARIABLES, TEMPLATE_KEYS
 

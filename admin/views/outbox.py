@@ -25,7 +25,7 @@ from admin.views.base import (
 )
 from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter, PatientSearchMixin
 from engine.core import clock
-from engine.models import (
+from engine.store.models import (
     CHANNEL_KINDS,
     MESSAGE_STATUSES,
     OPEN_STATUSES,

@@ -37,7 +37,7 @@ from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, is_editor, org_id, runtime, write_audit
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.models import (
+from engine.store.models import (
     CHANNEL_KINDS,
     ReminderRuleKind,
     orgs,

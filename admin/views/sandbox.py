@@ -43,8 +43,8 @@ from admin.views.words import reply_outcome_text
 from admin.webhooks import deliver
 from engine.core import clock
 from engine.channels import sandbox_webhook_secret
-from engine.models import channels, contacts, inbound_messages, messages, sandbox_messages
-from engine.runtime import Runtime
+from engine.store.models import channels, contacts, inbound_messages, messages, sandbox_messages
+from engine.store.runtime import Runtime
 from gateway.contract import WebhookRequest
 from gateway.errors import WebhookError
 from providers.sandbox.provider import SECRET_HEADER

@@ -64,7 +64,7 @@ from engine.contacts import (
     set_consent,
 )
 from engine.core.errors import DomainError
-from engine.models import (
+from engine.store.models import (
     APPOINTMENT_STATUSES,
     CHANNEL_KINDS,
     Appointment,

@@ -17,9 +17,9 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
-from engine.dialect import in_pairs, in_values
+from engine.store.dialect import in_pairs, in_values
 from engine.conversation_window import last_inbound, window_open
-from engine.models import (
+from engine.store.models import (
     address_optouts,
     appointments,
     channels,

@@ -27,7 +27,7 @@ from engine.outbox import transition
 from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.pacing import DbPacingStore
 from engine.render import TemplateError
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from engine.templates import MissingAddress, render_message
 from engine.windows import earliest_allowed_after, is_allowed, policy_for
 from gateway import registry

@@ -11,11 +11,11 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.dialect import planner_setting
+from engine.store.dialect import planner_setting
 from engine.inbox import open_inbox_item
-from engine.models import channels, messages
+from engine.store.models import channels, messages
 from engine.outbox import record_event_rows, transition
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from gateway import registry
 
 log = logging.getLogger(__name__)

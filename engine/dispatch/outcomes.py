@@ -17,9 +17,9 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.channels import default_channel
 from engine.inbox import open_inbox_item
-from engine.models import channels, contacts, messages, reminder_rule_kinds
+from engine.store.models import channels, contacts, messages, reminder_rule_kinds
 from engine.outbox import transition, transition_where
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from gateway.errors import ProviderError
 
 if TYPE_CHECKING:

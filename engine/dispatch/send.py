@@ -36,7 +36,7 @@ from engine.dispatch.checks import check
 from engine.dispatch.ready import Prepared, Ready
 from engine.dispatch.outcomes import after_lease_ran_out, after_permanent, after_transient, park_unknown
 from engine.dispatch.waves import Sent, observe_sent, settle_wave
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 from gateway.errors import ProviderError
 
 log = logging.getLogger(__name__)

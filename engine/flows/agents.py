@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.core.errors import DomainError
 from engine.flows.ai.factory import seal_api_key
-from engine.models import agents, flow_pointers
+from engine.store.models import agents, flow_pointers
 from gateway.crypto import Keyring
 from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, endpoint, secrets_follow
 

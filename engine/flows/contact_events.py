@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.flows import replies, triggers
-from engine.models import contact_events
+from engine.store.models import contact_events
 
 EVENT_TYPES = ("handoff_started", "handoff_ended", "stage_changed")
 

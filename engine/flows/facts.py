@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.engine import Connection
 
-from engine.models import contact_events, inbound_messages, messages
+from engine.store.models import contact_events, inbound_messages, messages
 
 
 def contact_stage(conn: Connection, org_id: int, contact_id: int) -> str | None:

@@ -15,9 +15,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock, metrics
-from engine.dialect import insert_ignore
+from engine.store.dialect import insert_ignore
 from engine.flows.schema import NODE_TYPES
-from engine.models import enrollment_events, enrollments, messages
+from engine.store.models import enrollment_events, enrollments, messages
 from engine.outbox import cancel_open
 
 #: Statuses of an enrollment that is still in its flow (the partial unique index's set).

@@ -24,7 +24,7 @@ from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.graph import GraphIndex
 from engine.words.keywords import parse_keywords
-from engine.models import preferences
+from engine.store.models import preferences
 from engine.privacy import addresses
 from sqlalchemy import select
 

@@ -19,7 +19,7 @@ from sqlalchemy.sql import Select
 
 from engine.words.catalogue import describe, known
 from engine.flows import lifecycle
-from engine.models import enrollment_events, enrollments, flow_pointers, flow_versions
+from engine.store.models import enrollment_events, enrollments, flow_pointers, flow_versions
 from engine.words.texts import Text
 
 #: Every status an enrollment can have, live ones first (the filters of the API and the CLI).

@@ -20,7 +20,7 @@ from engine.core import clock
 from engine.flows import lifecycle
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
-from engine.models import enrollments, flow_pointers, inbound_messages, messages
+from engine.store.models import enrollments, flow_pointers, inbound_messages, messages
 from engine.outbox import cancel_open
 
 

@@ -35,10 +35,10 @@ from engine.flows.ai.factory import ai_for
 from engine.flows.facts import humans_holding
 from engine.flows.versions import graph_of
 from engine.inbox import open_inbox_item
-from engine.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
+from engine.store.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
 from engine.outbox import enqueue
 from engine.populate import plan_new
-from engine.runtime import Runtime
+from engine.store.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

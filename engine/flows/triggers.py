@@ -20,7 +20,7 @@ from engine.core import clock
 from engine.flows import conditions, facts, lifecycle
 from engine.flows.schema import load_trigger_config
 from engine.flows.versions import graph_of
-from engine.models import (
+from engine.store.models import (
     CHANNEL_KINDS,
     agents,
     appointments,

@@ -25,7 +25,7 @@ from engine.flows.issues import FlowIssue, bounded
 from engine.flows.schema import ConfigError, check_draft, load_trigger_config, normalize_graph
 from engine.flows.validate import validate_for_publish
 from engine.core.ids import valid_id
-from engine.models import enrollments, flow_pointers, flow_versions, templates
+from engine.store.models import enrollments, flow_pointers, flow_versions, templates
 from engine.core.strict_json import storable_text
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock
-from engine.models import CHANNEL_KINDS, address_optouts, contacts
+from engine.store.models import CHANNEL_KINDS, address_optouts, contacts
 from gateway.crypto import Keyring
 from gateway.phones import InvalidPhone, normalize_phone
 
@@ -233,7 +233,7 @@ def recognise(conn: Connection, org_id: int, addresses: Sequence[Address], *, ke
     if not addresses or not has_hashed(conn, org_id):
         return 0
     if keyring is None:
-        from engine.runtime import current
+        from engine.store.runtime import current
 
         keyring = current().keyring
     candidates: dict[tuple[str, str, int], str] = {}

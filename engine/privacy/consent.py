@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.models import (
+from engine.store.models import (
     CHANNEL_KINDS,
     address_optouts,
     audit_log,

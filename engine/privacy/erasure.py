@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.core.errors import DomainError
 from engine.flows.lifecycle import end_live
-from engine.models import (
+from engine.store.models import (
     audit_log,
     contacts,
     enrollments,
@@ -96,7 +96,7 @@ def preview(conn: Connection, org_id: int, contact_id: int) -> dict[str, int]:
     from sqlalchemy import func
 
     from engine.flows.lifecycle import LIVE
-    from engine.models import OPEN_STATUSES
+    from engine.store.models import OPEN_STATUSES
 
     live_contact(conn, org_id, contact_id)
     count = lambda table, *where: int(conn.execute(

@@ -38,12 +38,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock
-from engine.db import Database
-from engine.dialect import insert_ignore
+from engine.store.db import Database
+from engine.store.dialect import insert_ignore
 from engine.core.errors import DomainError
 from engine.flows.lifecycle import LIVE as LIVE_ENROLLMENT
 from engine.flows.lifecycle import TERMINAL as ENDED_ENROLLMENT
-from engine.models import (
+from engine.store.models import (
     TERMINAL_STATUSES,
     contact_events,
     enrollment_events,

@@ -175,7 +175,7 @@ CATALOGUE: dict[str, Text] = {
     # which maps a raw code to its key here; a code the catalogue already gives another meaning
     # (timeout, connection_error, window_closed, http_*: the AI's and the flow steps') has its
     # send-side sentence under its own key (send_timeout, ...).
-    # --- message statuses (engine/models.py MESSAGE_STATUSES), as labels
+    # --- message statuses (engine/store/models.py MESSAGE_STATUSES), as labels
     "message_status_new": N_("Aguardando o horário de envio"),
     "message_status_pending": N_("Agendada"),
     "message_status_claimed": N_("Preparando o envio"),
@@ -548,7 +548,7 @@ CATALOGUE: dict[str, Text] = {
     "rule_changed": N_("A regra deste lembrete foi desligada ou deixou de usar este canal; "
                        "o lembrete foi cancelado."),
     "replanned": N_("A regra deste lembrete ou o horário permitido da clínica mudou; o lembrete foi reagendado."),
-    # --- the database roles (engine/app_role.py, engine/migrate.py): said by the CLI and at start -
+    # --- the database roles (engine/store/app_role.py, engine/store/migrate.py): said by the CLI and at start -
     "row_security_bypassed": N_("O Lembra se conecta ao PostgreSQL como %(role)s, um superusuário ou papel com "
                                 "BYPASSRLS: a segurança por linha, que separa as clínicas no próprio banco, não vale "
                                 "para ele. Conecte web, workers e agendador com um papel sem esses poderes (veja "

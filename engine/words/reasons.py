@@ -161,7 +161,7 @@ def row_reason(error_code: str | None, skip_reason: str | None, *, kind: str | N
 
 
 def status_label(status: str) -> Text:
-    """A message status (engine.models.MESSAGE_STATUSES) as a label."""
+    """A message status (engine.store.models.MESSAGE_STATUSES) as a label."""
     key = f"message_status_{status}"
     return describe(key) if known(key) else describe("unknown_code", code=_safe(status))
 

@@ -13,7 +13,7 @@ from sqlalchemy import insert, select
 from admin.app import create_app
 from engine.core import clock as engine_clock
 from engine.channels import create_channel
-from engine.models import audit_log, messages, templates
+from engine.store.models import audit_log, messages, templates
 from engine.orgs import create_user
 from tests.factories import World
 

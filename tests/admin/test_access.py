@@ -13,7 +13,7 @@ from werkzeug.security import check_password_hash
 
 from engine.core import clock as engine_clock
 from engine.apikeys import create_key, hash_key
-from engine.models import api_keys, audit_log, users
+from engine.store.models import api_keys, audit_log, users
 from engine.orgs import create_user
 from tests.admin.conftest import csrf, login
 

@@ -14,7 +14,7 @@ from sqlalchemy import BigInteger, Integer, update
 
 from admin.ids import MAX_ID, parse_id, valid_id
 from engine.core import clock as engine_clock
-from engine.models import messages
+from engine.store.models import messages
 from tests.admin.conftest import csrf
 
 #: Ids no row can have: one past bigint, far past it, negative, zero, and things that are not ids.

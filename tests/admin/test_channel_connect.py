@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from engine.channels import create_channel
 from engine.connect import ChannelNotFound, channel_health, connect_channel, connection_snapshot, qr_image
-from engine.models import audit_log, channels, inbox_items
+from engine.store.models import audit_log, channels, inbox_items
 from gateway.errors import PermanentError, TransientError
 from tests.admin.conftest import SECRET, csrf
 from tests.fakes import evolution as evo

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from engine.channels import create_channel
-from engine.models import audit_log, channels
+from engine.store.models import audit_log, channels
 from tests.admin.conftest import csrf
 from tests.fakes import evolution as evo
 

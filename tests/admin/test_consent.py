@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from engine.core import clock as engine_clock
 from engine.contacts import opt_out
 from engine.imports import EVIDENCE, import_appointments
-from engine.models import audit_log, contacts, preferences, users
+from engine.store.models import audit_log, contacts, preferences, users
 from engine.privacy import consent
 from tests.admin.conftest import csrf
 from tests.api.conftest import api_for

@@ -12,7 +12,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from engine.core import clock as engine_clock
-from engine.models import appointments, audit_log, channels, messages, templates
+from engine.store.models import appointments, audit_log, channels, messages, templates
 from tests.admin.conftest import SECRET, csrf
 
 
@@ -190,7 +190,7 @@ def _bubbles(html: str, direction: str) -> list[str]:
 
 
 def _sandbox_ids(rt, org_id: int) -> list[int]:
-    from engine.models import sandbox_messages
+    from engine.store.models import sandbox_messages
 
     with rt.db.connect() as conn:
         return list(conn.execute(select(sandbox_messages.c.id).where(sandbox_messages.c.org_id == org_id)
@@ -270,7 +270,7 @@ def test_sandbox_is_scoped_to_the_org(owner, tenants, rt, clock):
     assert owner.post("/admin/sandbox/reply/", data={"sandbox_message_id": "x", "text": "CANCELAR",
                                                      "csrf_token": csrf(html)}).status_code == 404
     with rt.db.connect() as conn:
-        from engine.models import inbound_messages
+        from engine.store.models import inbound_messages
 
         assert conn.execute(select(inbound_messages.c.id)).first() is None
         assert conn.execute(select(appointments.c.status).where(appointments.c.id == b.appointment_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from engine.models import audit_log, contacts, preferences
+from engine.store.models import audit_log, contacts, preferences
 from tests.admin.conftest import csrf
 
 

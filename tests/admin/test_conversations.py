@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from admin.app import create_app
 from engine import dispatch
-from engine.models import audit_log, inbound_messages, messages
+from engine.store.models import audit_log, inbound_messages, messages
 from engine.orgs import create_user
 from providers.sandbox.provider import SECRET_HEADER
 from tests.admin.conftest import SECRET, csrf, login

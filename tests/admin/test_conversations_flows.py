@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select, update
 
 from engine.flows import triggers
-from engine.models import appointments, enrollments
+from engine.store.models import appointments, enrollments
 from engine.orgs import create_user
 from tests.admin.conftest import csrf, login
 from tests.admin.test_conversations import FREE_TEXT, inbound_id, sandbox_reply

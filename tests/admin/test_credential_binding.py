@@ -21,7 +21,7 @@ from sqlalchemy import insert, select
 from engine.core import clock
 from engine.channels import create_channel
 from engine.flows import agents as agent_ops
-from engine.models import agents, audit_log, channels
+from engine.store.models import agents, audit_log, channels
 from tests.admin.conftest import csrf
 from tests.fakes import evolution as evo
 from tests.fakes.llm import Huge, LLMFake, Trickle

@@ -13,7 +13,7 @@ from sqlalchemy import update
 from admin.views import dashboard
 from admin.views.dashboard import furthest_state, tally
 from engine.core import clock as engine_clock
-from engine.models import messages
+from engine.store.models import messages
 
 TZ = ZoneInfo("America/Sao_Paulo")
 

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from engine.channels import create_channel
 from engine.core.config import Settings
-from engine.models import channels
+from engine.store.models import channels
 from tests.admin.conftest import SECRET, csrf
 from tests.conftest import BROKER_URL, TEST_KEY
 from tests.fakes import evolution as evo

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from engine.channels import create_channel
 from engine.flows import versions
-from engine.models import audit_log, enrollments, flow_pointers, flow_versions, users
+from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login
 
 GOOD_GRAPH = {

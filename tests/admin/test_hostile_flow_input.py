@@ -24,7 +24,7 @@ from sqlalchemy import func, select, update
 from engine.flows import versions
 from engine.flows.schema import NODE_TYPES
 from engine.flows.validate import validate_for_publish
-from engine.models import audit_log, flow_pointers, flow_versions, users
+from engine.store.models import audit_log, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login
 from tests.admin.test_flow_builder import GOOD_GRAPH, _token, _url
 from tests.api.conftest import api_for

@@ -19,7 +19,7 @@ from babel.messages.pofile import read_po
 from flask import Flask
 from sqlalchemy import update
 
-from engine.models import users
+from engine.store.models import users
 from engine.optout_links import OptOutTarget, make_token
 from tests.admin.conftest import csrf
 

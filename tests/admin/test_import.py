@@ -11,7 +11,7 @@ import time
 from sqlalchemy import func, select
 
 from engine import imports as csv_import
-from engine.models import appointments, audit_log, messages
+from engine.store.models import appointments, audit_log, messages
 from engine.orgs import create_user
 from tests.admin.conftest import csrf, login
 from tests.test_imports import BAD_LINES, HEADER, big_csv
@@ -132,7 +132,7 @@ def test_file_refusals_are_clear_and_values_are_never_echoed_unescaped(owner, te
 
 
 def test_the_import_report_speaks_the_readers_language(owner, tenants, rt, clock):
-    from engine.models import users
+    from engine.store.models import users
 
     with rt.db.begin() as conn:
         conn.execute(users.update().where(users.c.email == "owner@a.com.br").values(locale="en"))

@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 
 from engine.core import clock as engine_clock
 from engine.inbox import open_inbox_item
-from engine.models import audit_log, inbox_items, users
+from engine.store.models import audit_log, inbox_items, users
 from tests.admin.conftest import csrf
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from engine.models import appointments, messages, templates
+from engine.store.models import appointments, messages, templates
 from tests.admin.conftest import SECRET, csrf
 
 VIEWS = {

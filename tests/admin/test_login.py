@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 
 from admin.app import create_app
 from admin.throttle import PER_ACCOUNT
-from engine.models import users
+from engine.store.models import users
 from tests.admin.conftest import csrf, login
 from tests.conftest import BROKER_URL
 

@@ -18,7 +18,7 @@ from sqlalchemy import insert, select
 
 from engine.core import clock
 from engine.channels import create_channel
-from engine.models import audit_log, templates
+from engine.store.models import audit_log, templates
 from engine.orgs import create_user
 from tests.admin.conftest import csrf, login
 from tests.factories import World

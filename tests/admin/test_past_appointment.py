@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from engine.core import clock as engine_clock
 from engine.words.catalogue import CATALOGUE
-from engine.models import appointments, messages
+from engine.store.models import appointments, messages
 from tests.admin.conftest import csrf
 
 #: T0 (tests/conftest.py) is 2026-12-01 12:00 UTC, 09:00 in São Paulo; A's rule sends 2 h before.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import func, insert, select, update
 
 from engine.core import clock as engine_clock
-from engine.models import appointments, inbound_messages, messages
+from engine.store.models import appointments, inbound_messages, messages
 from tests.admin.conftest import csrf, login
 
 

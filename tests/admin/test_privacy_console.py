@@ -9,7 +9,7 @@ import json
 
 from sqlalchemy import select
 
-from engine.models import address_optouts, audit_log, contacts, messages, preferences
+from engine.store.models import address_optouts, audit_log, contacts, messages, preferences
 from tests.admin.conftest import csrf, login
 
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from admin.views.rules import timing_label, toggled_kinds
-from engine.models import audit_log, messages, orgs, reminder_rule_kinds, reminder_rules
+from engine.store.models import audit_log, messages, orgs, reminder_rule_kinds, reminder_rules
 from engine.orgs import create_user
 from engine.rules import RULE_CHANGED
 from tests.admin.conftest import csrf, login

@@ -13,7 +13,7 @@ from urllib.parse import urljoin, urlsplit
 
 from sqlalchemy import update
 
-from engine.models import users
+from engine.store.models import users
 from engine.optout_links import OptOutTarget, make_token
 from tests.admin.conftest import csrf, login
 

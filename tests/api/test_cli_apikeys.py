@@ -6,7 +6,7 @@ import subprocess
 
 from sqlalchemy import select
 
-from engine.models import api_keys
+from engine.store.models import api_keys
 from tests.factories import World
 from tests.processes import LEMBRA, lembra_env
 

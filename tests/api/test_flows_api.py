@@ -16,7 +16,7 @@ from engine.words.catalogue import describe
 from engine.contacts import opt_out
 from engine.flows import runtime
 from engine.flows.schema import json_schema
-from engine.models import audit_log, enrollments, messages
+from engine.store.models import audit_log, enrollments, messages
 from engine.words.texts import Text
 from tests.flows.helpers import edge, linear, node
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from engine.models import audit_log, enrollments, flow_pointers, flow_versions
+from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions
 from tests.flows.helpers import linear, node
 
 MISSING = 10**9

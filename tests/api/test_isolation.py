@@ -3,7 +3,7 @@ B's ids answer exactly like ids that do not exist (404, or the same 422 for a bo
 
 from __future__ import annotations
 
-from engine.models import audit_log, contact_events
+from engine.store.models import audit_log, contact_events
 from sqlalchemy import func, select
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from engine.apikeys import revoke
-from engine.models import api_keys, audit_log, contact_events, messages
+from engine.store.models import api_keys, audit_log, contact_events, messages
 
 
 def _contact(api, external_id="pac-1", **extra):

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from engine.channels import create_channel
-from engine.models import audit_log, templates
+from engine.store.models import audit_log, templates
 from tests.api.conftest import api_for
 from tests.factories import World
 from tests.fakes.meta import FakeGraph

@@ -38,7 +38,7 @@ from engine import dispatch
 from engine.appointments import create_appointment
 from engine.contacts import create_contact
 from engine.inbound import receive
-from engine.models import messages
+from engine.store.models import messages
 from engine.orgs import create_org, create_user
 from engine.populate import refresh_appointment
 from gateway.contract import WebhookRequest

@@ -35,7 +35,7 @@ from engine import dispatch
 from engine.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
 from engine.flows.runtime import advance_claimed, claim_due
 from engine.inbound import process_inbound, receive
-from engine.models import Base, channels
+from engine.store.models import Base, channels
 from gateway.contract import WebhookRequest
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import sandbox_headers

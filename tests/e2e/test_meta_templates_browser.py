@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from admin.app import create_app
 from engine.channels import create_channel
-from engine.models import templates
+from engine.store.models import templates
 from engine.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.e2e.test_csp_browser import RECORD_VIOLATIONS

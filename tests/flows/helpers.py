@@ -14,7 +14,7 @@ from engine import dispatch
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AI
 from engine.inbound import process_inbound, receive
-from engine.models import agents, enrollment_events, enrollments, messages
+from engine.store.models import agents, enrollment_events, enrollments, messages
 from gateway.contract import WebhookRequest
 from tests.factories import World, sandbox_headers
 

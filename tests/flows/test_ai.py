@@ -26,7 +26,7 @@ from engine.flows.ai.base import (
 from engine.flows.ai.builtin import MAX_WAIT_REASON, BuiltinAI
 from engine.flows.ai.factory import ai_for, seal_api_key
 from engine.flows.ai.openai_compat import OpenAICompatAI
-from engine.models import Agent
+from engine.store.models import Agent
 from gateway.crypto import Keyring
 from gateway.egress import LOOPBACK  # the fake LLM listens on 127.0.0.1
 from tests.conftest import T0, TEST_KEY

@@ -17,7 +17,7 @@ from engine.flows.contact_events import record_contact_event
 from engine.flows import queries, runtime
 from engine.flows.ai.base import Plan, PlannedWait
 from engine.flows.ai.builtin import BuiltinAI
-from engine.models import enrollment_events, enrollments
+from engine.store.models import enrollment_events, enrollments
 from tests.factories import World
 from tests.flows.helpers import Flows, edge, linear, node
 from tests.flows.test_runtime import FailingAI, classify_graph

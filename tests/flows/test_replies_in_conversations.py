@@ -17,7 +17,7 @@ from engine.flows.contact_events import record_contact_event
 from engine.flows import triggers, versions
 from engine.flows.ai.base import AIError
 from engine.flows.ai.builtin import BuiltinAI
-from engine.models import appointments, inbound_messages
+from engine.store.models import appointments, inbound_messages
 from tests.factories import World
 from tests.flows.helpers import Flows, edge, linear, node
 from tests.flows.test_runtime import classify_graph

@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import select, text, update
 
 from engine.flows.contact_events import record_contact_event
-from engine.db import Database
+from engine.store.db import Database
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
 from engine.flows.ai.builtin import BuiltinAI
-from engine.models import contact_events, enrollment_events, enrollments
+from engine.store.models import contact_events, enrollment_events, enrollments
 from tests.factories import World
 from tests.flows.helpers import Flows, edge, linear, node, statuses
 

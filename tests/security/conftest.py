@@ -39,9 +39,9 @@ from engine.contacts import opt_out
 from engine.flows.agents import create_agent
 from engine.inbox import open_inbox_item
 from engine.flows.contact_events import record_contact_event
-from engine.models import Base, audit_log, templates
+from engine.store.models import Base, audit_log, templates
 from engine.orgs import create_user
-from engine.runtime import Runtime, install
+from engine.store.runtime import Runtime, install
 from tests.conftest import BROKER_URL, IS_POSTGRES, ORG_TABLES, T0, TEST_KEY
 from tests.factories import World, sandbox_headers
 

@@ -30,7 +30,7 @@ from engine import dispatch
 from engine.channels import create_channel
 from engine.core.errors import DomainError
 from engine.flows.agents import create_agent
-from engine.models import channels, contacts, messages
+from engine.store.models import channels, contacts, messages
 from tests.security.conftest import PASSWORD, PHONE, Probe, csrf, diff
 from tests.security.routes import classify
 from tests.security.walk import filled, main_form
@@ -250,7 +250,7 @@ def test_an_agents_llm_address_inside_the_network_is_refused(probe: Probe) -> No
 def test_template_bombs_are_bounded_in_every_field_of_the_edit_form_and_the_preview(probe: Probe) -> None:
     owner, agent = probe.a.clients["owner"], probe.a.clients["agent"]
     with probe.rt.db.connect() as conn:
-        from engine.models import templates
+        from engine.store.models import templates
         own = conn.execute(select(templates.c.id).where(templates.c.org_id == probe.a.org_id)).scalar_one()
     url = f"/admin/templates/edit/?id={own}"
     page = owner.get(url)
@@ -339,7 +339,7 @@ def test_a_copied_session_is_dead_on_every_page_after_sign_out_and_password_chan
     twin = _copy(probe, victim)
     owner = probe.a.clients["owner"]
     with probe.rt.db.connect() as conn:
-        from engine.models import users
+        from engine.store.models import users
         agent_id = conn.execute(select(users.c.id).where(users.c.email == "agent@clinica-a.example.com")).scalar_one()
     edit = owner.get(f"/admin/users/edit/?id={agent_id}")
     fields, _kinds = main_form(edit.text)
@@ -415,7 +415,7 @@ def _refusals(probe: Probe, org: Any, other: Any) -> list[tuple[str, str, bytes,
 
 
 def test_webhooks_refuse_unsigned_and_badly_signed_bodies_of_every_provider(probe: Probe) -> None:
-    from engine.models import PROVIDERS
+    from engine.store.models import PROVIDERS
 
     client = probe.client()
     a, b = probe.a, probe.b

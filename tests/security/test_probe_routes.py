@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import insert
 
 from engine.core import clock
-from engine.models import contacts
+from engine.store.models import contacts
 from tests.security.conftest import PHONE, Probe, csrf, diff
 from tests.security.routes import ARG_TABLES, EXTRA_ID_PARAMS, QUERY_ID_PARAMS, Route, classify
 from tests.security.walk import (

@@ -3,7 +3,7 @@ route added over any of them is probed with real ids (issue 9 acceptance)."""
 
 from __future__ import annotations
 
-from engine.models import Base
+from engine.store.models import Base
 
 #: Org tables with no row in the probe world, and why that is fine.
 UNSEEDED = {

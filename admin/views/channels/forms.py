@@ -22,7 +22,7 @@ from admin.views.base import KIND_LABELS
 from admin.views.channels.messages import PROVIDER_LABELS, egress_error
 from engine.words.catalogue import describe
 from engine.channels import new_webhook_secret
-from engine.models import CHANNEL_KINDS, PROVIDERS
+from engine.store.models import CHANNEL_KINDS, PROVIDERS
 from gateway import registry
 from gateway.contract import CredentialField
 from gateway.egress import EgressPolicy, InvalidAddress, secrets_follow

@@ -42,7 +42,7 @@ from engine.connect import (
     supports_connect,
 )
 from engine.core.errors import DomainError
-from engine.models import PROVIDERS, channels
+from engine.store.models import PROVIDERS, channels
 from gateway import registry
 from gateway.contract import ConnectInfo, Health, OutboundMessage
 from gateway.errors import EgressRefused, ProviderError

@@ -38,7 +38,7 @@ from engine.flows import queries
 from engine.flows.ai.base import AIContext, AIError
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.factory import ai_for
-from engine.models import FlowPointer, Org
+from engine.store.models import FlowPointer, Org
 from gateway.egress import EgressRefused, InvalidAddress
 
 HANDOFF_LABELS = {

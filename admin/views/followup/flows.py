@@ -21,7 +21,7 @@ from admin.i18n import _, translate
 from admin.views.base import TenantPageView, db_session, local_dt, org_id, write_audit
 from admin.views.followup.builder import FLOW_STATUS_COLORS, FLOW_STATUS_LABELS
 from engine.flows import queries, versions
-from engine.models import flow_pointers, flow_versions, users
+from engine.store.models import flow_pointers, flow_versions, users
 
 #: Flows shown on the page (a clinic has a handful; past this the list says so).
 MAX_FLOWS = 500

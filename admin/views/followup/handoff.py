@@ -39,7 +39,7 @@ from admin.views.followup.queue import (
 )
 from engine.flows.contact_events import record_contact_event
 from engine.flows import facts, lifecycle, queries, triggers
-from engine.models import Contact, enrollments, flow_pointers
+from engine.store.models import Contact, enrollments, flow_pointers
 
 #: The caller key the form carries: 32 hex characters made when the form is shown.
 KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")

@@ -31,7 +31,7 @@ from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter
 from engine.core import clock
 from engine.flows import lifecycle, queries
 from engine.flows.versions import FlowNotFound, graph_of
-from engine.models import Enrollment, FlowPointer, contacts, enrollment_events, flow_pointers
+from engine.store.models import Enrollment, FlowPointer, contacts, enrollment_events, flow_pointers
 
 #: An enrollment's status in the receptionist's words (masculine: "o acompanhamento").
 ENROLLMENT_STATUS_LABELS = {

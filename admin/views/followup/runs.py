@@ -35,7 +35,7 @@ from admin.views.followup.queue import (
     run_reason,
 )
 from engine.flows import lifecycle, queries
-from engine.models import contacts, enrollments
+from engine.store.models import contacts, enrollments
 
 #: What each event of a run is, in the receptionist's words.
 EVENT_LABELS = {

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from engine.words.catalogue import describe
 from engine.core.config import ConfigError
-from engine.db import Database
+from engine.store.db import Database
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from engine.db import BinaryType, JSONType, UTCDateTime
+from engine.store.db import BinaryType, JSONType, UTCDateTime
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY, PostgreSQL uses bigint identities.
 PK = BigInteger().with_variant(Integer(), "sqlite")

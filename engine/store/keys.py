@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Table, select, update
 
-from engine.db import Database
-from engine.models import agents, channels
+from engine.store.db import Database
+from engine.store.models import agents, channels
 from gateway.crypto import Keyring
 
 #: Every sealed column: (table, ciphertext column).

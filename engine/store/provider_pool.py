@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import insert
 
 from engine.core import clock
-from engine.db import Database
-from engine.models import sandbox_messages
+from engine.store.db import Database
+from engine.store.models import sandbox_messages
 from gateway import registry
 from gateway.contract import OutboundMessage, Provider, ProviderContext
 from gateway.crypto import Keyring

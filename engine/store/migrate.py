@@ -1,5 +1,5 @@
 """Apply the plain-SQL migrations in `sql/<dialect>/` with yoyo-migrations, as the schema's owner;
-then (PostgreSQL, owner and application apart) grant the application's role (engine/app_role.py)."""
+then (PostgreSQL, owner and application apart) grant the application's role (engine/store/app_role.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from psycopg.errors import InsufficientPrivilege
 from sqlalchemy.engine import make_url
 from yoyo import get_backend, read_migrations
 
-from engine.app_role import AppRole, grant_app_role, row_security_bypassed_at
+from engine.store.app_role import AppRole, grant_app_role, row_security_bypassed_at
 from engine.words.catalogue import describe
 from engine.core.config import ConfigError, Settings
 
-SQL_ROOT = Path(__file__).resolve().parent.parent / "sql"
+SQL_ROOT = Path(__file__).resolve().parents[2] / "sql"
 
 
 def _yoyo_url(database_url: str) -> str:

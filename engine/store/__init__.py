@@ -1,0 +1,1 @@
+"""The data store and how a process reaches it: the schema, the database and its dialects, migrations, the application role, the credential keyring and the provider pool, all gathered in the process's `Runtime`."""
