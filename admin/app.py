@@ -14,7 +14,7 @@ from admin.ids import AsciiIntegerConverter
 from admin.i18n import init_i18n
 from admin.security import init_security_headers
 from admin.throttle import LoginThrottle
-from engine.orgs import warm_dummy_hash
+from engine.tenants.orgs import warm_dummy_hash
 from engine.store.runtime import Runtime
 
 csrf = CSRFProtect()

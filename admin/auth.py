@@ -27,7 +27,7 @@ from admin.i18n import LOCALES, _, _l, ngettext
 from admin.throttle import LoginThrottle
 from engine.core import clock
 from engine.store.models import orgs, users
-from engine.orgs import end_sessions, verify_password
+from engine.tenants.orgs import end_sessions, verify_password
 from engine.store.runtime import Runtime
 
 bp = Blueprint("auth", __name__)
@@ -51,7 +51,7 @@ class SessionUser(UserMixin):
     def get_id(self) -> str:
         """What Flask-Login keeps in the signed session: the user and the session generation it was
         issued under ("12:3"). Signing out, a password change or a deactivation bumps the user's
-        generation (engine.orgs.end_sessions), and a session of an older one no longer loads."""
+        generation (engine.tenants.orgs.end_sessions), and a session of an older one no longer loads."""
         return f"{self.id}:{self.generation}"
 
     @property

@@ -274,7 +274,7 @@ def orgs() -> None:
 @click.option("--timezone", default="America/Sao_Paulo", show_default=True)
 @click.option("--state", default=None, help="Brazilian state (UF) for state holidays, e.g. SP.")
 def orgs_create(slug: str, name: str, timezone: str, state: str | None) -> None:
-    from engine.orgs import create_org
+    from engine.tenants.orgs import create_org
 
     rt = _runtime()
     with rt.db.begin() as conn:
@@ -293,7 +293,7 @@ def users() -> None:
 @click.option("--role", type=click.Choice(["owner", "manager", "agent"]), required=True)
 @click.option("--password", default=None)
 def users_create(org_slug: str, email: str, role: str, password: str | None) -> None:
-    from engine.orgs import create_user, org_by_slug
+    from engine.tenants.orgs import create_user, org_by_slug
 
     if password is None:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
@@ -314,7 +314,7 @@ def messages(status: str | None, org_slug: str | None, limit: int, codes: bool) 
     from engine.store.models import MESSAGE_STATUSES
     from engine.store.models import messages as messages_table
     from engine.store.models import orgs as orgs_table
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     if status is not None and status not in MESSAGE_STATUSES:
         fail(f"status must be one of {', '.join(MESSAGE_STATUSES)}")
@@ -382,8 +382,8 @@ def _parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--daily-cap", type=int, default=None, help="Pacing: sends per day at most.")
 def channels_add(org_slug: str, kind: str, provider: str, name: str, pairs: tuple[str, ...], is_default: bool,
                  min_interval_ms: int | None, daily_cap: int | None) -> None:
-    from engine.channels import create_channel
-    from engine.orgs import org_by_slug
+    from engine.tenants.channels import create_channel
+    from engine.tenants.orgs import org_by_slug
 
     credentials = _parse_settings(pairs)
     stdin = click.get_text_stream("stdin")
@@ -416,7 +416,7 @@ def channels_add(org_slug: str, kind: str, provider: str, name: str, pairs: tupl
 @click.option("--org", "org_slug", required=True)
 def channels_list(org_slug: str) -> None:
     from engine.store.models import channels as channels_table
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     rt = _runtime()
     with rt.db.connect() as conn:
@@ -504,8 +504,8 @@ def apikeys() -> None:
 @click.option("--org", "org_slug", required=True)
 @click.option("--name", required=True, help="What the key is for, e.g. the clinic's scheduling software.")
 def apikeys_create(org_slug: str, name: str) -> None:
-    from engine.apikeys import create_key
-    from engine.orgs import org_by_slug
+    from engine.tenants.apikeys import create_key
+    from engine.tenants.orgs import org_by_slug
 
     rt = _runtime()
     with rt.db.begin() as conn:
@@ -519,8 +519,8 @@ def apikeys_create(org_slug: str, name: str) -> None:
 @click.option("--org", "org_slug", required=True)
 @click.option("--id", "key_id", required=True, type=int)
 def apikeys_revoke(org_slug: str, key_id: int) -> None:
-    from engine.apikeys import revoke
-    from engine.orgs import org_by_slug
+    from engine.tenants.apikeys import revoke
+    from engine.tenants.orgs import org_by_slug
 
     rt = _runtime()
     with rt.db.begin() as conn:
@@ -585,7 +585,7 @@ def flows_validate(file: str) -> None:
 def flows_list(org_slug: str) -> None:
     from engine.flows import queries
     from engine.store.models import flow_pointers
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     rt = _runtime()
     with rt.db.connect() as conn:
@@ -607,7 +607,7 @@ def flows_list(org_slug: str) -> None:
 @click.option("--key", default=None, help="Your idempotency key for this enrollment.")
 def flows_enroll(flow_id: int, org_slug: str, contact_id: int, key: str | None) -> None:
     from engine.flows import queries, triggers
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     if key is not None and not key.strip():
         fail("--key must not be blank")
@@ -634,7 +634,7 @@ def flows_enroll(flow_id: int, org_slug: str, contact_id: int, key: str | None) 
 def enrollments(org_slug: str, status: str | None, flow_id: int | None, limit: int) -> None:
     from engine.flows import queries
     from engine.store.models import enrollments as enrollments_table
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     if status is not None and status not in queries.ENROLLMENT_STATUSES:
         fail(f"status must be one of {', '.join(queries.ENROLLMENT_STATUSES)}")

@@ -39,8 +39,8 @@ def contacts_group() -> None:
 @click.argument("contact_id", type=int)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def contacts_erase(org_slug: str, contact_id: int, yes: bool) -> None:
-    from engine.audit import audit
-    from engine.orgs import org_by_slug
+    from engine.tenants.audit import audit
+    from engine.tenants.orgs import org_by_slug
     from engine.privacy import erasure
 
     cli = _cli()
@@ -67,7 +67,7 @@ def contacts_erase(org_slug: str, contact_id: int, yes: bool) -> None:
 @click.option("--org", "org_slug", required=True)
 @click.argument("contact_id", type=int)
 def contacts_consent(org_slug: str, contact_id: int) -> None:
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
     from engine.privacy import consent
 
     cli = _cli()
@@ -83,7 +83,7 @@ def contacts_consent(org_slug: str, contact_id: int) -> None:
 @click.option("--org", "org_slug", required=True)
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
 def contacts_duplicates(org_slug: str, limit: int) -> None:
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
     from engine.privacy import addresses
 
     cli = _cli()
@@ -107,7 +107,7 @@ def _org_ids(conn: Any, org_slug: str | None) -> list[tuple[int, str]]:
     from sqlalchemy import select
 
     from engine.store.models import orgs
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     if org_slug:
         org = _cli()._domain(lambda: org_by_slug(conn, org_slug))
@@ -161,7 +161,7 @@ def retention_show(org_slug: str | None) -> None:
 @click.option("--events-days", type=int, default=None, help="Finished messages, events, replies and webhook "
                                                             "deliveries (minimum 31: the dashboard counts 30).")
 def retention_set(org_slug: str, queue_days: int | None, events_days: int | None) -> None:
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
     from engine.privacy import retention
 
     cli = _cli()

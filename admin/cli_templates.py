@@ -23,7 +23,7 @@ def _cli() -> Any:
 
 
 def _org(conn: Any, slug: str) -> Any:
-    from engine.orgs import org_by_slug
+    from engine.tenants.orgs import org_by_slug
 
     return _cli()._domain(lambda: org_by_slug(conn, slug))
 
@@ -106,7 +106,7 @@ def _save(org_slug: str, template_id: int, changes: Any) -> None:
     """Save `changes` to the org's template (a default's id customises it first), the WABA read
     before the saving transaction opens."""
     from engine import meta_templates, template_edits
-    from engine.audit import audit
+    from engine.tenants.audit import audit
 
     cli = _cli()
     rt = cli._runtime()

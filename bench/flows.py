@@ -77,14 +77,14 @@ from bench.throughput import (  # noqa: E402
     summarize_collapsed,
     wait_for_workers,
 )
-from engine.channels import create_channel  # noqa: E402
+from engine.tenants.channels import create_channel  # noqa: E402
 from engine.core.config import Settings  # noqa: E402
 from engine.store.db import Database  # noqa: E402
 from engine.flows import versions  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.store.migrate import upgrade  # noqa: E402
 from engine.store.models import flow_pointers  # noqa: E402
-from engine.orgs import create_org  # noqa: E402
+from engine.tenants.orgs import create_org  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 
 UTC = timezone.utc

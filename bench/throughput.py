@@ -77,12 +77,12 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import insert  # noqa: E402
 
-from engine.channels import create_channel  # noqa: E402
+from engine.tenants.channels import create_channel  # noqa: E402
 from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.store.migrate import upgrade  # noqa: E402
 from engine.store.models import reminder_rule_kinds, reminder_rules  # noqa: E402
-from engine.orgs import create_org  # noqa: E402
+from engine.tenants.orgs import create_org  # noqa: E402
 from engine.populate import PARALLEL_ORGS, populate, populate_changed  # noqa: E402
 from engine.worker_pools import SEND_THREADS  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
@@ -1507,7 +1507,7 @@ def probe_body(args: argparse.Namespace, database_url: str, secret_keys: str, fa
 
     from sqlalchemy import select
 
-    from engine.channels import default_channel
+    from engine.tenants.channels import default_channel
     from engine.core.config import Settings
     from engine.store.models import appointments, contacts, messages, orgs
     from engine.store.runtime import Runtime

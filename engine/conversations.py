@@ -28,7 +28,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock
 from engine.appointments import LIVE
-from engine.channels import default_channel
+from engine.tenants.channels import default_channel
 from engine.conversation_window import conversation_open
 from engine.flows.lifecycle import CLOCKED
 from engine.store.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users

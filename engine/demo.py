@@ -12,10 +12,10 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.appointments import create_appointment
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.contacts import create_contact
 from engine.store.models import agents, orgs, reminder_rule_kinds, reminder_rules
-from engine.orgs import create_org, create_user
+from engine.tenants.orgs import create_org, create_user
 from engine.populate import refresh_appointment
 from gateway.crypto import Keyring
 

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from engine.words.catalogue import describe, known
-from engine.channels import default_channel
+from engine.tenants.channels import default_channel
 from engine.store.models import templates
 from engine.store.provider_pool import ProviderPool
 from engine.render import SAMPLE_VARIABLES

@@ -12,7 +12,7 @@ from sqlalchemy import insert, select
 
 from engine.core import clock
 from engine.appointments import create_appointment
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.contacts import create_contact
 from engine.store.models import (
     channels,
@@ -23,7 +23,7 @@ from engine.store.models import (
     reminder_rules,
     sandbox_messages,
 )
-from engine.orgs import create_org
+from engine.tenants.orgs import create_org
 from engine.populate import DEFAULT_HORIZON, populate, refresh_appointment
 from engine.store.runtime import Runtime
 from gateway import registry

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from engine.core import clock
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import templates
 from tests.factories import World
 from tests.fakes.meta import FakeGraph

@@ -14,7 +14,7 @@ from engine.contacts import create_contact
 from engine.store.db import Database
 from engine.core.errors import DomainError
 from engine.store.models import contacts, orgs, preferences
-from engine.orgs import create_org
+from engine.tenants.orgs import create_org
 from engine.windows import WindowPolicy
 from tests.factories import World
 

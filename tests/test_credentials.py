@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from sqlalchemy import select, update
 
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.core.config import Settings
 from engine.store.keys import rotate
 from engine.store.models import channels

@@ -422,7 +422,7 @@ def idempotent_provider():
 
 def test_sending_row_of_an_idempotent_provider_is_retried_safely(rt, clock, idempotent_provider):
     world = World(rt)
-    from engine.channels import REQUIRED_KEYS, create_channel
+    from engine.tenants.channels import REQUIRED_KEYS, create_channel
 
     with rt.db.begin() as conn:  # a real provider name needs its credential keys; the fake ignores them
         create_channel(conn, rt.keyring, org_id=world.org_id, kind="email", provider=idempotent_provider,

@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from engine import appointments as appts
 from engine import dispatch
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.core.config import Settings
 from engine.store.models import message_events
 from engine.store.runtime import Runtime, install

@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 
 from admin.app import create_app
 from engine import dispatch, statuses
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import early_statuses, messages
 from engine.store.runtime import Runtime
 from engine.scheduler import Scheduler

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from engine import dispatch
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.core.config import ENV_VARS, ConfigError, Settings
 from engine.core.errors import DomainError
 from engine.flows.agents import create_agent, update_agent

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from admin.app import create_app
 from engine import dispatch
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import preferences
 from tests.factories import World
 from tests.fakes.smtp import FakeSmtpServer, make_certificate

@@ -23,7 +23,7 @@ from sqlalchemy import insert, select
 
 from admin.app import create_app
 from engine import dispatch
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import appointments, messages, templates
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES

@@ -42,7 +42,7 @@ def test_evolution_pacing_holds_across_two_worker_processes(rt, backlog, procs, 
     sees the sends spaced by the minimum interval, and the daily cap holds the rest."""
     import time
 
-    from engine.channels import create_channel
+    from engine.tenants.channels import create_channel
     from tests.fakes.evolution import EvolutionFake
     from tests.fakes.server import FakeServer
 

@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 from sqlalchemy import func, select, update
 
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import channels, contacts, inbox_items, messages, sandbox_messages
 from engine.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES

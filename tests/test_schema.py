@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from engine.store.db import Database
 from engine.store.migrate import upgrade
 from engine.store.models import Base, messages, orgs
-from engine.orgs import create_org
+from engine.tenants.orgs import create_org
 from tests.conftest import DATABASE_URL, IS_POSTGRES
 from tests.factories import World
 

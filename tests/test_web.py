@@ -14,7 +14,7 @@ from sqlalchemy import func, select, update
 from admin.app import create_app
 from engine import dispatch
 from engine.store.models import appointments, channels, inbound_messages, messages, sandbox_messages
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.factories import World, sandbox_headers
 
 
@@ -31,7 +31,7 @@ def client(app):
 
 
 def _secret_channel(rt, world: World, secret: str) -> int:
-    from engine.channels import create_channel
+    from engine.tenants.channels import create_channel
 
     with rt.db.begin() as conn:
         return create_channel(conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="sandbox",

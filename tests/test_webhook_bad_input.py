@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import func, select
 
 from admin.app import create_app
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import inbound_messages, webhook_events
 from gateway.webhook_body import clean_json, clean_text, json_value
 from tests.factories import World

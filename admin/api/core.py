@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
-from engine.apikeys import ApiKeyIdentity, authenticate
+from engine.tenants.apikeys import ApiKeyIdentity, authenticate
 from engine.words.catalogue import describe
 from engine.store.runtime import Runtime
 

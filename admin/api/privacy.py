@@ -15,7 +15,7 @@ from marshmallow import Schema, fields, validate
 from admin.api.core import ApiError, bp, caller, org_tx, require_key, runtime
 from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID
-from engine.audit import audit
+from engine.tenants.audit import audit
 from engine.store.models import CHANNEL_KINDS
 from engine.privacy import consent, erasure
 

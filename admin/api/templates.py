@@ -33,7 +33,7 @@ from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID, Text
 from admin.i18n import translate_to
 from engine import meta_templates, template_edits
-from engine.audit import audit
+from engine.tenants.audit import audit
 from engine.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, Finding, MetaMapping
 from engine.store.models import CHANNEL_KINDS
 from engine.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefused

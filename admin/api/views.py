@@ -57,7 +57,7 @@ from admin.api.schemas import (
     VersionOut,
     encode_cursor,
 )
-from engine.audit import audit
+from engine.tenants.audit import audit
 from engine.flows.contact_events import record_contact_event
 from engine.flows import queries, versions
 from engine.flows.schema import json_schema

@@ -22,15 +22,15 @@ from wtforms.validators import DataRequired, Length, Optional, Regexp
 from admin.auth import sign_in_again
 from admin.i18n import _, _l, ngettext
 from admin.views.base import TenantModelView, ids_of, org_id, write_audit
-from engine.apikeys import KEY_PREFIX, NewApiKey, create_key, revoke
+from engine.tenants.apikeys import KEY_PREFIX, NewApiKey, create_key, revoke
 from engine.core.errors import DomainError
 from engine.store.models import ApiKey, User
-from engine.orgs import ROLES, EmailTaken, create_user, hash_password
+from engine.tenants.orgs import ROLES, EmailTaken, create_user, hash_password
 
 #: The console asks for more than the domain's floor (8, which the CLI and the demo keep using):
 #: these accounts can read patients' appointments and change what is sent to them.
 MIN_PASSWORD_LENGTH = 12
-#: Same shape the domain accepts (engine.orgs.create_user), checked here for a message on the field.
+#: Same shape the domain accepts (engine.tenants.orgs.create_user), checked here for a message on the field.
 EMAIL_PATTERN = re.compile(r"^\s*[^@\s]+@[^@\s]+\.[^@\s]+\s*$")
 
 #: The one answer to an e-mail the domain refuses, a taken one included (in this org or another).

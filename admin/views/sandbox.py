@@ -42,7 +42,7 @@ from admin.views.followup.handoff import handoff_state
 from admin.views.words import reply_outcome_text
 from admin.webhooks import deliver
 from engine.core import clock
-from engine.channels import sandbox_webhook_secret
+from engine.tenants.channels import sandbox_webhook_secret
 from engine.store.models import channels, contacts, inbound_messages, messages, sandbox_messages
 from engine.store.runtime import Runtime
 from gateway.contract import WebhookRequest

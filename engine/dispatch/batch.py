@@ -69,7 +69,7 @@ class Batch:
 
     def channel(self, org_id: int, kind: str) -> Any:
         """The org's channel for a kind: the default one if active, else any active one, else None
-        (the same choice as `engine.channels.default_channel`)."""
+        (the same choice as `engine.tenants.channels.default_channel`)."""
         return next((c for c in self.channels.get((org_id, kind), ()) if c.status == "active"), None)
 
     def has_channel(self, org_id: int, kind: str) -> bool:

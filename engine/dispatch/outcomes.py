@@ -15,7 +15,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.channels import default_channel
+from engine.tenants.channels import default_channel
 from engine.inbox import open_inbox_item
 from engine.store.models import channels, contacts, messages, reminder_rule_kinds
 from engine.outbox import transition, transition_where

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from sqlalchemy.engine import Connection
 
 from engine.conversation_window import conversation_open
-from engine.channels import default_channel
+from engine.tenants.channels import default_channel
 from engine.flows import conditions, facts, triggers
 from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
 from engine.flows.ai.builtin import BuiltinAI

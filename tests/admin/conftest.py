@@ -12,9 +12,9 @@ from sqlalchemy import insert, select
 
 from admin.app import create_app
 from engine.core import clock as engine_clock
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import audit_log, messages, templates
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.factories import World
 
 SECRET = "s3gredo-super-secreto-0xDEADBEEF"

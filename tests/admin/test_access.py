@@ -12,9 +12,9 @@ from sqlalchemy import select
 from werkzeug.security import check_password_hash
 
 from engine.core import clock as engine_clock
-from engine.apikeys import create_key, hash_key
+from engine.tenants.apikeys import create_key, hash_key
 from engine.store.models import api_keys, audit_log, users
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.admin.conftest import csrf, login
 
 KEY_RE = re.compile(r"lembra_[0-9a-f]{8}_[A-Za-z0-9_-]{20,}")
@@ -65,7 +65,7 @@ def test_a_key_created_in_the_console_opens_the_api_until_revoked(app, rt, owner
         row = conn.execute(select(api_keys).where(api_keys.c.name == "Agenda da recepção")).one()
         audits = conn.execute(select(audit_log).where(audit_log.c.entity == "api_keys")).all()
     assert row.org_id == tenants[0].world.org_id
-    assert row.key_hash == hash_key(key) and key not in row.key_hash  # stored hashed, by engine.apikeys
+    assert row.key_hash == hash_key(key) and key not in row.key_hash  # stored hashed, by engine.tenants.apikeys
     assert [a.action for a in audits] == ["create"] and audits[0].user_id == _user_id(rt, "owner@a.com.br")
     assert key not in json.dumps(audits[0].changes) and row.key_hash not in json.dumps(audits[0].changes)
 

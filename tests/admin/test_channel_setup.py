@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import audit_log, channels
 from tests.admin.conftest import csrf
 from tests.fakes import evolution as evo

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from admin.app import create_app
 from engine import dispatch
 from engine.store.models import audit_log, inbound_messages, messages
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from providers.sandbox.provider import SECRET_HEADER
 from tests.admin.conftest import SECRET, csrf, login
 from tests.test_meta_flow import PHONE, Graph, meta_world, post, text_body

@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 
 from engine.flows import triggers
 from engine.store.models import appointments, enrollments
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.admin.conftest import csrf, login
 from tests.admin.test_conversations import FREE_TEXT, inbound_id, sandbox_reply
 from tests.flows.helpers import Flows, edge, node

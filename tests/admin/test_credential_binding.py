@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from engine.core import clock
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.flows import agents as agent_ops
 from engine.store.models import agents, audit_log, channels
 from tests.admin.conftest import csrf

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.core.config import Settings
 from engine.store.models import channels
 from tests.admin.conftest import SECRET, csrf

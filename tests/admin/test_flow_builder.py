@@ -12,7 +12,7 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.flows import versions
 from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login

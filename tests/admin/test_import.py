@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from engine import imports as csv_import
 from engine.store.models import appointments, audit_log, messages
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.admin.conftest import csrf, login
 from tests.test_imports import BAD_LINES, HEADER, big_csv
 

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import insert, select
 
 from engine.core import clock
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import audit_log, templates
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.admin.conftest import csrf, login
 from tests.factories import World
 from tests.fakes.meta import FakeGraph

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from admin.app import create_app
-from engine.apikeys import create_key
+from engine.tenants.apikeys import create_key
 from tests.factories import World
 
 

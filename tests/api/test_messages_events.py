@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from engine.apikeys import revoke
+from engine.tenants.apikeys import revoke
 from engine.store.models import api_keys, audit_log, contact_events, messages
 
 

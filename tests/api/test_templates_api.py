@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import select
 
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import audit_log, templates
 from tests.api.conftest import api_for
 from tests.factories import World

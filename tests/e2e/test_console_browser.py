@@ -39,7 +39,7 @@ from engine.appointments import create_appointment
 from engine.contacts import create_contact
 from engine.inbound import receive
 from engine.store.models import messages
-from engine.orgs import create_org, create_user
+from engine.tenants.orgs import create_org, create_user
 from engine.populate import refresh_appointment
 from gateway.contract import WebhookRequest
 from tests.e2e.live import CHROMIUM_ARGS, serve

@@ -15,10 +15,10 @@ from datetime import timedelta
 import pytest
 
 from engine.appointments import create_appointment
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.contacts import create_contact
 from engine.inbound import process_inbound, receive
-from engine.orgs import create_org, create_user
+from engine.tenants.orgs import create_org, create_user
 from gateway.contract import WebhookRequest
 from tests.e2e.test_console_browser import Steps, _dispatch_due, expect, page, server  # noqa: F401  (fixtures)
 from tests.factories import sandbox_headers

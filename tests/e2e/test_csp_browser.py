@@ -22,8 +22,8 @@ if not Path(CHROMIUM).exists():
 from playwright import sync_api
 
 from admin.app import create_app
-from engine.apikeys import create_key
-from engine.orgs import create_user
+from engine.tenants.apikeys import create_key
+from engine.tenants.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import World
 

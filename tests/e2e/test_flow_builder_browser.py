@@ -41,7 +41,7 @@ from sqlalchemy import insert, select
 from admin.app import create_app
 from engine.core import clock as engine_clock
 from engine.store.models import enrollments, flow_pointers, templates
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import World
 from tests.flows.helpers import Flows

@@ -24,9 +24,9 @@ from playwright import sync_api
 from sqlalchemy import select
 
 from admin.app import create_app
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.store.models import templates
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.e2e.test_csp_browser import RECORD_VIOLATIONS
 from tests.factories import World

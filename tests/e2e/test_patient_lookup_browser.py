@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from engine.core import clock as engine_clock
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from tests.e2e.test_csp_browser import CHROMIUM, _violations, browser_page, expect, server  # noqa: F401
 from tests.factories import World
 

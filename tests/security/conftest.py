@@ -32,15 +32,15 @@ from sqlalchemy import create_engine, insert, select, text
 from admin.app import create_app
 from engine.core import clock as engine_clock
 from engine import dispatch
-from engine.apikeys import create_key
-from engine.channels import create_channel
+from engine.tenants.apikeys import create_key
+from engine.tenants.channels import create_channel
 from engine.core.config import Settings
 from engine.contacts import opt_out
 from engine.flows.agents import create_agent
 from engine.inbox import open_inbox_item
 from engine.flows.contact_events import record_contact_event
 from engine.store.models import Base, audit_log, templates
-from engine.orgs import create_user
+from engine.tenants.orgs import create_user
 from engine.store.runtime import Runtime, install
 from tests.conftest import BROKER_URL, IS_POSTGRES, ORG_TABLES, T0, TEST_KEY
 from tests.factories import World, sandbox_headers

@@ -27,7 +27,7 @@ from sqlalchemy import select
 
 from engine.core import clock
 from engine import dispatch
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.core.errors import DomainError
 from engine.flows.agents import create_agent
 from engine.store.models import channels, contacts, messages

@@ -32,7 +32,7 @@ from admin.views.channels.messages import (
 )
 from engine.core import clock
 from engine.words.catalogue import describe
-from engine.channels import create_channel
+from engine.tenants.channels import create_channel
 from engine.core.config import ENV_VARS
 from engine.connect import (
     ChannelNotFound,
