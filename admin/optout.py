@@ -6,7 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, current_app, render_template, request
 from sqlalchemy import select
 
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.store.models import contacts, orgs
 from engine.optout_links import read_token
 from engine.store.runtime import Runtime

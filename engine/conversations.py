@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock
-from engine.appointments import LIVE
+from engine.people.appointments import LIVE
 from engine.tenants.channels import default_channel
 from engine.conversation_window import conversation_open
 from engine.flows.lifecycle import CLOCKED

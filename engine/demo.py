@@ -11,9 +11,9 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.appointments import create_appointment
+from engine.people.appointments import create_appointment
 from engine.tenants.channels import create_channel
-from engine.contacts import create_contact
+from engine.people.contacts import create_contact
 from engine.store.models import agents, orgs, reminder_rule_kinds, reminder_rules
 from engine.tenants.orgs import create_org, create_user
 from engine.populate import refresh_appointment

@@ -19,9 +19,9 @@ from urllib.parse import parse_qsl
 from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine.core import clock
-from engine.contacts import find_all_by_address, opt_out
+from engine.people.contacts import find_all_by_address, opt_out
 from engine.store.dialect import insert_ignore
 from engine.flows.replies import on_reply
 from engine.core.ids import valid_id

@@ -16,7 +16,7 @@ from sqlalchemy import delete, exists, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.store.dialect import insert_ignore
 from engine.store.models import early_statuses, messages
 from engine.outbox import transition

@@ -11,9 +11,9 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import insert, select
 
 from engine.core import clock
-from engine.appointments import create_appointment
+from engine.people.appointments import create_appointment
 from engine.tenants.channels import create_channel
-from engine.contacts import create_contact
+from engine.people.contacts import create_contact
 from engine.store.models import (
     channels,
     inbox_items,

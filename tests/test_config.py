@@ -7,10 +7,10 @@ from datetime import datetime, time, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from engine.appointments import create_appointment
+from engine.people.appointments import create_appointment
 from engine.broker import check_broker
 from engine.core.config import ConfigError, Settings
-from engine.contacts import create_contact
+from engine.people.contacts import create_contact
 from engine.store.db import Database
 from engine.core.errors import DomainError
 from engine.store.models import contacts, orgs, preferences

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy import event, insert, select, update
 
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine import dispatch
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.store.models import channels, message_events, preferences, templates
 from engine.populate import refresh_appointment
 from engine.store.runtime import Runtime, install

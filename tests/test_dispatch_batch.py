@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.pool import NullPool
 
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine import dispatch
 from engine.tenants.channels import create_channel
 from engine.core.config import Settings

@@ -19,7 +19,7 @@ from admin.cli_privacy import register
 from engine.core import clock as engine_clock
 from engine import dispatch
 from engine.tenants.audit import audit
-from engine.contacts import create_contact
+from engine.people.contacts import create_contact
 from engine.inbound import process_inbound
 from engine.store.models import (
     address_optouts,

@@ -1,4 +1,4 @@
-"""CSV import of appointments (engine.imports): 10,000 rows with 3 bad ones, re-import, tenant
+"""CSV import of appointments (engine.people.imports): 10,000 rows with 3 bad ones, re-import, tenant
 isolation, every per-row reason, the file-level limits."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import func, select
 
-from engine import imports
-from engine.contacts import opt_out
-from engine.imports import ImportFileError, import_appointments
+from engine.people import imports
+from engine.people.contacts import opt_out
+from engine.people.imports import ImportFileError, import_appointments
 from engine.store.models import appointments, contacts, messages, preferences
 from tests.factories import World
 

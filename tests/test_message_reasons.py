@@ -303,7 +303,7 @@ def _failed_and_cancelled(rt, slug: str) -> World:
     contact = world.contact()
     world.appointment(contact, APPOINTMENT)
     other = world.appointment(contact, local(2026, 12, 10, 14, 0))
-    from engine import appointments as appts
+    from engine.people import appointments as appts
     from engine.populate import refresh_appointment
 
     with rt.db.begin() as conn:

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select, update
 
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine import dispatch
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.store.models import contacts, message_events, messages
 from engine.populate import DEFAULT_HORIZON, populate, populate_org, refresh_appointment
 from tests.conftest import IS_POSTGRES

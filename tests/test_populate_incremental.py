@@ -8,7 +8,7 @@ from datetime import timedelta, timezone
 
 from sqlalchemy import func, select, update
 
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine.store.models import appointments, message_events, reminder_rules
 from engine.populate import DEFAULT_HORIZON, populate, populate_changed
 from tests.factories import World, local
@@ -114,7 +114,7 @@ def test_incremental_pass_sees_a_consent_given_since(rt, clock):
     clock.advance(timedelta(minutes=3))
     since = clock.now()
     clock.advance(timedelta(minutes=1))
-    from engine.contacts import set_consent
+    from engine.people.contacts import set_consent
 
     with rt.db.begin() as conn:
         set_consent(conn, world.org_id, contact, "whatsapp", source="test")

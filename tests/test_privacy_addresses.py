@@ -13,8 +13,8 @@ from sqlalchemy import insert, select, update
 
 from engine.core import clock as engine_clock
 from engine import dispatch
-from engine.contacts import create_contact, opt_out
-from engine.imports import import_appointments
+from engine.people.contacts import create_contact, opt_out
+from engine.people.imports import import_appointments
 from engine.inbound import process_inbound
 from engine.store.models import address_optouts, contacts, inbound_messages
 from engine.outbox import enqueue
@@ -206,7 +206,7 @@ def test_a_refusal_is_recorded_once_per_address_and_kind(rt, clock):
 
 
 def test_only_the_contact_that_refused_lifts_its_addresses_refusal_by_agreeing_again(rt, clock):
-    from engine.contacts import set_consent
+    from engine.people.contacts import set_consent
 
     world = clinic(rt)
     parent = world.contact(name="Marta", phone=PHONE, email="marta@example.com")

@@ -15,9 +15,9 @@ from sqlalchemy.exc import IntegrityError
 
 from admin.api.core import ApiError
 from admin.i18n import translate_to
-from engine import appointments as appointment_ops
+from engine.people import appointments as appointment_ops
 from engine.core import clock
-from engine.contacts import ExternalIdTaken, create_contact, set_consent
+from engine.people.contacts import ExternalIdTaken, create_contact, set_consent
 from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue
 from engine.store.models import appointments, contacts, enrollments, messages, preferences
@@ -150,7 +150,7 @@ def appointment_out(row: Any) -> dict[str, Any]:
 def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> tuple[Any, bool, dict[str, Any]]:
     """Create or update the org's appointment with `external_id`; returns (row, created, changes).
 
-    A new time reschedules (`engine.appointments.reschedule`), `cancelled` cancels as the clinic,
+    A new time reschedules (`engine.people.appointments.reschedule`), `cancelled` cancels as the clinic,
     and any change re-populates the appointment's reminders in this transaction. `scheduled` does
     not undo a patient's confirmation of the same time."""
     contact = conn.execute(select(contacts.c.id).where(

@@ -58,7 +58,7 @@ class OrgDateTimeBetweenFilter(DateTimeBetweenFilter):
 
 class PatientSearchMixin:
     """The list's search box also finds rows by their patient's name or phone (any spelling:
-    "(16) 99988-7766" finds "+5516999887766"), through engine.contacts.matching, scoped to the
+    "(16) 99988-7766" finds "+5516999887766"), through engine.people.contacts.matching, scoped to the
     signed-in org. Goes before TenantModelView in the bases; `patient_column` names the row's
     contact id column (`id` for the contacts list itself)."""
 
@@ -76,7 +76,7 @@ class PatientSearchMixin:
 
     def _apply_search(self, query: Any, count_query: Any, joins: Any, count_joins: Any, search: str) -> Any:
         from admin.views.base import org_id
-        from engine.contacts import matching
+        from engine.people.contacts import matching
 
         words = [w for w in search.split() if w]
         if not words:

@@ -20,7 +20,7 @@ from sqlalchemy import and_, or_, select
 
 from admin.i18n import _, _l
 from admin.views.base import KIND_LABELS, is_editor, local_dt, org_id, runtime, write_audit
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.store.models import CHANNEL_KINDS, address_optouts, contacts
 from engine.privacy import addresses, consent, erasure
 

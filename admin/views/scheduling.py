@@ -51,11 +51,11 @@ from admin.views.base import (
 from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
 from admin.views.followup.handoff import ContactFollowupMixin
 from admin.views.privacy import ContactPrivacyMixin
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine.core import clock
-from engine import imports as csv_import
+from engine.people import imports as csv_import
 from engine.words.catalogue import describe
-from engine.contacts import (
+from engine.people.contacts import (
     CONSENT_METHODS,
     ExternalIdTaken,
     create_contact,
@@ -239,7 +239,7 @@ def flash_outlook(conn: Any, org_id_: int, appointment_id: int, verb: str) -> No
 
 # ------------------------------------------------------------------------------------------------
 class AppointmentView(PatientSearchMixin, TenantModelView):
-    """Appointments, written through engine.appointments; every change re-populates at once, and
+    """Appointments, written through engine.people.appointments; every change re-populates at once, and
     the one who saved it is told which reminders will not go and why. The list's search finds the
     patient by name or phone; the form picks the patient with a search box (patient_lookup)."""
 
@@ -488,7 +488,7 @@ CONSENT_SOURCE_LABELS = {
     "clinic": _l("pela clínica"), "api": _l("pela API (sistema da clínica)"), "console": _l("no console"),
     "demo": _l("dados de demonstração"), "provider": _l("pelo provedor"),
 }
-#: The methods a receptionist picks from when recording consent (engine.contacts.CONSENT_METHODS).
+#: The methods a receptionist picks from when recording consent (engine.people.contacts.CONSENT_METHODS).
 CONSENT_METHOD_CHOICES = [(m, CONSENT_SOURCE_LABELS[m]) for m in CONSENT_METHODS]
 
 

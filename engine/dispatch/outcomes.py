@@ -77,7 +77,7 @@ def after_permanent(rt: Runtime, prepared: "Prepared", exc: ProviderError) -> st
             return msg.status
         _maybe_break_channel(conn, prepared, exc)
         if exc.opt_out:
-            from engine.contacts import opt_out
+            from engine.people.contacts import opt_out
 
             opt_out(conn, prepared.org_id, msg.contact_id, kinds=(msg.channel_kind,),
                     source="provider", evidence=f"provider error {exc.code}")

@@ -122,7 +122,7 @@ def entries_for(addresses: Sequence[Address], kinds: Iterable[str]) -> list[tupl
 
 def record_opt_out(conn: Connection, org_id: int, contact_id: int, kinds: Iterable[str], *, source: str,
                    evidence: str | None) -> int:
-    """The address side of `engine.contacts.opt_out`: block what the contact's refusal covers."""
+    """The address side of `engine.people.contacts.opt_out`: block what the contact's refusal covers."""
     return block(conn, org_id, entries_for(_contact_addresses(conn, org_id, contact_id), kinds),
                  contact_id=contact_id, source=source, evidence=evidence)
 
@@ -138,7 +138,7 @@ def block_sender(conn: Connection, org_id: int, raw_address: str | None, *, sour
 
 
 def lift(conn: Connection, org_id: int, contact_id: int, kind: str) -> int:
-    """The contact that refused `kind` agreed again (engine.contacts.set_consent after its own
+    """The contact that refused `kind` agreed again (engine.people.contacts.set_consent after its own
     opt-out): the refusals its opt-out made for its addresses go. Returns how many."""
     return conn.execute(delete(address_optouts).where(
         address_optouts.c.org_id == org_id, address_optouts.c.contact_id == contact_id,

@@ -471,7 +471,7 @@ CATALOGUE: dict[str, Text] = {
     "conversation_template_not_needed": N_("A conversa está aberta: escreva a resposta, sem precisar do modelo."),
     "conversation_reply_queued": N_("A resposta foi para a fila de envio e sai pelo mesmo canal em instantes."),
     # --- why a reminder of an appointment does not go (engine/windows.py skip reasons, and
-    # engine/appointments.reminder_outlook for the rules that queued nothing) ------------------
+    # engine/people/appointments.reminder_outlook for the rules that queued nothing) ------------------
     "too_late": N_("A hora deste lembrete já tinha passado quando ele entrou na fila; ele não é enviado."),
     "no_allowed_instant": N_("Não há horário de envio permitido entre agora e o início da sessão (janela de envio da clínica)."),
     "appointment_in_past": N_("O horário do agendamento já passou; nenhum lembrete é enviado."),

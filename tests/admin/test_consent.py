@@ -10,8 +10,8 @@ import re
 from sqlalchemy import func, select
 
 from engine.core import clock as engine_clock
-from engine.contacts import opt_out
-from engine.imports import EVIDENCE, import_appointments
+from engine.people.contacts import opt_out
+from engine.people.imports import EVIDENCE, import_appointments
 from engine.store.models import audit_log, contacts, preferences, users
 from engine.privacy import consent
 from tests.admin.conftest import csrf

@@ -22,7 +22,7 @@ from sqlalchemy import func, select, update
 from engine.flows import agents as agent_ops
 from engine.flows.ai.base import AIError
 from engine.store.models import agents, audit_log, enrollments, inbox_items, preferences
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from tests.admin.conftest import csrf, login
 from tests.fakes.llm import Error, LLMFake
 from tests.flows.helpers import Flows, linear, node

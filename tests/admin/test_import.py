@@ -10,7 +10,7 @@ import time
 
 from sqlalchemy import func, select
 
-from engine import imports as csv_import
+from engine.people import imports as csv_import
 from engine.store.models import appointments, audit_log, messages
 from engine.tenants.orgs import create_user
 from tests.admin.conftest import csrf, login

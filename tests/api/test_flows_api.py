@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from admin.i18n import translate_to
 from engine.words.catalogue import describe
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.flows import runtime
 from engine.flows.schema import json_schema
 from engine.store.models import audit_log, enrollments, messages

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from engine.store.models import audit_log, preferences
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 
 ANA = {"external_id": "pac-1", "name": "Ana Clara", "phone": "(16) 99988-7766", "email": "Ana@Example.com",
        "locale": "pt_BR", "consent": ["whatsapp", "email"]}

@@ -35,8 +35,8 @@ from sqlalchemy import select
 
 from admin.app import create_app
 from engine import dispatch
-from engine.appointments import create_appointment
-from engine.contacts import create_contact
+from engine.people.appointments import create_appointment
+from engine.people.contacts import create_contact
 from engine.inbound import receive
 from engine.store.models import messages
 from engine.tenants.orgs import create_org, create_user

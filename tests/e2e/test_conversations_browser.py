@@ -14,9 +14,9 @@ from datetime import timedelta
 
 import pytest
 
-from engine.appointments import create_appointment
+from engine.people.appointments import create_appointment
 from engine.tenants.channels import create_channel
-from engine.contacts import create_contact
+from engine.people.contacts import create_contact
 from engine.inbound import process_inbound, receive
 from engine.tenants.orgs import create_org, create_user
 from gateway.contract import WebhookRequest

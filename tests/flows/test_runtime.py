@@ -593,7 +593,7 @@ def test_appointment_events_start_their_flows(world, flows, rt, clock):
                              node("fim", "end", outcome="exhausted")),
                       trigger={"kind": "appointment", "appointment_event": "no_show"})
     appointment = world.appointment(contact, clock.now() + timedelta(hours=1))
-    from engine.appointments import set_status
+    from engine.people.appointments import set_status
 
     with rt.db.begin() as conn:
         set_status(conn, world.org_id, appointment, "scheduled", "no_show")
@@ -680,7 +680,7 @@ def test_every_live_status_has_a_way_out(world, flows, rt, clock):
         assert flows.enrollment(other).outcome == "opted_out"
         with rt.db.begin() as conn:
             conn.execute(contact_events.delete())
-        from engine.contacts import set_consent
+        from engine.people.contacts import set_consent
 
         with rt.db.begin() as conn:
             for kind in ("whatsapp", "sms", "email"):

@@ -35,7 +35,7 @@ from engine import dispatch
 from engine.tenants.apikeys import create_key
 from engine.tenants.channels import create_channel
 from engine.core.config import Settings
-from engine.contacts import opt_out
+from engine.people.contacts import opt_out
 from engine.flows.agents import create_agent
 from engine.inbox import open_inbox_item
 from engine.flows.contact_events import record_contact_event

@@ -34,9 +34,9 @@ from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from engine import appointments as appts
+from engine.people import appointments as appts
 from engine.core import clock
-from engine.contacts import set_consent
+from engine.people.contacts import set_consent
 from engine.store.db import Database
 from engine.core.errors import DomainError
 from engine.store.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
@@ -399,7 +399,7 @@ class _State:
 def _write_rows(conn: Connection, org_id: int, tz_name: str, batch: list[_Row], tally: _Tally) -> None:
     """Rows in file order. New contacts, their consent and new appointments are inserted set-wise
     (one multi-row INSERT each per batch, with the same normalised values and checks as
-    engine.contacts.create_contact / engine.appointments.create_appointment); existing rows go
+    engine.people.contacts.create_contact / engine.people.appointments.create_appointment); existing rows go
     through the engine's update functions (reschedule, cancel, confirm, set_consent)."""
     state = _State(conn, org_id, batch)
     now = clock.now()
