@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-#: The columns populate writes (engine/populate.py, `_insert_reminders`), copied as they are.
+#: The columns populate writes (engine/reminders/populate.py, `_insert_reminders`), copied as they are.
 COLUMNS = (
     "org_id", "purpose", "contact_id", "channel_kind", "appointment_id", "appointment_starts_at",
     "rule_id", "template_key", "respect_window", "idempotency_key", "status", "nominal_due_at",

@@ -31,7 +31,7 @@ from engine.core.config import Settings  # noqa: E402
 from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.store.migrate import upgrade  # noqa: E402
-from engine.populate import populate  # noqa: E402
+from engine.reminders.populate import populate  # noqa: E402
 from engine.store.runtime import Runtime  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 from throughput import (  # noqa: E402
@@ -50,7 +50,7 @@ ENGINE_FUNCS = (
     ("engine/templates.py", "find_template"), ("engine/render.py", "reminder_variables"),
     ("engine/render.py", "render_text"), ("engine/tenants/channels.py", "record"), ("engine/tenants/channels.py", "default_channel"),
     ("engine/tenants/channels.py", "get"), ("engine/tenants/orgs.py", "policy_for"),
-    ("engine/windows.py", "is_allowed"), ("engine/store/db.py", "begin"),
+    ("engine/reminders/windows.py", "is_allowed"), ("engine/store/db.py", "begin"),
     ("sqlalchemy/engine/base.py", "_commit_impl"), ("sqlalchemy/pool/base.py", "_checkout"),
     ("sqlalchemy/engine/default.py", "do_ping"), ("psycopg/connection.py", "wait"),
 )

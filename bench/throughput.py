@@ -16,7 +16,7 @@ What it does (see docs/benchmarks.md for the figures and how to read them):
    (`--provider sandbox`, recorded in PostgreSQL) or a Meta channel (`--provider http-fake`)
    whose `base_url` is bench/http_fake.py: a separate loopback process that answers as Meta's
    Cloud API does and counts each `biz_opaque_callback_data` it receives;
-2. times `engine.populate.populate` over all of them (and a second, no-op pass: the scheduler
+2. times `engine.reminders.populate.populate` over all of them (and a second, no-op pass: the scheduler
    repeats it every LEMBRA_POPULATE_INTERVAL); with `--populate-only`, then the bare write
    (bench/bare_write.py): the same rows and events written again on their own, the limit of
    populate on this machine with this schema, and (superuser only) with the foreign keys' checks off;
@@ -83,7 +83,7 @@ from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.store.migrate import upgrade  # noqa: E402
 from engine.store.models import reminder_rule_kinds, reminder_rules  # noqa: E402
 from engine.tenants.orgs import create_org  # noqa: E402
-from engine.populate import PARALLEL_ORGS, populate, populate_changed  # noqa: E402
+from engine.reminders.populate import PARALLEL_ORGS, populate, populate_changed  # noqa: E402
 from engine.worker_pools import SEND_THREADS  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 
@@ -923,11 +923,11 @@ def populate_breakdown(profiler: Any, wall: float) -> dict[str, float]:
 
     stats = pstats.Stats(profiler)
     wanted = {
-        "insert_reminders (set-based INSERT ... SELECT)": ("engine/populate.py", "_insert_reminders"),
-        "cancel_stale": ("engine/populate.py", "_cancel_stale"),
-        "plan_new (all)": ("engine/populate.py", "plan_new"),
-        "plan_new: windows.place": ("engine/windows.py", "place"),
-        "plan_new: nominal_due": ("engine/windows.py", "nominal_due"),
+        "insert_reminders (set-based INSERT ... SELECT)": ("engine/reminders/populate.py", "_insert_reminders"),
+        "cancel_stale": ("engine/reminders/populate.py", "_cancel_stale"),
+        "plan_new (all)": ("engine/reminders/populate.py", "plan_new"),
+        "plan_new: windows.place": ("engine/reminders/windows.py", "place"),
+        "plan_new: nominal_due": ("engine/reminders/windows.py", "nominal_due"),
         "plan_new + insert: record_events": ("engine/outbox.py", "record_events"),
         "all SQL: psycopg Cursor.execute": ("psycopg/cursor.py", "execute"),
         "all SQL: psycopg Cursor.executemany": ("psycopg/cursor.py", "executemany"),

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402
 from engine.store.migrate import upgrade  # noqa: E402
-from engine.populate import populate  # noqa: E402
+from engine.reminders.populate import populate  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 from throughput import (  # noqa: E402
     HORIZON, LoadPlan, bulk_load, create_database, create_orgs, drop_database, pick_timezone, sqlalchemy_url,

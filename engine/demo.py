@@ -16,7 +16,7 @@ from engine.tenants.channels import create_channel
 from engine.people.contacts import create_contact
 from engine.store.models import agents, orgs, reminder_rule_kinds, reminder_rules
 from engine.tenants.orgs import create_org, create_user
-from engine.populate import refresh_appointment
+from engine.reminders.populate import refresh_appointment
 from gateway.crypto import Keyring
 
 DEMO_SLUG = "demo"

@@ -39,7 +39,7 @@ from engine.store.models import (
     webhook_events,
 )
 from engine.outbox import enqueue
-from engine.populate import refresh_appointment
+from engine.reminders.populate import refresh_appointment
 from engine.privacy.addresses import block_sender
 from engine.core.redact import redact
 from engine.store.runtime import Runtime

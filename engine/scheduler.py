@@ -34,7 +34,7 @@ from engine.core.config import Settings
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
 from engine.outage import BrokerOutage
-from engine.populate import PopulateResult, populate, populate_changed
+from engine.reminders.populate import PopulateResult, populate, populate_changed
 from engine.privacy.retention import DailyRetention
 from engine.store.runtime import Runtime
 

@@ -24,7 +24,7 @@ from engine.store.models import (
     sandbox_messages,
 )
 from engine.tenants.orgs import create_org
-from engine.populate import DEFAULT_HORIZON, populate, refresh_appointment
+from engine.reminders.populate import DEFAULT_HORIZON, populate, refresh_appointment
 from engine.store.runtime import Runtime
 from gateway import registry
 

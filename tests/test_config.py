@@ -15,7 +15,7 @@ from engine.store.db import Database
 from engine.core.errors import DomainError
 from engine.store.models import contacts, orgs, preferences
 from engine.tenants.orgs import create_org
-from engine.windows import WindowPolicy
+from engine.reminders.windows import WindowPolicy
 from tests.factories import World
 
 

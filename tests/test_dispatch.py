@@ -14,7 +14,7 @@ from engine.people import appointments as appts
 from engine import dispatch
 from engine.people.contacts import opt_out
 from engine.store.models import channels, message_events, preferences, templates
-from engine.populate import refresh_appointment
+from engine.reminders.populate import refresh_appointment
 from engine.store.runtime import Runtime, install
 from providers.sandbox.provider import SandboxProvider
 from tests.conftest import IS_POSTGRES

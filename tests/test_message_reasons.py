@@ -304,7 +304,7 @@ def _failed_and_cancelled(rt, slug: str) -> World:
     world.appointment(contact, APPOINTMENT)
     other = world.appointment(contact, local(2026, 12, 10, 14, 0))
     from engine.people import appointments as appts
-    from engine.populate import refresh_appointment
+    from engine.reminders.populate import refresh_appointment
 
     with rt.db.begin() as conn:
         appts.cancel(conn, world.org_id, other, source="clinic")

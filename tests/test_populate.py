@@ -12,7 +12,7 @@ from engine.people import appointments as appts
 from engine import dispatch
 from engine.people.contacts import opt_out
 from engine.store.models import contacts, message_events, messages
-from engine.populate import DEFAULT_HORIZON, populate, populate_org, refresh_appointment
+from engine.reminders.populate import DEFAULT_HORIZON, populate, populate_org, refresh_appointment
 from tests.conftest import IS_POSTGRES
 from tests.factories import World, local
 

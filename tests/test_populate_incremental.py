@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 
 from engine.people import appointments as appts
 from engine.store.models import appointments, message_events, reminder_rules
-from engine.populate import DEFAULT_HORIZON, populate, populate_changed
+from engine.reminders.populate import DEFAULT_HORIZON, populate, populate_changed
 from tests.factories import World, local
 
 UTC = timezone.utc

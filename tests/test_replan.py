@@ -1,5 +1,5 @@
 """A change of a rule or of the org's sending window moves the reminders already queued
-(engine.rules.reflect_rule_changes → engine.replan.replace_pending), in the caller's transaction:
+(engine.reminders.rules.reflect_rule_changes → engine.reminders.replan.replace_pending), in the caller's transaction:
 a changed offset recomputes the time, a changed window re-places it, a switched-off kind cancels;
 rows a worker holds, retries and other orgs' rows are left alone; the work is set-based."""
 
@@ -11,8 +11,8 @@ from sqlalchemy import event, func, select, update
 
 from engine import dispatch
 from engine.store.models import message_events, messages, orgs, reminder_rules
-from engine.replan import REPLANNED
-from engine.rules import RULE_CHANGED, reflect_rule_changes, write_rule_kinds
+from engine.reminders.replan import REPLANNED
+from engine.reminders.rules import RULE_CHANGED, reflect_rule_changes, write_rule_kinds
 from tests.factories import World, local
 
 UTC = timezone.utc

@@ -8,7 +8,7 @@ import threading
 from datetime import timedelta
 
 from engine import scheduler as scheduler_module
-from engine.populate import PopulateResult
+from engine.reminders.populate import PopulateResult
 from engine.scheduler import CHANGED_SINCE_MARGIN, FULL_POPULATE_EVERY, Scheduler
 from tests.factories import World, local
 

@@ -1,4 +1,4 @@
-"""Tests for engine.windows (send windows, holidays, DST, placement)."""
+"""Tests for engine.reminders.windows (send windows, holidays, DST, placement)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine.windows import (
+from engine.reminders.windows import (
     MAX_SEARCH_DAYS,
     Placement,
     WindowPolicy,
@@ -319,7 +319,7 @@ def test_state_holiday_sp_only():
 
 
 def test_holiday_cache_is_used():
-    from engine.windows import _holiday_dates
+    from engine.reminders.windows import _holiday_dates
 
     is_allowed_day(WindowPolicy(state="MG"), date(2027, 1, 4))
     before = _holiday_dates.cache_info()

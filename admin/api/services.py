@@ -23,7 +23,7 @@ from engine.flows.issues import FlowIssue
 from engine.store.models import appointments, contacts, enrollments, messages, preferences
 from engine.outbox import enqueue, find_id
 from engine.privacy import addresses
-from engine.populate import plan_new, refresh_appointment
+from engine.reminders.populate import plan_new, refresh_appointment
 from engine.words.reasons import row_reason, status_label
 from gateway.phones import normalize_phone
 

@@ -8,7 +8,7 @@ Semantics the page keeps (SPEC §4, reference 6.3 "Regras de Envio"):
   only turns kinds on or off: kinds still on keep their order, kinds turned on go to the end (in
   the grid's column order); the edit form is where the order itself is set;
 - one "Salvar configurações" saves every toggle and the sending window in one transaction, with
-  its audit rows, and makes the queue match in that same transaction (engine.rules.
+  its audit rows, and makes the queue match in that same transaction (engine.reminders.rules.
   reflect_rule_changes): reminders still queued for the coming appointments are re-placed at
   their new time, those of a rule or kind switched off are cancelled, a rule switched on gets its
   reminders; the message says how many of each. Any validation error saves nothing;
@@ -44,8 +44,8 @@ from engine.store.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.rules import QueueChange, reflect_rule_changes, write_rule_kinds
-from engine.windows import parse_hhmm, window_policy
+from engine.reminders.rules import QueueChange, reflect_rule_changes, write_rule_kinds
+from engine.reminders.windows import parse_hhmm, window_policy
 
 TRIGGERS = [("before_start", _l("Antes do início")), ("after_start", _l("Depois do início")),
             ("on_create", _l("Ao agendar")), ("on_cancel", _l("Ao cancelar"))]

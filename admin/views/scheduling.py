@@ -77,7 +77,7 @@ from engine.store.models import (
     inbound_messages,
     messages,
 )
-from engine.populate import DEFAULT_HORIZON, refresh_appointment
+from engine.reminders.populate import DEFAULT_HORIZON, refresh_appointment
 from engine.privacy import addresses
 from gateway.phones import InvalidPhone, normalize_phone
 

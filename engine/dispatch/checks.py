@@ -29,7 +29,7 @@ from engine.pacing import DbPacingStore
 from engine.render import TemplateError
 from engine.store.runtime import Runtime
 from engine.templates import MissingAddress, render_message
-from engine.windows import earliest_allowed_after, is_allowed, policy_for
+from engine.reminders.windows import earliest_allowed_after, is_allowed, policy_for
 from gateway import registry
 from gateway.crypto import CryptoError
 from gateway.pacing import PacingPolicy, Reservation

@@ -154,7 +154,7 @@ def _fallback(conn: Connection, msg: Any) -> int | None:
         return None
     from engine.dispatch.batch import refusal
     from engine.outbox import enqueue
-    from engine.populate import plan_new
+    from engine.reminders.populate import plan_new
 
     kinds = conn.execute(
         select(reminder_rule_kinds.c.kind).where(reminder_rule_kinds.c.org_id == msg.org_id,

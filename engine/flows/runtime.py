@@ -37,7 +37,7 @@ from engine.flows.versions import graph_of
 from engine.inbox import open_inbox_item
 from engine.store.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
 from engine.outbox import enqueue
-from engine.populate import plan_new
+from engine.reminders.populate import plan_new
 from engine.store.runtime import Runtime
 
 log = logging.getLogger(__name__)

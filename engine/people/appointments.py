@@ -181,7 +181,7 @@ class ReminderOutlook:
 
 
 def reminder_outlook(conn: Connection, org_id: int, appointment_id: int, *, horizon: timedelta) -> ReminderOutlook:
-    """After a populate of the appointment (engine.populate.refresh_appointment): how many of its
+    """After a populate of the appointment (engine.reminders.populate.refresh_appointment): how many of its
     reminders for the current time are queued, and each active rule that sends nothing, with
     the reason — the time it was meant for has passed, no consent, no working channel, no
     address. A rule whose reminder is simply not due yet (beyond `horizon`) is not skipped."""
@@ -216,7 +216,7 @@ def reminder_outlook(conn: Connection, org_id: int, appointment_id: int, *, hori
 
 class _WhyNot:
     """Why populate chose no channel kind for a rule of this appointment (same conditions as
-    engine.populate._insert_reminders, asked one by one to name the one that failed)."""
+    engine.reminders.populate._insert_reminders, asked one by one to name the one that failed)."""
 
     def __init__(self, conn: Connection, org_id: int, appt: Any) -> None:
         contact = conn.execute(select(contacts).where(contacts.c.org_id == org_id,

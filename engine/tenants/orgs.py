@@ -1,5 +1,5 @@
 """Tenants and their people: orgs and users (the sending window an org's settings imply is
-`engine.windows.policy_for`)."""
+`engine.reminders.windows.policy_for`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from engine.core import clock
 from engine.core.errors import DomainError
 from engine.store.models import orgs, users
-from engine.windows import window_policy
+from engine.reminders.windows import window_policy
 
 ROLES = ("owner", "manager", "agent")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")

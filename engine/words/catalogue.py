@@ -470,7 +470,7 @@ CATALOGUE: dict[str, Text] = {
     "conversation_already_sent": N_("Esta resposta já tinha sido enviada; nada foi enviado de novo."),
     "conversation_template_not_needed": N_("A conversa está aberta: escreva a resposta, sem precisar do modelo."),
     "conversation_reply_queued": N_("A resposta foi para a fila de envio e sai pelo mesmo canal em instantes."),
-    # --- why a reminder of an appointment does not go (engine/windows.py skip reasons, and
+    # --- why a reminder of an appointment does not go (engine/reminders/windows.py skip reasons, and
     # engine/people/appointments.reminder_outlook for the rules that queued nothing) ------------------
     "too_late": N_("A hora deste lembrete já tinha passado quando ele entrou na fila; ele não é enviado."),
     "no_allowed_instant": N_("Não há horário de envio permitido entre agora e o início da sessão (janela de envio da clínica)."),
@@ -544,7 +544,7 @@ CATALOGUE: dict[str, Text] = {
     "waba_status_pending_deletion": N_("sendo excluído"),
     "waba_status_deleted": N_("excluído"),
     "waba_status_limit_exceeded": N_("acima do limite de modelos"),
-    # --- a change of rules or of the sending window (engine/rules.py, engine/replan.py) ----------
+    # --- a change of rules or of the sending window (engine/reminders/rules.py, engine/reminders/replan.py) ----------
     "rule_changed": N_("A regra deste lembrete foi desligada ou deixou de usar este canal; "
                        "o lembrete foi cancelado."),
     "replanned": N_("A regra deste lembrete ou o horário permitido da clínica mudou; o lembrete foi reagendado."),

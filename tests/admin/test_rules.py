@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from admin.views.rules import timing_label, toggled_kinds
 from engine.store.models import audit_log, messages, orgs, reminder_rule_kinds, reminder_rules
 from engine.tenants.orgs import create_user
-from engine.rules import RULE_CHANGED
+from engine.reminders.rules import RULE_CHANGED
 from tests.admin.conftest import csrf, login
 from tests.factories import World
 

@@ -40,7 +40,7 @@ from engine.people.contacts import create_contact
 from engine.inbound import receive
 from engine.store.models import messages
 from engine.tenants.orgs import create_org, create_user
-from engine.populate import refresh_appointment
+from engine.reminders.populate import refresh_appointment
 from gateway.contract import WebhookRequest
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import sandbox_headers

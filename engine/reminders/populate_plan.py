@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from engine.store.db import UTCDateTime
 from engine.store.models import messages
-from engine.windows import WindowPolicy, nominal_due, place
+from engine.reminders.windows import WindowPolicy, nominal_due, place
 
 #: After-start messages (a follow-up after the session) may still go out this long after due.
 AFTER_START_VALIDITY = timedelta(days=1)
@@ -41,7 +41,7 @@ _sqlite_plan = Table(
 
 
 def nominal_and_deadline(row: Any, org_timezone: str) -> tuple[datetime, datetime | None]:
-    """When a message is meant to go, and after when it is useless (shared with engine/replan.py).
+    """When a message is meant to go, and after when it is useless (shared with engine/reminders/replan.py).
 
     `row` carries the message's `appointment_starts_at`, `created_at`, `nominal_due_at` and
     `expires_at`, its rule's `trigger` and `offset_minutes`, and its appointment's `timezone`.

@@ -66,7 +66,7 @@ from engine.store.models import (
     reminder_rules,
 )
 from engine.outbox import cancel_open, record_events, transition_where
-from engine.populate_plan import (  # noqa: F401 - re-exported (engine/replan.py)
+from engine.reminders.populate_plan import (  # noqa: F401 - re-exported (engine/reminders/replan.py)
     AFTER_START_VALIDITY,
     PlanCache,
     apply_decisions,
@@ -76,7 +76,7 @@ from engine.populate_plan import (  # noqa: F401 - re-exported (engine/replan.py
     plan_source,
 )
 from engine.privacy.addresses import refused_clause
-from engine.windows import WindowPolicy, policy_for
+from engine.reminders.windows import WindowPolicy, policy_for
 
 log = logging.getLogger(__name__)
 

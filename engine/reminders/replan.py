@@ -27,8 +27,8 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.store.models import appointments, messages, orgs, reminder_rules
 from engine.outbox import record_events
-from engine.populate import LIVE_STATUSES, PLAN_BATCH, nominal_and_deadline
-from engine.windows import place, policy_for
+from engine.reminders.populate import LIVE_STATUSES, PLAN_BATCH, nominal_and_deadline
+from engine.reminders.windows import place, policy_for
 
 #: The reason a re-placed reminder's `planned` event carries (engine/words/catalogue.py says it).
 REPLANNED = "replanned"

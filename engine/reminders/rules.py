@@ -11,8 +11,8 @@ from sqlalchemy.engine import Connection
 
 from engine.store.models import OPEN_STATUSES, messages, reminder_rule_kinds, reminder_rules
 from engine.outbox import transition_where
-from engine.populate import DEFAULT_HORIZON, populate_org
-from engine.replan import replace_pending
+from engine.reminders.populate import DEFAULT_HORIZON, populate_org
+from engine.reminders.replan import replace_pending
 
 #: Why a reminder was cancelled because its rule was switched off or lost that channel kind.
 RULE_CHANGED = "rule_changed"
@@ -44,7 +44,7 @@ def reflect_rule_changes(conn: Connection, oid: int, rule_ids: Sequence[int],
        rule back on queues them anew (populate never does this by itself, and dispatch does not
        look at the rule again).
     2. Queued reminders of those rules (of every rule, when `window_changed`) are re-placed at
-       the time the rule and the window now imply (engine/replan.py).
+       the time the rule and the window now imply (engine/reminders/replan.py).
     3. The org is populated, as after an appointment change: a rule switched on, or the next kind
        of a rule that lost its first, gets its reminders now rather than at the scheduler's next
        pass (pass the scheduler's horizon, so that this pass covers what that one would).
