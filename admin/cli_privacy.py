@@ -84,7 +84,7 @@ def contacts_consent(org_slug: str, contact_id: int) -> None:
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
 def contacts_duplicates(org_slug: str, limit: int) -> None:
     from engine.tenants.orgs import org_by_slug
-    from engine.privacy import addresses
+    from engine.queue import address_optouts as addresses
 
     cli = _cli()
     rt = cli._runtime()

@@ -45,8 +45,8 @@ UTC = timezone.utc
 ENGINE_FUNCS = (
     ("engine/dispatch/send.py", "send_batch"), ("engine/dispatch/checks.py", "prepare"),
     ("engine/dispatch/batch.py", "load"), ("engine/dispatch/outcomes.py", "record_sent"),
-    ("engine/outbox.py", "transition"),
-    ("engine/outbox.py", "record_events"), ("engine/templates.py", "render_message"),
+    ("engine/queue/outbox.py", "transition"),
+    ("engine/queue/outbox.py", "record_events"), ("engine/templates.py", "render_message"),
     ("engine/templates.py", "find_template"), ("engine/render.py", "reminder_variables"),
     ("engine/render.py", "render_text"), ("engine/tenants/channels.py", "record"), ("engine/tenants/channels.py", "default_channel"),
     ("engine/tenants/channels.py", "get"), ("engine/tenants/orgs.py", "policy_for"),

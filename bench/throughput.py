@@ -928,7 +928,7 @@ def populate_breakdown(profiler: Any, wall: float) -> dict[str, float]:
         "plan_new (all)": ("engine/reminders/populate.py", "plan_new"),
         "plan_new: windows.place": ("engine/reminders/windows.py", "place"),
         "plan_new: nominal_due": ("engine/reminders/windows.py", "nominal_due"),
-        "plan_new + insert: record_events": ("engine/outbox.py", "record_events"),
+        "plan_new + insert: record_events": ("engine/queue/outbox.py", "record_events"),
         "all SQL: psycopg Cursor.execute": ("psycopg/cursor.py", "execute"),
         "all SQL: psycopg Cursor.executemany": ("psycopg/cursor.py", "executemany"),
     }

@@ -29,10 +29,10 @@ from sqlalchemy.sql.elements import ColumnElement
 from engine.core import clock
 from engine.people.appointments import LIVE
 from engine.tenants.channels import default_channel
-from engine.conversation_window import conversation_open
+from engine.queue.conversation_window import conversation_open
 from engine.flows.lifecycle import CLOCKED
 from engine.store.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from engine.templates import find_template
 from gateway.webhook_body import clean_text
 

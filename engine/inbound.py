@@ -25,7 +25,7 @@ from engine.people.contacts import find_all_by_address, opt_out
 from engine.store.dialect import insert_ignore
 from engine.flows.replies import on_reply
 from engine.core.ids import valid_id
-from engine.inbox import open_inbox_item
+from engine.queue.inbox import open_inbox_item
 from engine.words.keywords import classify, parse_keywords
 from engine.store.models import (
     CHANNEL_KINDS,
@@ -38,9 +38,9 @@ from engine.store.models import (
     preferences,
     webhook_events,
 )
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from engine.reminders.populate import refresh_appointment
-from engine.privacy.addresses import block_sender
+from engine.queue.address_optouts import block_sender
 from engine.core.redact import redact
 from engine.store.runtime import Runtime
 from engine.statuses import apply_status

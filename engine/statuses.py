@@ -19,7 +19,7 @@ from engine.core import clock
 from engine.people.contacts import opt_out
 from engine.store.dialect import insert_ignore
 from engine.store.models import early_statuses, messages
-from engine.outbox import transition
+from engine.queue.outbox import transition
 from engine.store.runtime import Runtime
 from gateway.contract import StatusEvent
 

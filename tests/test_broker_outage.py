@@ -128,7 +128,7 @@ def test_claims_the_broker_did_not_take_are_released_free_and_nothing_is_claimed
 
 
 def test_a_message_hand_over_that_fails_claims_no_enrollment(quiet_rt, due, clock):
-    from engine.outbox import enqueue
+    from engine.queue.outbox import enqueue
 
     rt = quiet_rt
     run = _runs(rt, due)[due[0]]

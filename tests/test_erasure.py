@@ -30,7 +30,8 @@ from engine.store.models import (
     preferences,
     sandbox_messages,
 )
-from engine.privacy import addresses, consent, erasure
+from engine.privacy import consent, erasure
+from engine.queue import address_optouts as addresses
 from gateway.crypto import Keyring
 from tests.conftest import TEST_KEY
 from tests.factories import World, local

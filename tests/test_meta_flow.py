@@ -25,7 +25,7 @@ from admin.app import create_app
 from engine import dispatch
 from engine.tenants.channels import create_channel
 from engine.store.models import appointments, messages, templates
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World
 from tests.fakes.meta import notes_error, sample_json, templates_answer

@@ -23,7 +23,7 @@ from engine import dispatch
 from engine.core import metrics
 from engine.flows.ai.builtin import BuiltinAI
 from engine.store.models import PROVIDERS, channels
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from engine.store.runtime import Runtime, install
 from engine.scheduler import Scheduler
 from providers.sandbox.provider import SandboxProvider

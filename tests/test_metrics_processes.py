@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from engine.store.models import messages
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from tests.conftest import BROKER_URL
 from tests.factories import World
 from tests.processes import Processes, child_pids, flush_broker, lembra_env, wait_until

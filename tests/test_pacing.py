@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import select
 
 from engine.store.models import message_events, messages
-from engine.pacing import DbPacingStore
+from engine.queue.pacing import DbPacingStore
 from gateway.pacing import PacingPolicy
 from tests.processes import wait_until
 from tests.test_processes import REAL_BROKER, _start_scheduler, _start_workers, _status_counts, backlog, procs  # noqa: F401

@@ -21,7 +21,7 @@ from sqlalchemy import func, select, update
 
 from engine.tenants.channels import create_channel
 from engine.store.models import channels, contacts, inbox_items, messages, sandbox_messages
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World
 from tests.fakes.server import FakeServer, Recorded, Reply

@@ -33,7 +33,7 @@ from engine.store.models import (
     sandbox_messages,
     webhook_events,
 )
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from engine.privacy import retention
 from engine.scheduler import Scheduler
 from tests.factories import World, local

@@ -108,7 +108,7 @@ def two_clinics(rt, clock, monkeypatch) -> tuple[Any, Any]:
     """Two clinics with a row in every org table: the security probe's world (tests/security), plus
     the rows no page shows (a day's retention run, a paced channel's counters)."""
     from admin.app import create_app
-    from engine.pacing import DbPacingStore
+    from engine.queue.pacing import DbPacingStore
     from engine.privacy.retention import DailyRetention
     from gateway.pacing import PacingPolicy
     from tests.security import conftest as probe

@@ -1,6 +1,6 @@
 """Privacy endpoints of `/api/v1` (LGPD): erase a contact, export its consent evidence. (The
 contact fields that say when an address was refused and which contacts share the phone come
-from `engine.privacy.addresses.contact_fields`.)
+from `engine.queue.address_optouts.contact_fields`.)
 
 Importing this module adds its routes to the API blueprint (`admin.api.core.bp`) and declares
 them for the OpenAPI document, like admin/api/views.py does for the others."""

@@ -21,8 +21,8 @@ from engine.people.contacts import ExternalIdTaken, create_contact, set_consent
 from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue
 from engine.store.models import appointments, contacts, enrollments, messages, preferences
-from engine.outbox import enqueue, find_id
-from engine.privacy import addresses
+from engine.queue.outbox import enqueue, find_id
+from engine.queue import address_optouts as addresses
 from engine.reminders.populate import plan_new, refresh_appointment
 from engine.words.reasons import row_reason, status_label
 from gateway.phones import normalize_phone

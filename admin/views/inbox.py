@@ -1,4 +1,4 @@
-"""Pendências: the operator's inbox (engine.inbox) — things a person must look at and then mark
+"""Pendências: the operator's inbox (engine.queue.inbox) — things a person must look at and then mark
 resolved: messages given up on or with an unknown outcome, broken channels, patients who
 cancelled by replying.
 
@@ -36,7 +36,7 @@ from admin.views.words import code_text
 from engine.core import clock
 from engine.flows import queries
 from engine.conversations import unhandled_count
-from engine.inbox import resolve_inbox_item
+from engine.queue.inbox import resolve_inbox_item
 from engine.store.models import Appointment, Channel, Contact, InboxItem, Message, User
 
 #: What engine code opens (grep open_inbox_item), in the operator's words.

@@ -37,7 +37,7 @@ from engine.store.models import (
     User,
     message_events,
 )
-from engine.outbox import transition
+from engine.queue.outbox import transition
 from engine.templates import message_variables
 
 RETRYABLE = ("failed", "dead", "unknown", "expired")
@@ -148,7 +148,7 @@ class _MessageBase(PatientSearchMixin, TenantModelView):
 
 
 class QueueView(_MessageBase):
-    """Fila: every message of the org, with cancel and retry through engine.outbox.transition."""
+    """Fila: every message of the org, with cancel and retry through engine.queue.outbox.transition."""
 
     column_list = ("id", "contact", "purpose", "channel_kind", "status", "due_at", "sent_at", "attempts", "reason")
     column_details_list = ("id", "contact", "purpose", "channel_kind", "status", "template_key", "due_at", "sent_at",

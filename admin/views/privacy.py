@@ -22,7 +22,8 @@ from admin.i18n import _, _l
 from admin.views.base import KIND_LABELS, is_editor, local_dt, org_id, runtime, write_audit
 from engine.people.contacts import opt_out
 from engine.store.models import CHANNEL_KINDS, address_optouts, contacts
-from engine.privacy import addresses, consent, erasure
+from engine.privacy import consent, erasure
+from engine.queue import address_optouts as addresses
 
 ADDRESS_LABELS = {"phone": _l("Telefone"), "email": _l("E-mail")}
 

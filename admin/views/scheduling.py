@@ -78,7 +78,7 @@ from engine.store.models import (
     messages,
 )
 from engine.reminders.populate import DEFAULT_HORIZON, refresh_appointment
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 from gateway.phones import InvalidPhone, normalize_phone
 
 STATUS_CHOICES = [("scheduled", _l("Agendado")), ("confirmed", _l("Confirmado")), ("cancelled", _l("Cancelado")),

@@ -201,7 +201,7 @@ def lateness(kind: str, due_at: datetime | None, sent_at: datetime) -> None:
 
 @_quiet
 def message_events(event: str, count: int) -> None:
-    """`count` messages recorded `event` (engine.outbox.record_events: every status change)."""
+    """`count` messages recorded `event` (engine.queue.outbox.record_events: every status change)."""
     if count:
         _metric("message_events", _bounded(event, MESSAGE_EVENTS)).inc(count)
 

@@ -18,7 +18,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
 from engine.store.dialect import in_pairs, in_values
-from engine.conversation_window import last_inbound, window_open
+from engine.queue.conversation_window import last_inbound, window_open
 from engine.store.models import (
     address_optouts,
     appointments,
@@ -30,7 +30,7 @@ from engine.store.models import (
     preferences,
     reminder_rules,
 )
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 from engine.templates import find_templates
 
 #: The Meta customer-service window: free text only within this long after the patient wrote.
@@ -133,7 +133,7 @@ def refusals(conn: Connection, contact_rows: dict[Key, Any], wanted: set[tuple[i
              keyring: Any = None) -> dict[tuple[int, int, str], str | None]:
     """For each (org, contact, kind): why the contact may not get a message of that kind — no
     consent or their own opt-out (`opted_out`), or a refusal of one of their addresses by
-    whichever contact carried it (`address_opted_out`, engine/privacy/addresses.py) — or None."""
+    whichever contact carried it (`address_opted_out`, engine/queue/address_optouts.py) — or None."""
     if not wanted:
         return {}
     org_ids = sorted({org for org, _, _ in wanted})

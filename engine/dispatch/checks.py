@@ -23,9 +23,9 @@ from engine.dispatch import batch as batches
 from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
 from engine.dispatch.ready import Ready
 from engine.optout_links import OptOutTarget, make_url
-from engine.outbox import transition
-from engine.pacing import MAX_WAIT as MAX_PACING_WAIT
-from engine.pacing import DbPacingStore
+from engine.queue.outbox import transition
+from engine.queue.pacing import MAX_WAIT as MAX_PACING_WAIT
+from engine.queue.pacing import DbPacingStore
 from engine.render import TemplateError
 from engine.store.runtime import Runtime
 from engine.templates import MissingAddress, render_message

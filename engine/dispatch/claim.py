@@ -12,9 +12,9 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.store.dialect import planner_setting
-from engine.inbox import open_inbox_item
+from engine.queue.inbox import open_inbox_item
 from engine.store.models import channels, messages
-from engine.outbox import record_event_rows, transition
+from engine.queue.outbox import record_event_rows, transition
 from engine.store.runtime import Runtime
 from gateway import registry
 

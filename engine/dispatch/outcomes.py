@@ -16,9 +16,9 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.tenants.channels import default_channel
-from engine.inbox import open_inbox_item
+from engine.queue.inbox import open_inbox_item
 from engine.store.models import channels, contacts, messages, reminder_rule_kinds
-from engine.outbox import transition, transition_where
+from engine.queue.outbox import transition, transition_where
 from engine.store.runtime import Runtime
 from gateway.errors import ProviderError
 
@@ -153,7 +153,7 @@ def _fallback(conn: Connection, msg: Any) -> int | None:
     if msg.rule_id is None or msg.appointment_id is None or msg.appointment_starts_at is None:
         return None
     from engine.dispatch.batch import refusal
-    from engine.outbox import enqueue
+    from engine.queue.outbox import enqueue
     from engine.reminders.populate import plan_new
 
     kinds = conn.execute(

@@ -18,7 +18,7 @@ from engine.core import clock, metrics
 from engine.store.dialect import insert_ignore
 from engine.flows.schema import NODE_TYPES
 from engine.store.models import enrollment_events, enrollments, messages
-from engine.outbox import cancel_open
+from engine.queue.outbox import cancel_open
 
 #: Statuses of an enrollment that is still in its flow (the partial unique index's set).
 LIVE = ("active", "waiting_reply", "paused_handoff")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from sqlalchemy.engine import Connection
 
-from engine.conversation_window import conversation_open
+from engine.queue.conversation_window import conversation_open
 from engine.tenants.channels import default_channel
 from engine.flows import conditions, facts, triggers
 from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
@@ -25,7 +25,7 @@ from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.graph import GraphIndex
 from engine.words.keywords import parse_keywords
 from engine.store.models import preferences
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 from sqlalchemy import select
 
 #: The kinds tried, in order, when a node does not say.

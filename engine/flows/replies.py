@@ -21,7 +21,7 @@ from engine.flows import lifecycle
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
 from engine.store.models import enrollments, flow_pointers, inbound_messages, messages
-from engine.outbox import cancel_open
+from engine.queue.outbox import cancel_open
 
 
 def _pointer(conn: Connection, org_id: int, pointer_id: int) -> Any:

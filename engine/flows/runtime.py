@@ -34,9 +34,9 @@ from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for
 from engine.flows.facts import humans_holding
 from engine.flows.versions import graph_of
-from engine.inbox import open_inbox_item
+from engine.queue.inbox import open_inbox_item
 from engine.store.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
-from engine.outbox import enqueue
+from engine.queue.outbox import enqueue
 from engine.reminders.populate import plan_new
 from engine.store.runtime import Runtime
 

@@ -33,7 +33,7 @@ from engine.store.models import (
     messages,
     preferences,
 )
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from engine.store.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 
 LIVE = ("scheduled", "confirmed")
 

@@ -14,8 +14,8 @@ from engine.core import clock
 from engine.store.dialect import insert_ignore
 from engine.core.errors import DomainError
 from engine.store.models import CHANNEL_KINDS, contacts, messages, preferences
-from engine.outbox import cancel_open
-from engine.privacy import addresses
+from engine.queue.outbox import cancel_open
+from engine.queue import address_optouts as addresses
 from gateway.phones import InvalidPhone, normalize_phone
 
 #: How a patient can give consent at the clinic (`preferences.source` when the console records
@@ -114,7 +114,7 @@ def opt_out(
     evidence: str | None = None,
 ) -> list[int]:
     """Opt the contact out of `kinds` (all by default): preferences, the refused addresses for
-    the whole org (engine/privacy/addresses.py), every open message of those kinds cancelled,
+    the whole org (engine/queue/address_optouts.py), every open message of those kinds cancelled,
     and — when every kind is refused — every live enrollment cancelled.
     Returns the ids of the cancelled messages."""
     kinds = tuple(kinds)

@@ -41,7 +41,7 @@ from engine.store.db import Database
 from engine.core.errors import DomainError
 from engine.store.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, appointments, contacts, orgs, preferences
 from engine.reminders.populate import DEFAULT_HORIZON, populate_org
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 from engine.words.texts import N_, Text
 from gateway.phones import InvalidPhone, normalize_phone
 

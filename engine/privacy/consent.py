@@ -27,7 +27,7 @@ from engine.store.models import (
     inbound_messages,
     preferences,
 )
-from engine.privacy import addresses
+from engine.queue import address_optouts as addresses
 
 FORMAT = "lembra.consent-evidence/1"
 

@@ -13,7 +13,7 @@ everywhere, nothing more is sent to them, and what is left is a tombstone and th
   was sent to them, the run data their follow-ups kept, and the values in the audit trail's
   details about them (which fields changed, by whom and when stay);
 - keeps their refusals (`address_optouts`) recognisable without their address: an address no
-  other live contact of the org carries is kept only as a keyed hash (engine/privacy/addresses.py).
+  other live contact of the org carries is kept only as a keyed hash (engine/queue/address_optouts.py).
 
 The consent record of the tombstone (`preferences`: kinds, dates, sources) stays as evidence.
 Other contacts on the same phone (a family) keep their own data and messages.
@@ -39,8 +39,8 @@ from engine.store.models import (
     messages,
     sandbox_messages,
 )
-from engine.outbox import cancel_open
-from engine.privacy import addresses
+from engine.queue.outbox import cancel_open
+from engine.queue import address_optouts as addresses
 from engine.privacy.retention import anonymise_messages
 from gateway.crypto import Keyring
 

@@ -65,7 +65,7 @@ from engine.store.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.outbox import cancel_open, record_events, transition_where
+from engine.queue.outbox import cancel_open, record_events, transition_where
 from engine.reminders.populate_plan import (  # noqa: F401 - re-exported (engine/reminders/replan.py)
     AFTER_START_VALIDITY,
     PlanCache,
@@ -75,7 +75,7 @@ from engine.reminders.populate_plan import (  # noqa: F401 - re-exported (engine
     placement,
     plan_source,
 )
-from engine.privacy.addresses import refused_clause
+from engine.queue.address_optouts import refused_clause
 from engine.reminders.windows import WindowPolicy, policy_for
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.store.models import appointments, messages, orgs, reminder_rules
-from engine.outbox import record_events
+from engine.queue.outbox import record_events
 from engine.reminders.populate import LIVE_STATUSES, PLAN_BATCH, nominal_and_deadline
 from engine.reminders.windows import place, policy_for
 

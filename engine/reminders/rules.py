@@ -10,7 +10,7 @@ from sqlalchemy import String, and_, cast, delete, exists, false, insert, litera
 from sqlalchemy.engine import Connection
 
 from engine.store.models import OPEN_STATUSES, messages, reminder_rule_kinds, reminder_rules
-from engine.outbox import transition_where
+from engine.queue.outbox import transition_where
 from engine.reminders.populate import DEFAULT_HORIZON, populate_org
 from engine.reminders.replan import replace_pending
 

@@ -530,7 +530,7 @@ contact_events = ContactEvent.__table__
 
 
 class AddressOptout(Base):
-    """An opt-out that follows the address (engine/privacy/addresses.py): the plain normalised
+    """An opt-out that follows the address (engine/queue/address_optouts.py): the plain normalised
     value while a live contact carries it, only its keyed hash once the last one is erased."""
 
     __tablename__ = "address_optouts"

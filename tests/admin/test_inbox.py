@@ -10,7 +10,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 
 from engine.core import clock as engine_clock
-from engine.inbox import open_inbox_item
+from engine.queue.inbox import open_inbox_item
 from engine.store.models import audit_log, inbox_items, users
 from tests.admin.conftest import csrf
 

@@ -604,7 +604,7 @@ def test_appointment_events_start_their_flows(world, flows, rt, clock):
 
 
 def test_silence_starts_a_run_and_a_broken_premise_skips_it(world, flows, rt, clock):
-    from engine.outbox import enqueue
+    from engine.queue.outbox import enqueue
 
     contact = world.contact()
     flow = flows.flow(linear(node("inicio", "trigger"), node("msg", "action", mode="template", template="followup_checkin"),

@@ -37,7 +37,7 @@ from engine.tenants.channels import create_channel
 from engine.core.config import Settings
 from engine.people.contacts import opt_out
 from engine.flows.agents import create_agent
-from engine.inbox import open_inbox_item
+from engine.queue.inbox import open_inbox_item
 from engine.flows.contact_events import record_contact_event
 from engine.store.models import Base, audit_log, templates
 from engine.tenants.orgs import create_user

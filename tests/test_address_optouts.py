@@ -17,8 +17,8 @@ from engine.people.contacts import create_contact, opt_out
 from engine.people.imports import import_appointments
 from engine.inbound import process_inbound
 from engine.store.models import address_optouts, contacts, inbound_messages
-from engine.outbox import enqueue
-from engine.privacy import addresses
+from engine.queue.outbox import enqueue
+from engine.queue import address_optouts as addresses
 from tests.factories import World, local
 from tests.flows.helpers import Flows, linear, node
 
