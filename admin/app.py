@@ -36,7 +36,7 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
         LEMBRA_RUNTIME=rt,
     )
     if enqueue_inbound is None:
-        from engine.inbound import process_inbound
+        from engine.messaging.inbound import process_inbound
 
         def enqueue_inbound(ids: Sequence[int]) -> None:
             for inbound_id in ids:

@@ -1,9 +1,9 @@
 """`lembra templates …`: an org's message templates and the global defaults, each with the approved
-Meta template it sends outside WhatsApp's 24-hour window (engine/meta_templates.py); map a template
+Meta template it sends outside WhatsApp's 24-hour window (engine/messaging/meta_templates.py); map a template
 to one of the clinic's WABA, change its texts, list the WABA's templates. `register(main)` adds the
 group to the `lembra` command.
 
-Saves go through engine/template_edits (as the REST API's): a refusal prints every problem as the
+Saves go through engine/messaging/template_edits (as the REST API's): a refusal prints every problem as the
 catalogue's sentence and exits 1, nothing written; a Meta outage prints a warning and saves."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _mapping_line(mapping: Any, inherited: bool) -> str:
 
 
 def _findings(findings: Any) -> str:
-    from engine.template_edits import TEXT_FIELDS
+    from engine.messaging.template_edits import TEXT_FIELDS
 
     def where(part: str) -> str:
         return part if part in TEXT_FIELDS or part == "key" else f"meta.{part}" if part else "meta"
@@ -57,7 +57,7 @@ def templates_group() -> None:
 @templates_group.command("list", help="List the org's templates and the global defaults with their Meta mapping.")
 @click.option("--org", "org_slug", required=True)
 def templates_list(org_slug: str) -> None:
-    from engine import meta_templates, template_edits
+    from engine.messaging import meta_templates, template_edits
 
     rt = _cli()._runtime()
     with rt.db.connect() as conn:
@@ -78,7 +78,7 @@ def templates_list(org_slug: str) -> None:
 @click.option("--org", "org_slug", required=True)
 @click.argument("template_id", type=int)
 def templates_show(org_slug: str, template_id: int) -> None:
-    from engine import meta_templates, template_edits
+    from engine.messaging import meta_templates, template_edits
 
     rt = _cli()._runtime()
     with rt.db.connect() as conn:
@@ -105,7 +105,7 @@ def templates_show(org_slug: str, template_id: int) -> None:
 def _save(org_slug: str, template_id: int, changes: Any) -> None:
     """Save `changes` to the org's template (a default's id customises it first), the WABA read
     before the saving transaction opens."""
-    from engine import meta_templates, template_edits
+    from engine.messaging import meta_templates, template_edits
     from engine.tenants.audit import audit
 
     cli = _cli()
@@ -153,8 +153,8 @@ def _save(org_slug: str, template_id: int, changes: Any) -> None:
               help="Drop the template's own mapping: it sends its default's again.")
 def templates_map(org_slug: str, template_id: int, name: str | None, language: str | None, params: tuple[str, ...],
                   buttons: tuple[str, ...], use_default: bool) -> None:
-    from engine.meta_templates import MetaMapping
-    from engine.template_edits import Changes
+    from engine.messaging.meta_templates import MetaMapping
+    from engine.messaging.template_edits import Changes
 
     if use_default:
         if name or language or params or buttons:
@@ -188,7 +188,7 @@ def _read(path: str | None) -> str | None:
 @click.option("--html-file", default=None, metavar="FILE", help="The e-mail's HTML body, from a file.")
 def templates_update(org_slug: str, template_id: int, subject: str | None, body_file: str | None,
                      html_file: str | None) -> None:
-    from engine.template_edits import UNSET, Changes
+    from engine.messaging.template_edits import UNSET, Changes
 
     body, html = _read(body_file), _read(html_file)
     if subject is None and body is None and html is None:
@@ -202,7 +202,7 @@ def templates_update(org_slug: str, template_id: int, subject: str | None, body_
                                       "now), approved first: name, language, status, variables, buttons.")
 @click.option("--org", "org_slug", required=True)
 def templates_waba(org_slug: str) -> None:
-    from engine import meta_templates
+    from engine.messaging import meta_templates
     from engine.words.catalogue import describe
 
     cli = _cli()

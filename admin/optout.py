@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 from engine.people.contacts import opt_out
 from engine.store.models import contacts, orgs
-from engine.optout_links import read_token
+from engine.messaging.optout_links import read_token
 from engine.store.runtime import Runtime
 
 bp = Blueprint("optout", __name__)

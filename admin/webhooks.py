@@ -10,7 +10,7 @@ import logging
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from engine import inbound
+from engine.messaging import inbound
 from engine.core import metrics
 from engine.store.runtime import Runtime
 from gateway.contract import WebhookRequest

@@ -307,7 +307,7 @@ class StatementCounter:
 
 def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secret_keys: str,
                clinic: dict[str, int]) -> dict[str, Any]:
-    from engine import dispatch
+    from engine.messaging import dispatch
     from engine.flows import runtime as flows_runtime
     from engine.store.runtime import Runtime, install
 

@@ -43,12 +43,12 @@ UTC = timezone.utc
 
 #: Engine functions whose inclusive time per message is shown (file suffix, function name).
 ENGINE_FUNCS = (
-    ("engine/dispatch/send.py", "send_batch"), ("engine/dispatch/checks.py", "prepare"),
-    ("engine/dispatch/batch.py", "load"), ("engine/dispatch/outcomes.py", "record_sent"),
+    ("engine/messaging/dispatch/send.py", "send_batch"), ("engine/messaging/dispatch/checks.py", "prepare"),
+    ("engine/messaging/dispatch/batch.py", "load"), ("engine/messaging/dispatch/outcomes.py", "record_sent"),
     ("engine/queue/outbox.py", "transition"),
-    ("engine/queue/outbox.py", "record_events"), ("engine/templates.py", "render_message"),
-    ("engine/templates.py", "find_template"), ("engine/render.py", "reminder_variables"),
-    ("engine/render.py", "render_text"), ("engine/tenants/channels.py", "record"), ("engine/tenants/channels.py", "default_channel"),
+    ("engine/queue/outbox.py", "record_events"), ("engine/messaging/templates.py", "render_message"),
+    ("engine/messaging/templates.py", "find_template"), ("engine/messaging/render.py", "reminder_variables"),
+    ("engine/messaging/render.py", "render_text"), ("engine/tenants/channels.py", "record"), ("engine/tenants/channels.py", "default_channel"),
     ("engine/tenants/channels.py", "get"), ("engine/tenants/orgs.py", "policy_for"),
     ("engine/reminders/windows.py", "is_allowed"), ("engine/store/db.py", "begin"),
     ("sqlalchemy/engine/base.py", "_commit_impl"), ("sqlalchemy/pool/base.py", "_checkout"),
@@ -95,7 +95,7 @@ def micro(rt: Runtime, message_id: int, rounds: int = 2000) -> None:
     from sqlalchemy import select, text
 
     from engine.store.models import messages
-    from engine.render import render_text, reminder_variables
+    from engine.messaging.render import render_text, reminder_variables
 
     def timed(label: str, fn, k: int = rounds) -> None:  # type: ignore[no-untyped-def]
         fn()

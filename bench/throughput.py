@@ -26,7 +26,7 @@ What it does (see docs/benchmarks.md for the figures and how to read them):
 4. samples the RSS (peak per process, and at 25/50/75/100 % of the drain) and CPU time of the
    workers, the scheduler, the fake, PostgreSQL and Redis while they run;
 5. `--inline N` (default 1000): claims N more messages and sends them in this process through
-   `engine.dispatch.send_batch` (when the engine has it) or `send_one` per id, with every SQL
+   `engine.messaging.dispatch.send_batch` (when the engine has it) or `send_one` per id, with every SQL
    statement counted (an executemany counts as its parameter sets) and PostgreSQL's commits;
 6. with the fake, the bare wire (bench/wire.py): plain `requests` from the same W processes, each
    with as many threads as it has provider calls in flight, posting the body Lembra posted, for
@@ -1402,10 +1402,10 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
     """Claim `--inline` fresh messages and send them through the engine in this process.
 
     Like bench/flows.py --inline: no broker and no other process, so every SQL statement and
-    commit can be counted. It calls `engine.dispatch.send_batch(rt, ids)` with the ids the
+    commit can be counted. It calls `engine.messaging.dispatch.send_batch(rt, ids)` with the ids the
     scheduler would hand one actor (LEMBRA_SEND_BATCH, 25) when the engine has it, else
     `dispatch.send_one` per id, as the `send_messages` actor does."""
-    from engine import dispatch
+    from engine.messaging import dispatch
     from engine.core.config import Settings
     from engine.store.runtime import Runtime, install
 
@@ -1511,7 +1511,7 @@ def probe_body(args: argparse.Namespace, database_url: str, secret_keys: str, fa
     from engine.core.config import Settings
     from engine.store.models import appointments, contacts, messages, orgs
     from engine.store.runtime import Runtime
-    from engine.templates import render_message
+    from engine.messaging.templates import render_message
 
     settings = Settings.from_env({**engine_env(args, database_url, secret_keys), "BROKER_URL": "stub://"})
     rt = Runtime.build(settings)

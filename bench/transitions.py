@@ -17,7 +17,7 @@ message, in batches of 100 ids with one commit per step, as the scheduler and th
 It prints the backend's CPU time per message (read from /proc, so PostgreSQL must run on this
 machine) and the wall time. Everything else the pipeline asks of PostgreSQL (the reads before a
 send, the claim's search, autovacuum) is left out on purpose: this measures the writes a layout
-decides. The statements mirror engine/dispatch/claim.py, checks.py `_mark_sending` and
+decides. The statements mirror engine/messaging/dispatch/claim.py, checks.py `_mark_sending` and
 outcomes.py `record_sent`; they are written out here, so a change to those must be copied here.
 """
 

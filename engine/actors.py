@@ -10,7 +10,7 @@ import logging
 
 import dramatiq
 
-from engine import dispatch, inbound
+from engine.messaging import dispatch, inbound
 from engine.store import runtime
 from engine.flows.runtime import advance_claimed
 

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine.core import clock, metrics
-from engine import dispatch, inbound, statuses
+from engine.messaging import dispatch, inbound, statuses
 from engine.broker import BrokerUnavailable, connection_errors, ping
 from engine.core.config import Settings
 from engine.flows import runtime as flows
@@ -182,7 +182,7 @@ class Scheduler:
             ids = dispatch.claim_due(self.rt, limit=settings.claim_batch, max_in_flight=settings.max_in_flight,
                                      task=settings.send_batch)
             # A task the broker did not take stays claimed until its lease runs out; the sweep
-            # then puts it back free (engine/dispatch/claim.py), and no more is claimed meanwhile.
+            # then puts it back free (engine/messaging/dispatch/claim.py), and no more is claimed meanwhile.
             for task in in_tasks(ids, settings.send_batch):
                 self._hand(self.enqueue, task)
             claimed += len(ids)

@@ -12,10 +12,10 @@ from datetime import timedelta
 from sqlalchemy import insert, select, update
 
 from engine.core import clock as engine_clock
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.people.contacts import create_contact, opt_out
 from engine.people.imports import import_appointments
-from engine.inbound import process_inbound
+from engine.messaging.inbound import process_inbound
 from engine.store.models import address_optouts, contacts, inbound_messages
 from engine.queue.outbox import enqueue
 from engine.queue import address_optouts as addresses
@@ -224,7 +224,7 @@ def test_only_the_contact_that_refused_lifts_its_addresses_refusal_by_agreeing_a
 
 def test_the_public_opt_out_page_blocks_the_email_for_every_contact_on_it(rt, clock):
     from admin.app import create_app
-    from engine.optout_links import OptOutTarget, make_token
+    from engine.messaging.optout_links import OptOutTarget, make_token
 
     world = clinic(rt)
     first = world.contact(phone="+5516911112222", email="ana@example.com")

@@ -1,4 +1,4 @@
-"""engine.conversations.appointments_for: which appointment a reply is about, for a whole page
+"""engine.messaging.conversations.appointments_for: which appointment a reply is about, for a whole page
 of replies in three queries (the console's Conversas lists 50 at a time)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from sqlalchemy import event, update
 
-from engine.conversations import appointments_for
+from engine.messaging.conversations import appointments_for
 from engine.store.models import messages
 from tests.factories import World
 

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.store.models import templates
-from engine.render import reminder_variables, render_text
+from engine.messaging.render import reminder_variables, render_text
 from tests.factories import World
 
 STARTS_AT = datetime(2026, 3, 23, 17, 0, tzinfo=UTC)  # a Monday, 14:00 in São Paulo
@@ -144,7 +144,7 @@ def test_the_readme_tells_a_clinic_on_meta_which_templates_to_create_as_the_defa
     import re
     from pathlib import Path
 
-    from engine.meta_templates import BUTTON_TITLES, INITIATED_KEYS
+    from engine.messaging.meta_templates import BUTTON_TITLES, INITIATED_KEYS
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     table = readme.split("<!-- meta-templates:", 1)[1].split("<!-- /meta-templates -->", 1)[0]

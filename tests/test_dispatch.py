@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import event, insert, select, update
 
 from engine.people import appointments as appts
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.people.contacts import opt_out
 from engine.store.models import channels, message_events, preferences, templates
 from engine.reminders.populate import refresh_appointment

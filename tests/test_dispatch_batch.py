@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.pool import NullPool
 
 from engine.people import appointments as appts
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.channels import create_channel
 from engine.core.config import Settings
 from engine.store.models import message_events
@@ -460,7 +460,7 @@ def test_a_batch_costs_its_checks_once_and_one_transaction_per_wave(rt, clock):
 
 
 def test_a_task_larger_than_the_backends_cap_is_sent_in_slices_each_message_once(rt, clock, monkeypatch):
-    from engine.dispatch import send
+    from engine.messaging.dispatch import send
 
     monkeypatch.setattr(send, "MAX_BATCH", 10)
     monkeypatch.setattr(send, "SQLITE_MAX_BATCH", 10)
@@ -503,7 +503,7 @@ def test_two_orgs_in_one_batch_each_get_their_own_channel_template_and_name(rt, 
 def test_a_message_that_breaks_the_batch_costs_only_itself(rt, clock, monkeypatch):
     world, ids = claimed_on_sandbox(rt, clock, 4)
 
-    from engine.dispatch import checks
+    from engine.messaging.dispatch import checks
 
     real = checks.render_message
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from sqlalchemy import func, select
 
 from admin.app import create_app
-from engine import dispatch, statuses
+from engine.messaging import dispatch, statuses
 from engine.tenants.channels import create_channel
 from engine.store.models import early_statuses, messages
 from engine.store.runtime import Runtime

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.channels import create_channel
 from engine.core.config import ENV_VARS, ConfigError, Settings
 from engine.core.errors import DomainError

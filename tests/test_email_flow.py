@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import select
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.channels import create_channel
 from engine.store.models import preferences
 from tests.factories import World

@@ -17,10 +17,10 @@ from sqlalchemy import func, insert, select
 from admin.cli import main
 from admin.cli_privacy import register
 from engine.core import clock as engine_clock
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.audit import audit
 from engine.people.contacts import create_contact
-from engine.inbound import process_inbound
+from engine.messaging.inbound import process_inbound
 from engine.store.models import (
     address_optouts,
     audit_log,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from engine import dispatch
-from engine.inbound import process_inbound, receive
+from engine.messaging import dispatch
+from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import (
     appointments,
     channels,
@@ -540,7 +540,7 @@ def test_shared_number_sair_stops_every_message_to_that_number(rt, clock):
 def test_connection_updates_break_and_restore_the_channel(rt, clock):
     from sqlalchemy import select as _select
 
-    from engine.inbound import apply_connection
+    from engine.messaging.inbound import apply_connection
     from engine.store.models import channels as channels_table
     from engine.store.models import inbox_items
     from gateway.contract import ConnectionEvent

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from admin.cli import main
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.words.catalogue import CATALOGUE
 from engine.store.models import APPOINTMENT_STATUSES, MESSAGE_STATUSES
 from engine.words.reasons import (
@@ -165,8 +165,8 @@ def event_names() -> set[str]:
 
 
 def reply_outcomes() -> tuple[set[str], set[str]]:
-    """The outcomes engine/inbound.py's `_act` returns, and the prefixes of those built at run time."""
-    tree = ast.parse((ROOT / "engine" / "inbound.py").read_text())
+    """The outcomes engine/messaging/inbound.py's `_act` returns, and the prefixes of those built at run time."""
+    tree = ast.parse((ROOT / "engine" / "messaging" / "inbound.py").read_text())
     [act] = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "_act"]
     outcomes: set[str] = set()
     prefixes: set[str] = set()

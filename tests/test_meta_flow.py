@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.channels import create_channel
 from engine.store.models import appointments, messages, templates
 from engine.queue.outbox import enqueue
@@ -187,8 +187,8 @@ def test_outside_the_window_without_template_fails_explicitly(rt, clock):
 def _customise(rt, world: World, channel_id: int, meta: Any) -> int:
     """The clinic's own WhatsApp reminder, saved the way the API and the CLI save it: the WABA read
     from the Graph fake first, then the save checked against it."""
-    from engine import meta_templates
-    from engine.template_edits import Changes, customize
+    from engine.messaging import meta_templates
+    from engine.messaging.template_edits import Changes, customize
 
     with rt.db.connect() as conn:
         channel = meta_templates.meta_channel(conn, world.org_id)
@@ -230,7 +230,7 @@ def test_a_customised_reminder_keeps_the_default_s_approved_template_outside_the
 
 
 def test_a_customised_reminder_sends_its_own_mapped_template_with_the_parameters_in_order(rt, clock):
-    from engine.meta_templates import MetaMapping
+    from engine.messaging.meta_templates import MetaMapping
 
     with Graph() as graph:
         world, channel_id = meta_world(rt, graph)
@@ -250,8 +250,8 @@ def test_a_customised_reminder_sends_its_own_mapped_template_with_the_parameters
 
 
 def test_an_unmapped_or_unusable_reminder_is_refused_at_save_not_at_send(rt, clock):
-    from engine.meta_templates import MetaMapping
-    from engine.template_edits import Changes, TemplateRefused, customize
+    from engine.messaging.meta_templates import MetaMapping
+    from engine.messaging.template_edits import Changes, TemplateRefused, customize
 
     with Graph() as graph:
         world, channel_id = meta_world(rt, graph)

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.core import metrics
 from engine.flows.ai.builtin import BuiltinAI
 from engine.store.models import PROVIDERS, channels

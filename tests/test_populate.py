@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from engine.people import appointments as appts
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.people.contacts import opt_out
 from engine.store.models import contacts, message_events, messages
 from engine.reminders.populate import DEFAULT_HORIZON, populate, populate_org, refresh_appointment

@@ -1,4 +1,4 @@
-"""Tests for engine.render (sandboxed message templates and reminder variables)."""
+"""Tests for engine.messaging.render (sandboxed message templates and reminder variables)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from babel.dates import format_skeleton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.render import (
+from engine.messaging.render import (
     MAX_SOURCE_LENGTH,
     MAX_TEXT_OUTPUT,
     SAMPLE_VARIABLES,
@@ -305,7 +305,7 @@ def test_memory_bombs_fail_fast(source: str) -> None:
 
 
 def test_compiled_templates_are_cached() -> None:
-    from engine import render
+    from engine.messaging import render
 
     source = "cache {{ nome }}"
     render_text(source, {"nome": "a"})

@@ -9,7 +9,7 @@ from datetime import timedelta, timezone
 
 from sqlalchemy import event, func, select, update
 
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.store.models import message_events, messages, orgs, reminder_rules
 from engine.reminders.replan import REPLANNED
 from engine.reminders.rules import RULE_CHANGED, reflect_rule_changes, write_rule_kinds

@@ -17,10 +17,10 @@ from sqlalchemy import func, insert, select
 from admin.cli import main
 from admin.cli_privacy import register
 from admin.views.dashboard import tally
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.flows.contact_events import record_contact_event
 from engine.core.errors import DomainError
-from engine.inbound import process_inbound
+from engine.messaging.inbound import process_inbound
 from engine.store.models import (
     contact_events,
     enrollment_events,

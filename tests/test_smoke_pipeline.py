@@ -4,7 +4,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.store.models import sandbox_messages
 from tests.factories import World
 

@@ -16,10 +16,10 @@ from datetime import UTC, timedelta
 import pytest
 from sqlalchemy import insert, select
 
-from engine import dispatch
-from engine import render as render_module
+from engine.messaging import dispatch
+from engine.messaging import render as render_module
 from engine.store.models import message_events, templates
-from engine.render import (
+from engine.messaging.render import (
     MAX_RENDER_STEPS,
     MAX_RENDER_VOLUME,
     MAX_VALUE_SIZE,

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.store.models import appointments, channels, inbound_messages, messages, sandbox_messages
 from engine.tenants.orgs import create_user
 from tests.factories import World, sandbox_headers

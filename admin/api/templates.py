@@ -1,5 +1,5 @@
 """Template endpoints of `/api/v1`: the org's templates and the global defaults, with each one's
-Meta mapping (engine/meta_templates.py); customise a default, change an override (its mapping
+Meta mapping (engine/messaging/meta_templates.py); customise a default, change an override (its mapping
 included), and list the approved templates of the clinic's WhatsApp Business Account.
 
 A save is checked as the console's Modelos form checks it: a refusal is a 422 whose `details` list
@@ -32,11 +32,11 @@ from admin.api.core import (
 from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID, Text
 from admin.i18n import translate_to
-from engine import meta_templates, template_edits
+from engine.messaging import meta_templates, template_edits
 from engine.tenants.audit import audit
-from engine.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, Finding, MetaMapping
+from engine.messaging.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, Finding, MetaMapping
 from engine.store.models import CHANNEL_KINDS
-from engine.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefused
+from engine.messaging.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefused
 
 _DT = {"format": "date-time"}
 #: Refusals that are about the resource's state, not the request's fields.

@@ -1,5 +1,5 @@
 """Conversas: the patient replies no keyword handled ("Oi, posso remarcar para sexta?"), for a
-person to read, answer and mark handled (engine/conversations.py holds the queries and the reply).
+person to read, answer and mark handled (engine/messaging/conversations.py holds the queries and the reply).
 A reply a follow-up flow took says what the flow made of it and did; it waits for a person only
 when the flow left it to one.
 
@@ -38,7 +38,7 @@ from admin.views.followup.runs import run_url
 from admin.views.sandbox import BUTTON_TITLES
 from admin.views.words import reply_outcome_text
 from engine.core import clock
-from engine import conversations as convs
+from engine.messaging import conversations as convs
 from engine.words.catalogue import describe
 from engine.flows.queries import sentence as step_sentence
 from engine.flows.versions import FlowNotFound, graph_of

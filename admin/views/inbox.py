@@ -35,7 +35,7 @@ from admin.views.followup.queue import reason_text, run_reason
 from admin.views.words import code_text
 from engine.core import clock
 from engine.flows import queries
-from engine.conversations import unhandled_count
+from engine.messaging.conversations import unhandled_count
 from engine.queue.inbox import resolve_inbox_item
 from engine.store.models import Appointment, Channel, Contact, InboxItem, Message, User
 

@@ -28,11 +28,11 @@ from admin.views.base import (
     runtime,
     write_audit,
 )
-from engine import meta_templates
-from engine.meta_templates import NO_MAPPING, Finding, MetaMapping, WabaList
+from engine.messaging import meta_templates
+from engine.messaging.meta_templates import NO_MAPPING, Finding, MetaMapping, WabaList
 from engine.store.models import CHANNEL_KINDS, Template
-from engine.render import TemplateError, render_html, render_text, validate
-from engine.template_edits import PREVIEW_VARIABLES, TEMPLATE_KEYS
+from engine.messaging.render import TemplateError, render_html, render_text, validate
+from engine.messaging.template_edits import PREVIEW_VARIABLES, TEMPLATE_KEYS
 
 #: The quick-reply buttons of a mapped template, in its order, as the form offers them.
 BUTTON_LAYOUTS = (("", _l("Nenhum")), ("confirm,cancel", _l("Confirmar, Cancelar")),
@@ -52,7 +52,7 @@ def template_error(exc: TemplateError) -> str:
 def preview(body: str | None) -> tuple[str, str | None]:
     """The body rendered on sample data, or the rendering error (never patient data).
 
-    The render is bounded (engine.render): a template too heavy to render is an error here too, never a
+    The render is bounded (engine.messaging.render): a template too heavy to render is an error here too, never a
     request that runs for hours."""
     if not body:
         return "", None
@@ -110,7 +110,7 @@ def preview_json(mapping: MetaMapping | None) -> str | None:
 
 class TemplateView(TenantModelView):
     """The org's overrides plus the global defaults (read-only, marked "Padrão"). A WhatsApp
-    template's Meta mapping (engine.meta_templates) is edited on the same form: an override uses its
+    template's Meta mapping (engine.messaging.meta_templates) is edited on the same form: an override uses its
     default's until given its own, the form offers the templates of the clinic's WABA, and a save
     is refused when the mapping cannot work at Meta."""
 

@@ -38,7 +38,7 @@ from engine.store.models import (
     message_events,
 )
 from engine.queue.outbox import transition
-from engine.templates import message_variables
+from engine.messaging.templates import message_variables
 
 RETRYABLE = ("failed", "dead", "unknown", "expired")
 LOGGED = ("sent", "delivered", "read", "failed", "unknown", "dead", "expired", "sending")

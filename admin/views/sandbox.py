@@ -7,7 +7,7 @@ A few sandbox rows have no such row (a channel's test send): they join the conta
 e-mail they went to, or form a conversation of their own under the bare address.
 
 A reply goes in-process (never through the public URL) as the sandbox provider's own webhook body,
-with the channel's secret, to `admin.webhooks.deliver` (`engine.inbound.receive`, then the inbound
+with the channel's secret, to `admin.webhooks.deliver` (`engine.messaging.inbound.receive`, then the inbound
 workers), so it travels the same inbound path as a real provider's: verified, stored, then matched
 to OK / CANCELAR / SAIR by the engine. Agents read and reply (answering as the patient changes
 nothing a real patient could not). Every query is scoped to the signed-in user's org.
@@ -164,7 +164,7 @@ def _outgoing_entry(row: Any) -> Entry:
 def _incoming_entry(row: Any) -> Entry:
     text = row.text
     if text is None and row.button_payload:
-        # Payloads are "confirm:<appointment id>" / "cancel:<id>" (engine/templates.py); show the button.
+        # Payloads are "confirm:<appointment id>" / "cancel:<id>" (engine/messaging/templates.py); show the button.
         action = row.button_payload.partition(":")[0]
         title = BUTTON_TITLES.get(action, row.button_payload)
         text = _("Tocou no botão “%(botao)s”", botao=title)

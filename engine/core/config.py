@@ -156,7 +156,7 @@ class Settings:
             raise ConfigError("LEMBRA_LEASE_SECONDS must be greater than zero")
         send_timeout = _positive_float("LEMBRA_SEND_TIMEOUT", get)
         if lease.total_seconds() <= send_timeout:
-            # A call is begun only while its lease has the send timeout left (engine.dispatch.send).
+            # A call is begun only while its lease has the send timeout left (engine.messaging.dispatch.send).
             raise ConfigError(f"LEMBRA_LEASE_SECONDS ({lease.total_seconds():g} s) must be longer than "
                               f"LEMBRA_SEND_TIMEOUT ({send_timeout:g} s): a provider call must fit in a lease")
         try:

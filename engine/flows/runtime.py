@@ -14,7 +14,7 @@ A claim's lease runs out in two ways, which the sweep tells apart by `claim_star
 the actor as it begins, one statement per claim; cleared by each claim). A worker killed mid-step
 started it: a failed attempt, backed off. A claim that never reached a worker (the broker was down,
 lost it in a flush or restart, or held it past its lease) goes back to the queue at no cost, as a
-claimed message does (engine/dispatch/claim.py); so does a claim the scheduler could not hand to
+claimed message does (engine/messaging/dispatch/claim.py); so does a claim the scheduler could not hand to
 the broker at all, at once (`release_unhanded`).
 """
 

@@ -390,7 +390,7 @@ class InboundMessage(Base):
     received_at: Mapped[datetime]
     processed_at: Mapped[datetime | None]
     outcome: Mapped[str | None] = mapped_column(Text)
-    #: When a person of the clinic dealt with a reply no keyword handled (engine/conversations.py).
+    #: When a person of the clinic dealt with a reply no keyword handled (engine/messaging/conversations.py).
     handled_at: Mapped[datetime | None]
     handled_by: Mapped[int | None] = _fk("users.id", nullable=True)
     #: The follow-up run whose waiting node took the reply (engine/flows/replies.py), what the
@@ -497,7 +497,7 @@ webhook_events = WebhookEvent.__table__
 
 
 class EarlyStatus(Base):
-    """A provider status that arrived before its send was recorded (engine/statuses.py)."""
+    """A provider status that arrived before its send was recorded (engine/messaging/statuses.py)."""
 
     __tablename__ = "early_statuses"
     id: Mapped[int] = mapped_column(PK, primary_key=True)

@@ -206,7 +206,7 @@ CATALOGUE: dict[str, Text] = {
     "message_event_expired": N_("Expirou"),
     "message_event_cancelled": N_("Cancelada"),
     "message_event_skipped": N_("Pulada"),
-    # --- why the engine did not send, or postponed, a message (engine/dispatch/, outbox.py, populate.py,
+    # --- why the engine did not send, or postponed, a message (engine/messaging/dispatch/, outbox.py, populate.py,
     # rules.py, replan.py; the console's Fila); opted_out, address_opted_out, contact_erased,
     # enrollment_stopped, too_late, no_allowed_instant and the flow reasons above are reused
     "appointment_changed": N_("O agendamento mudou (outro horário, cancelado ou concluído) antes do envio, então este"
@@ -411,7 +411,7 @@ CATALOGUE: dict[str, Text] = {
     "sms_rejected": N_("A operadora ou o provedor recusou a mensagem. Confira o telefone e o texto, e reenvie."),
     "sms_not_delivered": N_("A operadora não conseguiu entregar (celular desligado ou sem sinal); reenvie mais tarde."),
     "provider_cancelled": N_("O envio foi cancelado no provedor antes de sair."),
-    # --- what became of a patient's message (inbound_messages.outcome, engine/inbound.py)
+    # --- what became of a patient's message (inbound_messages.outcome, engine/messaging/inbound.py)
     "reply_pending": N_("Recebida, ainda sendo processada."),
     "reply_free_text": N_("O paciente escreveu sem usar uma palavra-chave; leia e responda pela conversa, se preciso."),
     "reply_unknown_contact": N_("A mensagem veio de um número sem cadastro. Cadastre o contato com este telefone para"
@@ -429,7 +429,7 @@ CATALOGUE: dict[str, Text] = {
                                     "mudou."),
     "reply_other": N_("O Lembra recebeu a mensagem, mas não sabe descrever o que fez com ela (código interno "
                       "%(code)s)."),
-    # --- what a follow-up flow made of a reply its waiting step took (engine/conversations.py
+    # --- what a follow-up flow made of a reply its waiting step took (engine/messaging/conversations.py
     # FlowReading, shown in Conversas)
     "flow_reply_reading": N_("O fluxo %(flow)s está lendo esta resposta; ela só fica para responder se o fluxo "
                              "não a entender."),
@@ -453,7 +453,7 @@ CATALOGUE: dict[str, Text] = {
     "address_opted_out": N_("Outro cadastro com o mesmo telefone ou e-mail pediu para não receber mensagens por "
                             "este canal; o pedido vale para o endereço, qualquer que seja o cadastro."),
     "contact_erased": N_("Os dados do paciente foram apagados a pedido (LGPD); nada mais é enviado a ele."),
-    # --- conversations (engine/conversations.py): answering a patient from the console ----------
+    # --- conversations (engine/messaging/conversations.py): answering a patient from the console ----------
     "conversation_window_closed": N_("O paciente escreveu há mais de 24 horas; fora dessa janela o WhatsApp só "
                                      "aceita modelos aprovados. Envie o modelo aprovado para retomar a conversa; "
                                      "quando o paciente responder, você pode escrever livremente."),
@@ -478,7 +478,7 @@ CATALOGUE: dict[str, Text] = {
     "reminder_no_consent": N_("O paciente não consentiu em receber mensagens por nenhum canal desta regra."),
     "reminder_no_channel": N_("A clínica não tem um canal ativo para os canais que o paciente aceitou nesta regra."),
     "reminder_no_address": N_("O paciente não tem telefone ou e-mail para os canais desta regra."),
-    # --- a template's Meta mapping (engine/meta_templates.py): refusals and warnings at save -----
+    # --- a template's Meta mapping (engine/messaging/meta_templates.py): refusals and warnings at save -----
     "waba_template_unmapped": N_("Pelo WhatsApp oficial (Meta), esta mensagem também sai fora da janela de 24 horas, "
                                  "e aí a Meta só aceita um modelo aprovado. Informe o nome, o idioma e as variáveis "
                                  "do modelo aprovado na conta da clínica."),

@@ -9,7 +9,7 @@ Sending (SPEC §5, the 24-hour customer-service window):
 - window closed → the approved `message.template` (`type:"template"`), body parameters in order
   and one `quick_reply` button component per button of the template reference (index 0, 1, …)
   whose payload is our button id: the clinic's mapping says which of the approved template's
-  quick replies is Confirmar and which Cancelar (engine/meta_templates.py);
+  quick replies is Confirmar and which Cancelar (engine/messaging/meta_templates.py);
 - window closed and no template → PermanentError("template_required"); never free text.
 - Meta answering 131047 (re-engagement: the window is in fact closed) to a text/interactive send
   → one resend as the template when there is one, else PermanentError("window_closed").

@@ -3,7 +3,7 @@
 -- buttons ("confirm", "cancel"). What the provider did before stays what it does: the default
 -- reminder (and any template mapped by hand) sends Confirmar first and Cancelar second, every
 -- other mapped template no buttons. An org's override whose Meta name is NULL keeps NULL: it now
--- uses the mapping of the global default it overrides (engine/meta_templates.py).
+-- uses the mapping of the global default it overrides (engine/messaging/meta_templates.py).
 -- depends: 0017.claim-order-index
 
 ALTER TABLE templates ADD COLUMN meta_buttons JSONB;

@@ -10,7 +10,7 @@ ALTER TABLE enrollments ADD COLUMN paused_next_eval_at TIMESTAMPTZ;
 -- A patient's reply that a waiting node took: the run that took (then read) it, what the flow
 -- made of it (codes and node ids only: the step's reason, the class, where the run went) and,
 -- when the flow understood it and went on, when. Conversas shows such a reply as the flow's,
--- not as one to answer (engine/conversations.py).
+-- not as one to answer (engine/messaging/conversations.py).
 ALTER TABLE inbound_messages ADD COLUMN flow_enrollment_id BIGINT REFERENCES enrollments(id);
 ALTER TABLE inbound_messages ADD COLUMN flow_result JSONB;
 ALTER TABLE inbound_messages ADD COLUMN flow_handled_at TIMESTAMPTZ;

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from engine.tenants.channels import create_channel
-from engine.connect import ChannelNotFound, channel_health, connect_channel, connection_snapshot, qr_image
+from engine.messaging.connect import ChannelNotFound, channel_health, connect_channel, connection_snapshot, qr_image
 from engine.store.models import audit_log, channels, inbox_items
 from gateway.errors import PermanentError, TransientError
 from tests.admin.conftest import SECRET, csrf

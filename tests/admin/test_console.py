@@ -176,7 +176,7 @@ def test_csv_export_escapes_formulas(owner, tenants, rt):
 
 
 def _send_due(rt) -> list[str]:
-    from engine import dispatch
+    from engine.messaging import dispatch
 
     return [dispatch.send_one(rt, mid) for mid in dispatch.claim_due(rt, limit=50)]
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.store.models import audit_log, inbound_messages, messages
 from engine.tenants.orgs import create_user
 from providers.sandbox.provider import SECRET_HEADER

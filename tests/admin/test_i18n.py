@@ -20,7 +20,7 @@ from flask import Flask
 from sqlalchemy import update
 
 from engine.store.models import users
-from engine.optout_links import OptOutTarget, make_token
+from engine.messaging.optout_links import OptOutTarget, make_token
 from tests.admin.conftest import csrf
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -164,7 +164,7 @@ def test_a_problem_that_comes_back_after_being_resolved_opens_a_new_item(owner, 
 
 def test_a_message_refused_for_good_is_in_pendencias_with_its_reason(owner, rt, tenants, clock):
     """Issue 11, finding 4: a permanent failure (a wrong number, a refused template) needs a person."""
-    from engine import dispatch
+    from engine.messaging import dispatch
     from tests.test_dispatch import simulate
 
     a, b = tenants
@@ -197,7 +197,7 @@ def _ids(rt, tenant) -> list[int]:
 def test_pendencias_says_how_many_replies_wait_in_conversas(owner, rt, tenants, clock):
     import json
 
-    from engine.inbound import process_inbound, receive
+    from engine.messaging.inbound import process_inbound, receive
     from gateway.contract import WebhookRequest
     from tests.factories import sandbox_headers
 

@@ -14,7 +14,7 @@ from urllib.parse import urljoin, urlsplit
 from sqlalchemy import update
 
 from engine.store.models import users
-from engine.optout_links import OptOutTarget, make_token
+from engine.messaging.optout_links import OptOutTarget, make_token
 from tests.admin.conftest import csrf, login
 
 HANDLER = re.compile(r"^on[a-z]+$")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timezone
 
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.store.models import channels
 from engine.words.reasons import status_label
 from tests.factories import local

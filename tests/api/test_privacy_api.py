@@ -9,7 +9,7 @@ from sqlalchemy import insert, select
 
 import admin.api.privacy  # noqa: F401  (registers the privacy routes; admin/api/__init__.py does it too)
 from engine.core import clock
-from engine.inbound import process_inbound
+from engine.messaging.inbound import process_inbound
 from engine.store.models import audit_log, contacts, inbound_messages
 
 PHONE = "+5516999887766"

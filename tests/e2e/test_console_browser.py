@@ -34,10 +34,10 @@ from playwright import sync_api
 from sqlalchemy import select
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.people.appointments import create_appointment
 from engine.people.contacts import create_contact
-from engine.inbound import receive
+from engine.messaging.inbound import receive
 from engine.store.models import messages
 from engine.tenants.orgs import create_org, create_user
 from engine.reminders.populate import refresh_appointment

@@ -17,7 +17,7 @@ import pytest
 from engine.people.appointments import create_appointment
 from engine.tenants.channels import create_channel
 from engine.people.contacts import create_contact
-from engine.inbound import process_inbound, receive
+from engine.messaging.inbound import process_inbound, receive
 from engine.tenants.orgs import create_org, create_user
 from gateway.contract import WebhookRequest
 from tests.e2e.test_console_browser import Steps, _dispatch_due, expect, page, server  # noqa: F401  (fixtures)

@@ -31,10 +31,10 @@ from playwright import sync_api
 from sqlalchemy import update
 
 from admin.app import create_app
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
 from engine.flows.runtime import advance_claimed, claim_due
-from engine.inbound import process_inbound, receive
+from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import Base, channels
 from gateway.contract import WebhookRequest
 from tests.e2e.live import CHROMIUM_ARGS, serve

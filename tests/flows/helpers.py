@@ -10,10 +10,10 @@ from typing import Any, Callable, Iterable, Mapping
 from sqlalchemy import insert, select, update
 
 from engine.core import clock
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AI
-from engine.inbound import process_inbound, receive
+from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import agents, enrollment_events, enrollments, messages
 from gateway.contract import WebhookRequest
 from tests.factories import World, sandbox_headers

@@ -191,7 +191,7 @@ def test_an_ai_message_inside_the_window_goes_out_as_the_models_text(rt, clock, 
             create_agent(conn, rt.keyring, world.org_id, name="IA", llm_base_url=llm.base_url, llm_model="m",
                          llm_api_key="sk-test", followup_enabled=True, flow_ids=[flow])
         contact = world.contact(phone=PHONE)
-        from engine.inbound import process_inbound, receive
+        from engine.messaging.inbound import process_inbound, receive
         from gateway.contract import WebhookRequest
         from tests.test_meta_flow import text_body
         import hashlib

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from engine import conversations as convs
+from engine.messaging import conversations as convs
 from engine.flows.contact_events import record_contact_event
 from engine.flows import triggers, versions
 from engine.flows.ai.base import AIError

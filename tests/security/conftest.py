@@ -31,7 +31,7 @@ from sqlalchemy import create_engine, insert, select, text
 
 from admin.app import create_app
 from engine.core import clock as engine_clock
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.apikeys import create_key
 from engine.tenants.channels import create_channel
 from engine.core.config import Settings

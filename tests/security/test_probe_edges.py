@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import select
 
 from engine.core import clock
-from engine import dispatch
+from engine.messaging import dispatch
 from engine.tenants.channels import create_channel
 from engine.core.errors import DomainError
 from engine.flows.agents import create_agent

@@ -34,7 +34,7 @@ from engine.core import clock
 from engine.words.catalogue import describe
 from engine.tenants.channels import create_channel
 from engine.core.config import ENV_VARS
-from engine.connect import (
+from engine.messaging.connect import (
     ChannelNotFound,
     connect_channel,
     connection_snapshot,

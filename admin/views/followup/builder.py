@@ -44,7 +44,7 @@ from engine.core.errors import DomainError
 from engine.flows import queries, triggers, versions
 from engine.flows.schema import CHANNEL_KINDS, json_schema
 from engine.store.models import contacts, preferences, templates, users
-from engine.templates import find_template
+from engine.messaging.templates import find_template
 
 #: The built bundle (admin/frontend/build.mjs writes it; tests/admin/test_builder_bundle.py checks it).
 STATIC = Path(__file__).resolve().parents[2] / "static"

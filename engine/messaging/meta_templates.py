@@ -30,7 +30,7 @@ from engine.words.catalogue import describe, known
 from engine.tenants.channels import default_channel
 from engine.store.models import templates
 from engine.store.provider_pool import ProviderPool
-from engine.render import SAMPLE_VARIABLES
+from engine.messaging.render import SAMPLE_VARIABLES
 from engine.words.texts import Text
 from gateway import registry
 from gateway.contract import Button, ProviderTemplate, TemplateRef
@@ -38,7 +38,7 @@ from gateway.crypto import CryptoError
 from gateway.errors import EgressRefused, PermanentError, ProviderError
 
 #: What a quick-reply button of a mapped template does, in the order a mapping lists them; the
-#: payload sent is "<action>:<appointment id>", which engine/inbound.py acts on when it is tapped.
+#: payload sent is "<action>:<appointment id>", which engine/messaging/inbound.py acts on when it is tapped.
 BUTTON_ACTIONS = ("confirm", "cancel")
 BUTTON_TITLES = {"confirm": "Confirmar", "cancel": "Cancelar"}
 #: Templates whose messages are about an appointment, so a tap can say which one.
@@ -47,7 +47,7 @@ KEYS_WITH_BUTTONS = ("session_reminder", "session_confirmation")
 #: Meta these need an approved template. The rest answer the patient, inside the open window.
 INITIATED_KEYS = frozenset({"session_reminder", "session_confirmation", "session_cancellation",
                             "followup_checkin", "followup_rebook", "conversation_reopen"})
-#: The variables a body parameter may take (engine.render.reminder_variables), in the order shown.
+#: The variables a body parameter may take (engine.messaging.render.reminder_variables), in the order shown.
 VARIABLES = tuple(SAMPLE_VARIABLES)
 MAX_PARAMETERS = 20
 #: Meta's template names: lowercase letters, digits and underscores.

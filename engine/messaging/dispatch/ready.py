@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from engine.templates import RenderedMessage
+from engine.messaging.templates import RenderedMessage
 from gateway.contract import Provider
 
 

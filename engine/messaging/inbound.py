@@ -3,7 +3,7 @@
 `receive` verifies and stores what a provider sent (nothing is stored when the signature or the
 body is bad; a retried webhook is a no-op); `process_inbound` then acts on each new patient
 message: SAIR opts out, OK/CONFIRMAR confirms, CANCELAR cancels the appointment the reminder was
-about. Status events go to engine/statuses.py.
+about. Status events go to engine/messaging/statuses.py.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from engine.reminders.populate import refresh_appointment
 from engine.queue.address_optouts import block_sender
 from engine.core.redact import redact
 from engine.store.runtime import Runtime
-from engine.statuses import apply_status
+from engine.messaging.statuses import apply_status
 from gateway.contract import (
     ConnectionEvent,
     InboundMessageEvent,

@@ -11,9 +11,9 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
 from engine.store.dialect import in_values
-from engine.meta_templates import MetaMapping, effective, template_ref
+from engine.messaging.meta_templates import MetaMapping, effective, template_ref
 from engine.store.models import templates
-from engine.render import TemplateError, reminder_variables, render_html, render_text
+from engine.messaging.render import TemplateError, reminder_variables, render_html, render_text
 from gateway.contract import Button, OutboundMessage, TemplateRef
 
 #: Purposes whose WhatsApp message carries the Confirmar / Cancelar reply buttons inside the window
@@ -36,7 +36,7 @@ class RenderedMessage:
 def find_template(conn: Connection, org_id: int, key: str, kind: str, locale: str) -> Any:
     """The org's template for (key, kind), preferring its own over the global default and the
     requested locale over pt_BR; None when neither exists. An override without a Meta mapping of its
-    own carries its default's (engine.meta_templates)."""
+    own carries its default's (engine.messaging.meta_templates)."""
     return find_templates(conn, {(org_id, key, kind, locale)})[(org_id, key, kind, locale)]
 
 

@@ -16,11 +16,11 @@ on a `sending` row means the worker died when the call may have started, so the 
 - `outcomes`: retried, failed, dead, expired, unknown.
 """
 
-from engine.dispatch.batch import refusal
-from engine.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, check
-from engine.dispatch.ready import Prepared, Ready
-from engine.dispatch.claim import WORKER_ID, claim_due, sweep_leases
-from engine.dispatch.send import prepare, send_batch, send_one
+from engine.messaging.dispatch.batch import refusal
+from engine.messaging.dispatch.checks import LIVE_APPOINTMENT, OPT_OUT_EXEMPT, check
+from engine.messaging.dispatch.ready import Prepared, Ready
+from engine.messaging.dispatch.claim import WORKER_ID, claim_due, sweep_leases
+from engine.messaging.dispatch.send import prepare, send_batch, send_one
 
 __all__ = [
     "LIVE_APPOINTMENT", "OPT_OUT_EXEMPT", "WORKER_ID", "Prepared", "Ready", "check",

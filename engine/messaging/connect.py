@@ -4,7 +4,7 @@ No Flask here: the console calls these with the signed-in user's org, and every 
 to that org, so another org's channel id is simply not found. No database transaction is held
 while the provider is called (a slow Evolution server must hold neither a pooled connection nor
 SQLite's write lock), and what the provider reports is recorded on the channel row through
-`engine.inbound.apply_connection`, the same mapping the `connection.update` webhook goes through.
+`engine.messaging.inbound.apply_connection`, the same mapping the `connection.update` webhook goes through.
 
 Provider failures stay typed (`TransientError` / `PermanentError` with the provider's `code`);
 their messages are Lembra's own words, never a provider's body or a credential.
@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from engine.inbound import BROKEN_STATES, apply_connection
+from engine.messaging.inbound import BROKEN_STATES, apply_connection
 from engine.store.models import channels
 from engine.store.runtime import Runtime
 from gateway import registry

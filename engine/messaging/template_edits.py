@@ -3,7 +3,7 @@ org's own overrides, customising a default (the override starts as a copy of its
 Meta mapping until given one of its own) and changing an override.
 
 Each save checks the texts as the console's Modelos form does (they compile, and render on sample
-data within the render's bounds) and reviews the Meta mapping (engine.meta_templates.review); a
+data within the render's bounds) and reviews the Meta mapping (engine.messaging.meta_templates.review); a
 refusal lists every finding and writes nothing. The WABA's list is read by the caller before the
 saving transaction opens (`waba_for`, then `read_waba`): no transaction waits on Meta.
 """
@@ -17,7 +17,7 @@ from sqlalchemy import insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.meta_templates import (
+from engine.messaging.meta_templates import (
     NO_MAPPING,
     Finding,
     MetaMapping,
@@ -28,7 +28,7 @@ from engine.meta_templates import (
     review,
 )
 from engine.store.models import CHANNEL_KINDS, templates
-from engine.render import SAMPLE_VARIABLES, TemplateError, render_html, render_text, validate
+from engine.messaging.render import SAMPLE_VARIABLES, TemplateError, render_html, render_text, validate
 
 #: The purposes a template serves (the console's Modelos offers these).
 TEMPLATE_KEYS = ("session_reminder", "session_confirmation", "session_cancellation", "confirm_ack", "cancel_ack",

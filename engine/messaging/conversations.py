@@ -1,6 +1,6 @@
 """Conversations: the patient replies that no keyword handled, waiting for a person (SPEC §6).
 
-There is one store of inbound messages (`inbound_messages`, written by engine/inbound.py, read by
+There is one store of inbound messages (`inbound_messages`, written by engine/messaging/inbound.py, read by
 the follow-up engine too); a reply needs a person when `process_inbound` could not act on it
 (free text, a keyword with no appointment, a number no contact carries) and no follow-up flow
 handles it. A reply a flow's waiting node took is the flow's while a run holds it unread (that
@@ -33,7 +33,7 @@ from engine.queue.conversation_window import conversation_open
 from engine.flows.lifecycle import CLOCKED
 from engine.store.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
 from engine.queue.outbox import enqueue
-from engine.templates import find_template
+from engine.messaging.templates import find_template
 from gateway.webhook_body import clean_text
 
 #: What `process_inbound` could not act on: no keyword or button did anything with the reply.

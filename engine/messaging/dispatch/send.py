@@ -32,10 +32,10 @@ from datetime import datetime
 from typing import Sequence
 
 from engine.core import clock, metrics
-from engine.dispatch.checks import check
-from engine.dispatch.ready import Prepared, Ready
-from engine.dispatch.outcomes import after_lease_ran_out, after_permanent, after_transient, park_unknown
-from engine.dispatch.waves import Sent, observe_sent, settle_wave
+from engine.messaging.dispatch.checks import check
+from engine.messaging.dispatch.ready import Prepared, Ready
+from engine.messaging.dispatch.outcomes import after_lease_ran_out, after_permanent, after_transient, park_unknown
+from engine.messaging.dispatch.waves import Sent, observe_sent, settle_wave
 from engine.store.runtime import Runtime
 from gateway.errors import ProviderError
 

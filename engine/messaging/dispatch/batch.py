@@ -31,7 +31,7 @@ from engine.store.models import (
     reminder_rules,
 )
 from engine.queue import address_optouts as addresses
-from engine.templates import find_templates
+from engine.messaging.templates import find_templates
 
 #: The Meta customer-service window: free text only within this long after the patient wrote.
 Key = tuple[int, int]  # (org_id, row id)

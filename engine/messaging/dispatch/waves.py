@@ -38,8 +38,8 @@ from sqlalchemy.engine import Connection
 
 from engine.core import metrics
 from engine.store.dialect import in_values, insert_rows, update_per_row
-from engine.dispatch.ready import Prepared, Ready
-from engine.dispatch.claim import WORKER_ID
+from engine.messaging.dispatch.ready import Prepared, Ready
+from engine.messaging.dispatch.claim import WORKER_ID
 from engine.store.models import message_events, messages
 from engine.store.runtime import Runtime
 from gateway.contract import SendResult

@@ -2,7 +2,7 @@
 expired, unknown or reclaimed, each a compare-and-set with its event.
 
 Successes are the common case and are settled together, a wave of calls at a time, in the
-statement that marks the next wave `sending` (engine/dispatch/waves.py); failures are rare and
+statement that marks the next wave `sending` (engine/messaging/dispatch/waves.py); failures are rare and
 each is settled on its own here, so one that goes wrong never holds the others back.
 """
 
@@ -23,7 +23,7 @@ from engine.store.runtime import Runtime
 from gateway.errors import ProviderError
 
 if TYPE_CHECKING:
-    from engine.dispatch.ready import Prepared
+    from engine.messaging.dispatch.ready import Prepared
 
 
 def park_unknown(rt: Runtime, prepared: "Prepared", code: str, reason: str) -> str:
@@ -152,7 +152,7 @@ def _fallback(conn: Connection, msg: Any) -> int | None:
     """After a permanent failure of a rule's message, queue the rule's next usable channel kind."""
     if msg.rule_id is None or msg.appointment_id is None or msg.appointment_starts_at is None:
         return None
-    from engine.dispatch.batch import refusal
+    from engine.messaging.dispatch.batch import refusal
     from engine.queue.outbox import enqueue
     from engine.reminders.populate import plan_new
 

@@ -1,6 +1,6 @@
 """Before the provider call: re-check every claimed message of a batch, in one transaction and a
 few set-based statements (`check`); the ones that may go are marked `sending` as their calls begin,
-a wave at a time (engine/dispatch/waves.py).
+a wave at a time (engine/messaging/dispatch/waves.py).
 
 Everything that can have changed since the claim is checked again here, at send time: the
 contact's consent and opt-outs, the appointment (cancelled, moved), the follow-up run, expiry,
@@ -19,16 +19,16 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.dispatch import batch as batches
-from engine.dispatch.outcomes import fail_in_tx, retry_or_give_up
-from engine.dispatch.ready import Ready
-from engine.optout_links import OptOutTarget, make_url
+from engine.messaging.dispatch import batch as batches
+from engine.messaging.dispatch.outcomes import fail_in_tx, retry_or_give_up
+from engine.messaging.dispatch.ready import Ready
+from engine.messaging.optout_links import OptOutTarget, make_url
 from engine.queue.outbox import transition
 from engine.queue.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.queue.pacing import DbPacingStore
-from engine.render import TemplateError
+from engine.messaging.render import TemplateError
 from engine.store.runtime import Runtime
-from engine.templates import MissingAddress, render_message
+from engine.messaging.templates import MissingAddress, render_message
 from engine.reminders.windows import earliest_allowed_after, is_allowed, policy_for
 from gateway import registry
 from gateway.crypto import CryptoError
