@@ -12,7 +12,7 @@ import click
 from sqlalchemy import func, select
 
 from engine.core.config import ENV_VARS, ConfigError, Settings
-from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS
+from engine.fleet.worker_pools import CONVERSATION_THREADS, SEND_THREADS
 
 EXIT_CONFIG = 2
 
@@ -42,7 +42,7 @@ def _settings() -> Settings:
 def _runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
     """Settings → checked database (and broker) → runtime, or a one-line error."""
     from engine.store.app_role import warn_if_row_security_is_off
-    from engine.broker import check_broker as broker_check
+    from engine.fleet.broker import check_broker as broker_check
     from engine.store.db import Database
     from engine.core.logs import configure
     from engine.store.migrate import upgrade_database
@@ -107,7 +107,7 @@ def main() -> None:
               help="Worker threads for sends, and as many for replies and follow-up steps.")
 def up(host: str, port: int, demo: bool, threads: int) -> None:
     from admin.embedded import Embedded
-    from engine import demo as demo_seed
+    from engine.fleet import demo as demo_seed
 
     rt = _runtime(check_broker=True, migrate=True)
     if demo:
@@ -169,10 +169,10 @@ def worker(processes: int, threads: int, conversation_threads: int, shutdown_tim
     if settings.broker_kind == "stub":
         fail("lembra worker needs BROKER_URL (redis:// or amqp://); the embedded default runs workers in `lembra up`")
     _runtime(check_broker=True).close()
-    # The supervisor (engine/supervisor.py) replaces this process, so what stays is small.
-    child = [sys.executable, "-m", "engine.worker_process", "--threads", str(threads),
+    # The supervisor (engine/fleet/supervisor.py) replaces this process, so what stays is small.
+    child = [sys.executable, "-m", "engine.fleet.worker_process", "--threads", str(threads),
              "--conversation-threads", str(conversation_threads), "--shutdown-timeout", str(shutdown_timeout)]
-    os.execv(sys.executable, [sys.executable, "-m", "engine.supervisor", "--processes", str(processes), "--", *child])
+    os.execv(sys.executable, [sys.executable, "-m", "engine.fleet.supervisor", "--processes", str(processes), "--", *child])
 
 
 @main.command(help="Run the scheduler (populate, claim, dispatch). Safe to run twice: on PostgreSQL "
@@ -183,9 +183,9 @@ def scheduler(once: bool) -> None:
 
     from admin.embedded import Embedded
     from engine.core import metrics
-    from engine.broker import setup_broker
+    from engine.fleet.broker import setup_broker
     from engine.store.runtime import install
-    from engine.scheduler import Scheduler
+    from engine.fleet.scheduler import Scheduler
 
     rt = _runtime(check_broker=True)
     metrics.serve("scheduler", enabled=not once)  # /metrics and /healthz on LEMBRA_SCHEDULER_METRICS_PORT
@@ -206,7 +206,7 @@ def scheduler(once: bool) -> None:
         return
     install(rt)
     setup_broker(rt.settings)
-    import engine.actors as actors
+    import engine.fleet.actors as actors
 
     sched = Scheduler(rt, lambda ids: actors.send_messages.send(list(ids)),
                       lambda pairs: actors.advance_enrollments.send([list(p) for p in pairs]),
@@ -255,7 +255,7 @@ def demo() -> None:
 
 @demo.command(help="Create the demo clinic (no-op if it exists).")
 def seed() -> None:
-    from engine import demo as demo_seed
+    from engine.fleet import demo as demo_seed
 
     rt = _runtime(migrate=True)
     with rt.db.begin() as conn:

@@ -11,10 +11,10 @@ from typing import Sequence
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from admin.app import create_app
-from engine.broker import setup_broker
+from engine.fleet.broker import setup_broker
 from engine.store.runtime import Runtime, install
-from engine.scheduler import Scheduler
-from engine.worker_pools import WorkerPools, start_pools
+from engine.fleet.scheduler import Scheduler
+from engine.fleet.worker_pools import WorkerPools, start_pools
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class Embedded:
         self.rt = rt
         install(rt)
         self.broker = setup_broker(rt.settings)
-        import engine.actors as actors
+        import engine.fleet.actors as actors
 
         self.actors = actors
         self.worker_threads = worker_threads

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from engine.core import clock
 from engine.core import metrics as engine_metrics
-from engine.broker import check_broker
+from engine.fleet.broker import check_broker
 from engine.core.config import ConfigError
 from engine.store.models import MESSAGE_STATUSES, messages
 from engine.store.runtime import Runtime

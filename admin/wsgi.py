@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from admin.app import create_app
-from engine.broker import setup_broker
+from engine.fleet.broker import setup_broker
 from engine.core.config import Settings
 from engine.core.logs import configure
 from engine.store.runtime import Runtime, install
@@ -14,6 +14,6 @@ _runtime = Runtime.build(_settings)
 install(_runtime)
 setup_broker(_settings)
 
-import engine.actors as _actors  # noqa: E402  (declared on the broker set up above)
+import engine.fleet.actors as _actors  # noqa: E402  (declared on the broker set up above)
 
 app = create_app(_runtime, enqueue_inbound=lambda ids: _actors.process_inbound.send(list(ids)))

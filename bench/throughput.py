@@ -84,7 +84,7 @@ from engine.store.migrate import upgrade  # noqa: E402
 from engine.store.models import reminder_rule_kinds, reminder_rules  # noqa: E402
 from engine.tenants.orgs import create_org  # noqa: E402
 from engine.reminders.populate import PARALLEL_ORGS, populate, populate_changed  # noqa: E402
-from engine.worker_pools import SEND_THREADS  # noqa: E402
+from engine.fleet.worker_pools import SEND_THREADS  # noqa: E402
 from gateway.crypto import Keyring  # noqa: E402
 
 UTC = timezone.utc

@@ -32,7 +32,7 @@ def flush_broker() -> None:
         import pika
         from dramatiq.common import dq_name, xq_name
 
-        from engine.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE
+        from engine.fleet.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE
 
         logging.getLogger("pika").setLevel(logging.ERROR)  # a queue not declared yet is a 404 warning
         connection = pika.BlockingConnection(pika.URLParameters(BROKER_URL))

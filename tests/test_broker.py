@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from engine.broker import make_broker
+from engine.fleet.broker import make_broker
 from engine.core.config import Settings
 
 

@@ -18,11 +18,11 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from engine.broker import BrokerUnavailable
+from engine.fleet.broker import BrokerUnavailable
 from engine.flows import runtime as flows_runtime
 from engine.store.models import enrollments
 from engine.store.runtime import Runtime
-from engine.scheduler import Scheduler
+from engine.fleet.scheduler import Scheduler
 from tests.factories import World
 from tests.flows.helpers import Flows, linear, node
 
@@ -152,7 +152,7 @@ def test_an_outage_is_logged_once_then_once_a_minute_then_its_end(quiet_rt, due,
     for _ in range(130):
         _one_pass(sched)
         clock.advance(timedelta(seconds=100 / 130))
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.scheduler"]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.fleet.scheduler"]
     assert lines == [(logging.ERROR, "broker unreachable: due work waits in the database until it answers again"),
                      (logging.ERROR, "broker still unreachable")], lines
     reminder = [r for r in caplog.records if r.getMessage() == "broker still unreachable"][0]
@@ -164,7 +164,7 @@ def test_an_outage_is_logged_once_then_once_a_minute_then_its_end(quiet_rt, due,
     for _ in range(3):
         _one_pass(sched)
         clock.advance(timedelta(seconds=1))
-    records = [r for r in caplog.records if r.name == "engine.scheduler"]
+    records = [r for r in caplog.records if r.name == "engine.fleet.scheduler"]
     assert [(r.levelno, r.getMessage()) for r in records] == [(logging.WARNING, "broker reachable again")]
     assert records[0].down_seconds == 100
 
@@ -176,5 +176,5 @@ def test_an_outage_is_logged_once_then_once_a_minute_then_its_end(quiet_rt, due,
                      .values(lease_until=None, revision=enrollments.c.revision + 1))
     for _ in range(3):
         _one_pass(sched)
-    assert [r.getMessage() for r in caplog.records if r.name == "engine.scheduler"] == \
+    assert [r.getMessage() for r in caplog.records if r.name == "engine.fleet.scheduler"] == \
         ["broker unreachable: due work waits in the database until it answers again"]

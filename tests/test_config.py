@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from engine.people.appointments import create_appointment
-from engine.broker import check_broker
+from engine.fleet.broker import check_broker
 from engine.core.config import ConfigError, Settings
 from engine.people.contacts import create_contact
 from engine.store.db import Database

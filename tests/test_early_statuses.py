@@ -25,7 +25,7 @@ from engine.messaging import dispatch, statuses
 from engine.tenants.channels import create_channel
 from engine.store.models import early_statuses, messages
 from engine.store.runtime import Runtime
-from engine.scheduler import Scheduler
+from engine.fleet.scheduler import Scheduler
 from tests.factories import World, local
 from tests.fakes.meta import sample_json
 from tests.fakes.server import FakeServer, Recorded, Reply

@@ -568,7 +568,7 @@ def test_connection_updates_break_and_restore_the_channel(rt, clock):
 def test_a_sair_whose_poke_was_lost_is_handed_to_the_workers_again_once(rt, clock):
     """The webhook stores the message and pokes the workers; if that poke is lost (a flushed
     broker, retries that ran out), the scheduler hands the stored message out again."""
-    from engine.scheduler import Scheduler
+    from engine.fleet.scheduler import Scheduler
 
     world = clinic(rt)
     contact, _, _ = reminded(rt, clock, world)
@@ -596,7 +596,7 @@ def test_replies_handed_out_again_go_in_tasks_of_a_hundred_whatever_the_send_bat
     from dataclasses import replace
 
     from engine.store.runtime import Runtime
-    from engine.scheduler import CONVERSATION_TASK, Scheduler
+    from engine.fleet.scheduler import CONVERSATION_TASK, Scheduler
 
     world = clinic(rt)
     channel = world.channels["whatsapp"]

@@ -303,7 +303,7 @@ def test_end_to_end_on_postgres_and_redis_with_worker_processes(rt, clock, tmp_p
     """The same story with real `lembra worker` and `lembra scheduler` processes."""
     from datetime import datetime, timezone
 
-    from engine.broker import setup_broker
+    from engine.fleet.broker import setup_broker
 
     clock.set(datetime.now(timezone.utc))
     procs = Processes(tmp_path)
@@ -313,7 +313,7 @@ def test_end_to_end_on_postgres_and_redis_with_worker_processes(rt, clock, tmp_p
         appointment_id = world.appointment(contact, clock.now() + timedelta(hours=24, seconds=2))
         world.appointment(contact, clock.now() + timedelta(days=3))
         setup_broker(rt.settings)
-        import engine.actors as actors
+        import engine.fleet.actors as actors
 
         client = create_app(rt, enqueue_inbound=lambda ids: actors.process_inbound.send(list(ids))).test_client()
         env = lembra_env(database_url, LEMBRA_POPULATE_INTERVAL="1")

@@ -25,7 +25,7 @@ from engine.flows.ai.builtin import BuiltinAI
 from engine.store.models import PROVIDERS, channels
 from engine.queue.outbox import enqueue
 from engine.store.runtime import Runtime, install
-from engine.scheduler import Scheduler
+from engine.fleet.scheduler import Scheduler
 from providers.sandbox.provider import SandboxProvider
 from tests.factories import World, sandbox_headers
 from tests.flows.helpers import Flows, edge, node

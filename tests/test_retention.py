@@ -35,7 +35,7 @@ from engine.store.models import (
 )
 from engine.queue.outbox import enqueue
 from engine.privacy import retention
-from engine.scheduler import Scheduler
+from engine.fleet.scheduler import Scheduler
 from tests.factories import World, local
 from tests.flows.helpers import Flows, linear, node
 from tests.processes import lembra_env

@@ -8,7 +8,7 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from engine.scheduler import LEADER_LOCK, Scheduler
+from engine.fleet.scheduler import LEADER_LOCK, Scheduler
 from tests.conftest import IS_POSTGRES
 from tests.processes import wait_until
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from engine import scheduler as scheduler_module
+from engine.fleet import scheduler as scheduler_module
 from engine.reminders.populate import PopulateResult
-from engine.scheduler import CHANGED_SINCE_MARGIN, FULL_POPULATE_EVERY, Scheduler
+from engine.fleet.scheduler import CHANGED_SINCE_MARGIN, FULL_POPULATE_EVERY, Scheduler
 from tests.factories import World, local
 
 

@@ -1,4 +1,4 @@
-"""`lembra worker`'s supervisor (engine/supervisor.py) with stand-in children: a dead child is
+"""`lembra worker`'s supervisor (engine/fleet/supervisor.py) with stand-in children: a dead child is
 replaced and its sibling left alone, a stop is one SIGTERM per child, a second signal kills, and a
 child that keeps dying at start makes the supervisor exit 1. The same with real worker processes
 on a real broker: tests/test_processes.py::test_a_killed_worker_process_is_replaced_and_the_fleet_keeps_sending."""
@@ -33,7 +33,7 @@ while not (mode == "polite" and stopping and time.monotonic() - stopping[0] > 0.
 
 def _supervise(tmp_path: Path, child: list[str], count: int, **options: object) -> subprocess.Popen[str]:
     kwargs = ", ".join(f"{k}={v!r}" for k, v in {"first_delay": 0.1, "poll": 0.05, **options}.items())
-    code = (f"import sys; from engine.supervisor import Supervisor; "
+    code = (f"import sys; from engine.fleet.supervisor import Supervisor; "
             f"sys.exit(Supervisor({child!r}, {count}, {kwargs}).run())")
     return subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -1,4 +1,4 @@
-"""A worker's two pools (engine/worker_pools.py) on one broker: each takes its own queues, and
+"""A worker's two pools (engine/fleet/worker_pools.py) on one broker: each takes its own queues, and
 they start, stop and start again without Dramatiq's "middleware of the same type twice" warning
 (which `lembra worker` printed at every start)."""
 
@@ -12,8 +12,8 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.common import dq_name
 
-from engine.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE
-from engine.worker_pools import start_pools
+from engine.fleet.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE
+from engine.fleet.worker_pools import start_pools
 
 
 def test_the_two_worker_pools_start_without_adding_a_middleware_twice(caplog):

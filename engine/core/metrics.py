@@ -9,7 +9,7 @@ stop a send.
 Where the numbers are read (one scrape target per process group):
 
 - `lembra web` runs gunicorn with several worker processes, and `lembra worker` a supervisor with
-  several Dramatiq worker processes (engine/supervisor.py). Both use prometheus-client's
+  several Dramatiq worker processes (engine/fleet/supervisor.py). Both use prometheus-client's
   multiprocess mode: `use_multiprocess()` gives the group a private directory
   (PROMETHEUS_MULTIPROC_DIR, under LEMBRA_METRICS_DIR) before prometheus_client is imported, every
   process of the group writes its values there, and one scrape adds them up. The web group answers

@@ -32,7 +32,7 @@ from sqlalchemy import update
 
 from admin.app import create_app
 from engine.messaging import dispatch
-from engine.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
+from engine.fleet.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
 from engine.flows.runtime import advance_claimed, claim_due
 from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import Base, channels

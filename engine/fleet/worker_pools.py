@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-if TYPE_CHECKING:  # imported late: `engine.worker_process` sets its signals up before Dramatiq loads
+if TYPE_CHECKING:  # imported late: `engine.fleet.worker_process` sets its signals up before Dramatiq loads
     import dramatiq
 
 #: `lembra worker`'s defaults (the embedded default uses its own `--threads` for both pools).
@@ -60,7 +60,7 @@ def start_pools(broker: dramatiq.Broker, *, send_threads: int = SEND_THREADS,
     """Start the send pool and the conversation pool on `broker` (set up by `setup_broker`)."""
     from dramatiq.common import q_name
 
-    from engine.actors import SEND_QUEUE
+    from engine.fleet.actors import SEND_QUEUE
 
     pool_class, consumers_class = _classes()
     # Every other queue, so an actor added later is consumed without a change here.

@@ -98,10 +98,10 @@ def setup_broker(settings: Settings) -> dramatiq.Broker:
     """Install the broker and declare the actors on it. Call once per process, before sending."""
     broker = make_broker(settings)
     dramatiq.set_broker(broker)
-    import engine.actors  # noqa: F401  (declares the actors on the broker just installed)
+    import engine.fleet.actors  # noqa: F401  (declares the actors on the broker just installed)
 
-    for actor_name in engine.actors.ACTOR_NAMES:
-        actor = getattr(engine.actors, actor_name)
+    for actor_name in engine.fleet.actors.ACTOR_NAMES:
+        actor = getattr(engine.fleet.actors, actor_name)
         actor.broker = broker
         broker.declare_actor(actor)
     return broker

@@ -1,7 +1,7 @@
-"""One Dramatiq worker process: `python -m engine.worker_process --threads N --conversation-threads M`
-(N threads for sends, M for patient replies and follow-up steps: engine/worker_pools.py).
+"""One Dramatiq worker process: `python -m engine.fleet.worker_process --threads N --conversation-threads M`
+(N threads for sends, M for patient replies and follow-up steps: engine/fleet/worker_pools.py).
 
-`lembra worker --processes P` starts P of these and replaces any that dies (engine/supervisor.py).
+`lembra worker --processes P` starts P of these and replaces any that dies (engine/fleet/supervisor.py).
 It does what one child of the `dramatiq` command does (boot the broker, run its `dramatiq.Worker`s,
 stop them gracefully on SIGTERM) without the `dramatiq` main process, whose answer to a dead child
 is to stop every sibling and exit.
@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 
-from engine.worker_pools import CONVERSATION_THREADS, SEND_THREADS, start_pools
+from engine.fleet.worker_pools import CONVERSATION_THREADS, SEND_THREADS, start_pools
 
 #: Exit codes, as the `dramatiq` command uses them.
 RET_OK, RET_CONFIG, RET_CONNECT = 0, 2, 3
@@ -47,7 +47,7 @@ def _stop_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.worker_process")
+    parser = argparse.ArgumentParser(prog="python -m engine.fleet.worker_process")
     parser.add_argument("--threads", type=int, default=SEND_THREADS, help="threads taking send tasks")
     parser.add_argument("--conversation-threads", type=int, default=CONVERSATION_THREADS,
                         help="threads taking patient replies and follow-up steps")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # dramatiq < 2.1
         from dramatiq.errors import ConnectionError as BrokerConnectionError  # type: ignore[no-redef]
 
-    from engine.broker import setup_broker
+    from engine.fleet.broker import setup_broker
     from engine.core.config import ConfigError, Settings
     from engine.core.logs import configure
 

@@ -12,7 +12,7 @@ the broker for later: the database holds `due_at`, the broker only sees what is 
 A broker outage stops only the hand-overs. The enrollments claimed for a hand-over that failed
 are released at once, free; while the outage lasts a pass sweeps, populates and settles as usual
 but claims nothing until the broker answers a probe, and the outage is logged once, then once a
-minute, then when it ends (engine/outage.py).
+minute, then when it ends (engine/fleet/outage.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine.core import clock, metrics
 from engine.messaging import dispatch, inbound, statuses
-from engine.broker import BrokerUnavailable, connection_errors, ping
+from engine.fleet.broker import BrokerUnavailable, connection_errors, ping
 from engine.core.config import Settings
 from engine.flows import runtime as flows
 from engine.flows.triggers import scan as scan_triggers
-from engine.outage import BrokerOutage
+from engine.fleet.outage import BrokerOutage
 from engine.reminders.populate import PopulateResult, populate, populate_changed
 from engine.privacy.retention import DailyRetention
 from engine.store.runtime import Runtime
@@ -335,7 +335,7 @@ class Scheduler:
             stop.wait(interval)
 
     def run_pass(self) -> None:
-        """One pass of the loop: a failure is logged (a broker outage as engine/outage.py says,
+        """One pass of the loop: a failure is logged (a broker outage as engine/fleet/outage.py says,
         not once per pass) and the loop goes on."""
         try:
             metrics.scheduler_pass(lambda: self.tick(background=True))

@@ -1,7 +1,7 @@
 """Dramatiq actors. They carry ids only; the rows in the database say what to do, so an actor
 that runs twice (a redelivered message) finds the work done and does nothing.
 
-Import this module through `engine.broker.setup_broker`, which installs the broker first.
+Import this module through `engine.fleet.broker.setup_broker`, which installs the broker first.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The `dramatiq` command's main process, when one of its children dies (SIGKILL, the OOM killer),
 stops every other child and exits, so one bad message or one OOM kill takes the whole `lembra
 worker` down and the fleet shrinks until something outside restarts it. This supervisor instead
-runs N single-process workers (engine/worker_process.py) and replaces the one that died, after a
+runs N single-process workers (engine/fleet/worker_process.py) and replaces the one that died, after a
 backoff, while its siblings keep sending.
 
 - A child that dies is started again after 1 s, doubling up to 30 s while it keeps dying young
@@ -17,7 +17,7 @@ backoff, while its siblings keep sending.
   kill still takes them all; each also gets a SIGTERM from the kernel if the supervisor dies.
 
 `lembra worker` checks the settings, the database and the broker, then execs
-`python -m engine.supervisor --processes N -- CHILD...`, so the process that stays is small
+`python -m engine.fleet.supervisor --processes N -- CHILD...`, so the process that stays is small
 (standard library and logging only).
 """
 
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.core import metrics
-from engine.worker_process import SUPERVISOR_PID_ENV
+from engine.fleet.worker_process import SUPERVISOR_PID_ENV
 
-log = logging.getLogger("engine.supervisor")
+log = logging.getLogger("engine.fleet.supervisor")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -152,7 +152,7 @@ class Supervisor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m engine.fleet.supervisor")
     parser.add_argument("--processes", type=int, required=True)
     parser.add_argument("child", nargs=argparse.REMAINDER, help="-- then the command of one child")
     args = parser.parse_args(argv)
