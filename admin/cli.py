@@ -474,7 +474,7 @@ def keys() -> None:
                             "older keys can be removed afterwards.")
 @click.option("--batch", default=200, show_default=True, type=int)
 def keys_rotate(batch: int) -> None:
-    from engine.store.keys import rotate
+    from engine.store.key_rotation import rotate
     from gateway.crypto import CryptoError
 
     rt = _runtime()

@@ -53,10 +53,9 @@ from markupsafe import escape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# The renderer under test, imported here only: when engine/render.py moves (engine.messaging.render),
-# this line is the one to change.
-from engine import render as lembra  # noqa: E402
-from engine.migrate import upgrade  # noqa: E402
+# The renderer under test, imported in this one place.
+from engine.messaging import render as lembra  # noqa: E402
+from engine.store.migrate import upgrade  # noqa: E402
 
 try:
     import liquid

@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 
 from engine.tenants.channels import create_channel
 from engine.core.config import Settings
-from engine.store.keys import rotate
+from engine.store.key_rotation import rotate
 from engine.store.models import channels
 from engine.store.runtime import Runtime
 from gateway.crypto import CryptoError, Keyring

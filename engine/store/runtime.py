@@ -9,7 +9,7 @@ from typing import Optional
 from engine.core.config import Settings
 from engine.store.db import Database
 from engine.store.provider_pool import ProviderPool
-from engine.store.secrets import keyring_for
+from engine.store.keyring import keyring_for
 from gateway.crypto import Keyring
 
 
