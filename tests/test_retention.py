@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select
 
 from admin.cli import main
 from admin.cli_privacy import register
-from admin.views.dashboard import tally
+from admin.views.desk.dashboard import tally
 from engine import dispatch
 from engine.api_events import record_contact_event
 from engine.inbound import process_inbound

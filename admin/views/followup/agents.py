@@ -29,7 +29,7 @@ from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from admin.i18n import _, _l, translate
 from admin.views.base import TenantModelView, db_session, is_editor, org_id, org_timezone, runtime, write_audit
-from admin.views.channels import egress_error
+from admin.views.settings.channels import egress_error
 from engine import clock
 from engine.catalogue import describe
 from engine.flows import agents as agent_ops

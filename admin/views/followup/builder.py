@@ -38,7 +38,7 @@ from admin.i18n import _, _l, current_locale, translate
 from admin.ids import parse_id
 from admin.json_body import BodyRefused, request_json
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
-from admin.views.messaging import preview
+from admin.views.settings.templates import preview
 from engine.channels import default_channel
 from engine.flows import queries, triggers, versions
 from engine.flows.schema import CHANNEL_KINDS, json_schema

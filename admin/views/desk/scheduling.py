@@ -1,4 +1,4 @@
-"""Agendamentos and Contatos (the reminder rules are in admin/views/rules.py)."""
+"""Agendamentos and Contatos (the reminder rules are in admin/views/settings/rules.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from admin.views.base import (
 )
 from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
 from admin.views.followup.handoff import ContactFollowupMixin
-from admin.views.privacy import ContactPrivacyMixin
+from admin.views.desk.privacy import ContactPrivacyMixin
 from engine import appointments as appts
 from engine import clock
 from engine import imports as csv_import
@@ -206,7 +206,7 @@ def patient_history(conn: Any, org_id_: int, *, contact_id: int | None = None,
 def flash_outlook(conn: Any, org_id_: int, appointment_id: int, verb: str) -> None:
     """One message after the appointment was saved: how many reminders are queued and, when the
     time has passed or some reminder cannot go, a warning that lists each skipped one with why."""
-    from admin.views.rules import timing_label
+    from admin.views.settings.rules import timing_label
 
     outlook = appts.reminder_outlook(conn, org_id_, appointment_id, horizon=DEFAULT_HORIZON)
     created = verb == "create"
