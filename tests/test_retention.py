@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from sqlalchemy import func, insert, select
 
 from admin.cli import main
-from admin.cli_privacy import register
 from admin.views.desk.dashboard import tally
 from engine import dispatch
 from engine.api_events import record_contact_event
@@ -251,7 +250,6 @@ def test_a_run_that_runs_out_of_budget_goes_on_at_the_next_pass(rt, clock):
 
 def test_lembra_retention_run_and_dry_run(rt, clock, database_url):
     world, _, _ = tenant(rt, "clinica-a")
-    register(main)
     runner = CliRunner()
     env = lembra_env(database_url)
     clock.advance(timedelta(days=91))
