@@ -72,7 +72,7 @@ def create_app(rt: Runtime, *, enqueue_inbound: Callable[[Sequence[int]], None] 
 def _bookmarks(app: Flask) -> None:
     """Old addresses kept as redirects: the README's root URL and the sandbox inbox's first home."""
     app.add_url_rule("/", "root", lambda: redirect(url_for("admin.index")))
-    # Bookmarks of the standalone page; the inbox now lives in the console (admin/views/sandbox.py).
+    # Bookmarks of the standalone page; the inbox now lives in the console (admin/views/messages/sandbox.py).
     app.add_url_rule("/sandbox", "sandbox_bookmark", lambda: redirect(url_for("sandbox.index")))
 
 

@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from sqlalchemy import func, insert, select
 
 from admin.cli import main
-from admin.cli_privacy import register
 from engine.core import clock as engine_clock
 from engine.messaging import dispatch
 from engine.tenants.audit import audit
@@ -218,7 +217,6 @@ def test_the_consent_evidence_says_what_was_agreed_when_how_and_every_opt_out(rt
     assert document["refused_now"] == ["email", "sms", "whatsapp"]
 
     # After erasure the CLI still shows the tombstone's record (without the addresses).
-    register(main)
     env = lembra_env(rt.settings.database_url)
     runner = CliRunner()
     refused = runner.invoke(main, ["contacts", "erase", "--org", "clinica-a", str(contact)], env=env, input="n\n")
@@ -247,7 +245,6 @@ def test_lembra_contacts_duplicates_lists_ids_only(rt, clock):
     world, _ = clinic(rt, "clinica-a")
     first = world.contact(name="Marta", phone=PHONE, email=None)
     second = world.contact(name="Lucas", phone=PHONE, email=None)
-    register(main)
     result = CliRunner().invoke(main, ["contacts", "duplicates", "--org", "clinica-a"],
                                 env=lembra_env(rt.settings.database_url))
     assert result.exit_code == 0 and result.output.strip() == f"2 contacts share a phone: {first} {second}"

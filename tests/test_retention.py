@@ -15,11 +15,9 @@ from click.testing import CliRunner
 from sqlalchemy import func, insert, select
 
 from admin.cli import main
-from admin.cli_privacy import register
-from admin.views.dashboard import tally
+from admin.views.desk.dashboard import tally
 from engine.messaging import dispatch
 from engine.flows.contact_events import record_contact_event
-from engine.core.errors import DomainError
 from engine.messaging.inbound import process_inbound
 from engine.store.models import (
     contact_events,
@@ -33,6 +31,7 @@ from engine.store.models import (
     sandbox_messages,
     webhook_events,
 )
+from engine.core.errors import DomainError
 from engine.queue.outbox import enqueue
 from engine.privacy import retention
 from engine.fleet.scheduler import Scheduler
@@ -251,7 +250,6 @@ def test_a_run_that_runs_out_of_budget_goes_on_at_the_next_pass(rt, clock):
 
 def test_lembra_retention_run_and_dry_run(rt, clock, database_url):
     world, _, _ = tenant(rt, "clinica-a")
-    register(main)
     runner = CliRunner()
     env = lembra_env(database_url)
     clock.advance(timedelta(days=91))

@@ -1,5 +1,9 @@
 """The admin console (Flask-Admin) mounted at /admin: one tenant-scoped base view, every view
-inheriting it, a scoped ORM session bound to the runtime's engine."""
+inheriting it, a scoped ORM session bound to the runtime's engine.
+
+The views are grouped as the menu is: desk/ (the top-level items), messages/ (Mensagens),
+followup/ (Acompanhamento) and settings/ (Configuração); base.py, filters.py and words.py are
+what they share."""
 
 from __future__ import annotations
 
@@ -26,22 +30,22 @@ from engine.store.runtime import Runtime
 
 
 def init_admin(app: Flask, rt: Runtime) -> Admin:
-    from admin.views.access import ApiKeyView, UserView
-    from admin.views.audit import AuditView
-    from admin.views.channels import ChannelView
-    from admin.views.conversations import ConversationsView
-    from admin.views.dashboard import DashboardView
+    from admin.views.desk.conversations import ConversationsView
+    from admin.views.desk.dashboard import DashboardView
+    from admin.views.desk.inbox import InboxView
+    from admin.views.desk.scheduling import AppointmentView, ContactView
     from admin.views.followup.agents import AgentView
     from admin.views.followup.builder import FlowBuilderView
     from admin.views.followup.flows import FlowListView
     from admin.views.followup.queue import FollowupQueueView
     from admin.views.followup.runs import RunsView
-    from admin.views.inbox import InboxView
-    from admin.views.messaging import TemplateView
-    from admin.views.outbox import LogView, QueueView
-    from admin.views.rules import ReminderRuleView
-    from admin.views.sandbox import SandboxView
-    from admin.views.scheduling import AppointmentView, ContactView
+    from admin.views.messages.outbox import LogView, QueueView
+    from admin.views.messages.sandbox import SandboxView
+    from admin.views.settings.access import ApiKeyView, UserView
+    from admin.views.settings.audit import AuditView
+    from admin.views.settings.channels import ChannelView
+    from admin.views.settings.rules import ReminderRuleView
+    from admin.views.settings.templates import TemplateView
     from engine.store.models import Agent, ApiKey, Enrollment, InboxItem, User
 
     factory = sessionmaker(bind=rt.db.engine)

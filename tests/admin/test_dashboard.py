@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import update
 
-from admin.views import dashboard
-from admin.views.dashboard import furthest_state, tally
+from admin.views.desk import dashboard
+from admin.views.desk.dashboard import furthest_state, tally
 from engine.core import clock as engine_clock
 from engine.store.models import messages
 

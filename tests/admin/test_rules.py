@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 from sqlalchemy import func, select
 
-from admin.views.rules import timing_label, toggled_kinds
+from admin.views.settings.rules import timing_label, toggled_kinds
 from engine.store.models import audit_log, messages, orgs, reminder_rule_kinds, reminder_rules
 from engine.tenants.orgs import create_user
 from engine.reminders.rules import RULE_CHANGED

@@ -40,13 +40,13 @@ from tests.security.walk import (
 #: What an agent may change with a POST, and why (SPEC §8: agents read the queue; the inbox and the
 #: sandbox say agents resolve pendências and answer as the patient).
 AGENT_MAY_CHANGE = {
-    "inbox.resolve_view": "agents resolve pendências (admin/views/inbox.py)",
+    "inbox.resolve_view": "agents resolve pendências (admin/views/desk/inbox.py)",
     "inbox.action_view": "the list's Resolver action, the same as above",
-    "sandbox.reply": "agents answer as the patient in the sandbox (admin/views/sandbox.py)",
+    "sandbox.reply": "agents answer as the patient in the sandbox (admin/views/messages/sandbox.py)",
     "auth.set_locale": "the user's own console language",
     "contacts.handoff_view": "every role starts and ends a hand-off: the front desk's job "
                              "(admin/views/followup/handoff.py)",
-    "conversations.reply": "agents answer patients' free-text replies (admin/views/conversations.py)",
+    "conversations.reply": "agents answer patients' free-text replies (admin/views/desk/conversations.py)",
     "conversations.handled_one": "agents mark a patient's reply handled, the same page",
     "conversations.handled": "the list's bulk mark-handled, the same as above",
 }

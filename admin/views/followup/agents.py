@@ -29,16 +29,16 @@ from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from admin.i18n import _, _l, translate
 from admin.views.base import TenantModelView, db_session, is_editor, org_id, org_timezone, runtime, write_audit
-from admin.views.channels import egress_error
+from admin.views.settings.channels import egress_error
 from engine.core import clock
 from engine.words.catalogue import describe
-from engine.core.errors import DomainError
 from engine.flows import agents as agent_ops
 from engine.flows import queries
 from engine.flows.ai.base import AIContext, AIError
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.factory import ai_for
 from engine.store.models import FlowPointer, Org
+from engine.core.errors import DomainError
 from gateway.egress import EgressRefused, InvalidAddress
 
 HANDOFF_LABELS = {

@@ -34,16 +34,17 @@ from werkzeug.routing import BuildError
 
 from admin.api import services
 from admin.api.core import ApiError
-from admin.i18n import _, _l, current_locale, translate
+from admin.i18n import _, current_locale, translate
 from admin.ids import parse_id
 from admin.json_body import BodyRefused, request_json
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
-from admin.views.messaging import preview
+from admin.views.followup.flow_list import FLOW_STATUS_LABELS, list_page
+from admin.views.settings.templates import preview
 from engine.tenants.channels import default_channel
-from engine.core.errors import DomainError
 from engine.flows import queries, triggers, versions
 from engine.flows.schema import CHANNEL_KINDS, json_schema
 from engine.store.models import contacts, preferences, templates, users
+from engine.core.errors import DomainError
 from engine.messaging.templates import find_template
 
 #: The built bundle (admin/frontend/build.mjs writes it; tests/admin/test_builder_bundle.py checks it).
@@ -56,10 +57,6 @@ EDITABLE = ("name", "draft_graph", "trigger_config", "handoff_policy", "cancel_o
 TEST_CONTACTS = 200
 #: Channel kinds whose default channel is the sandbox provider can only "send" into the sandbox inbox.
 SANDBOX_PROVIDER = "sandbox"
-
-#: A flow's status in the manager's words.
-FLOW_STATUS_LABELS = {"draft": _l("Rascunho"), "active": _l("Publicado"), "disabled": _l("Desativado")}
-FLOW_STATUS_COLORS = {"draft": "warning", "active": "success", "disabled": "secondary"}
 
 
 class BuilderError(Exception):
@@ -354,8 +351,6 @@ class FlowBuilderView(TenantPageView):
     @expose("/")
     def index(self) -> Any:
         """The builder opens a flow; without one, it shows the list of flows to pick it from."""
-        from admin.views.followup.flows import list_page  # flows.py imports this module
-
         return list_page(self)
 
     @expose("/<flow_id>/")

@@ -1,4 +1,4 @@
-"""The follow-up actions of a contact, on Contatos (admin/views/scheduling.py mixes this in):
+"""The follow-up actions of a contact, on Contatos (admin/views/desk/scheduling.py mixes this in):
 
 - hand-off: a receptionist takes the conversation over (or hands it back) from the contact page
   or the sandbox chat. It is the same contact event the REST API records

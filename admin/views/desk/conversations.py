@@ -35,7 +35,7 @@ from admin.views.base import (
 )
 from admin.views.followup.queue import flow_names, node_label
 from admin.views.followup.runs import run_url
-from admin.views.sandbox import BUTTON_TITLES
+from admin.views.messages.sandbox import BUTTON_TITLES
 from admin.views.words import reply_outcome_text
 from engine.core import clock
 from engine.messaging import conversations as convs

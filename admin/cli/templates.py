@@ -1,7 +1,6 @@
 """`lembra templates …`: an org's message templates and the global defaults, each with the approved
 Meta template it sends outside WhatsApp's 24-hour window (engine/messaging/meta_templates.py); map a template
-to one of the clinic's WABA, change its texts, list the WABA's templates. `register(main)` adds the
-group to the `lembra` command.
+to one of the clinic's WABA, change its texts, list the WABA's templates.
 
 Saves go through engine/messaging/template_edits (as the REST API's): a refusal prints every problem as the
 catalogue's sentence and exits 1, nothing written; a Meta outage prints a warning and saves."""
@@ -15,17 +14,13 @@ from typing import Any
 
 import click
 
-
-def _cli() -> Any:
-    from admin import cli
-
-    return cli
+from admin.cli.common import domain, fail, load_runtime
 
 
 def _org(conn: Any, slug: str) -> Any:
     from engine.tenants.orgs import org_by_slug
 
-    return _cli()._domain(lambda: org_by_slug(conn, slug))
+    return domain(lambda: org_by_slug(conn, slug))
 
 
 def _mapping_line(mapping: Any, inherited: bool) -> str:
@@ -59,7 +54,7 @@ def templates_group() -> None:
 def templates_list(org_slug: str) -> None:
     from engine.messaging import meta_templates, template_edits
 
-    rt = _cli()._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
         org = _org(conn, org_slug)
         rows = template_edits.visible(conn, org.id)
@@ -80,13 +75,13 @@ def templates_list(org_slug: str) -> None:
 def templates_show(org_slug: str, template_id: int) -> None:
     from engine.messaging import meta_templates, template_edits
 
-    rt = _cli()._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
         org = _org(conn, org_slug)
         try:
             row = template_edits.find_visible(conn, org.id, template_id)
         except template_edits.TemplateNotFound:
-            _cli().fail(f"{org_slug} has no template {template_id}")
+            fail(f"{org_slug} has no template {template_id}")
         mapping, inherited = template_edits.mapping_of(conn, row)
     click.echo(f"template {row.id} ({'default' if row.org_id is None else 'clinic'}): {row.key}, "
                f"{row.channel_kind}, {row.locale}")
@@ -108,14 +103,13 @@ def _save(org_slug: str, template_id: int, changes: Any) -> None:
     from engine.messaging import meta_templates, template_edits
     from engine.tenants.audit import audit
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
         org = _org(conn, org_slug)
         try:
             row = template_edits.find_visible(conn, org.id, template_id)
         except template_edits.TemplateNotFound:
-            cli.fail(f"{org_slug} has no template {template_id}")
+            fail(f"{org_slug} has no template {template_id}")
         channel = template_edits.waba_for(conn, org.id, row.channel_kind)
     waba = meta_templates.read_waba(rt.providers, channel) if channel is not None else None
     try:
@@ -158,11 +152,11 @@ def templates_map(org_slug: str, template_id: int, name: str | None, language: s
 
     if use_default:
         if name or language or params or buttons:
-            _cli().fail("--default takes no --name, --language, --param or --button")
+            fail("--default takes no --name, --language, --param or --button")
         _save(org_slug, template_id, Changes(meta=None))
         return
     if not name or not language:
-        _cli().fail("give --name and --language (or --default)")
+        fail("give --name and --language (or --default)")
     _save(org_slug, template_id, Changes(meta=MetaMapping(name.strip(), language.strip(), params, buttons)))
 
 
@@ -172,9 +166,9 @@ def _read(path: str | None) -> str | None:
     try:
         return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        _cli().fail(f"{path} does not exist")
+        fail(f"{path} does not exist")
     except (OSError, UnicodeDecodeError):
-        _cli().fail(f"cannot read {path} as UTF-8 text")
+        fail(f"cannot read {path} as UTF-8 text")
     return None
 
 
@@ -192,7 +186,7 @@ def templates_update(org_slug: str, template_id: int, subject: str | None, body_
 
     body, html = _read(body_file), _read(html_file)
     if subject is None and body is None and html is None:
-        _cli().fail("give --subject, --body-file or --html-file")
+        fail("give --subject, --body-file or --html-file")
     _save(org_slug, template_id, Changes(subject=subject if subject is not None else UNSET,
                                          body=body if body is not None else UNSET,
                                          body_html=html if html is not None else UNSET))
@@ -205,24 +199,18 @@ def templates_waba(org_slug: str) -> None:
     from engine.messaging import meta_templates
     from engine.words.catalogue import describe
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
         org = _org(conn, org_slug)
         channel = meta_templates.meta_channel(conn, org.id)
     if channel is None:
-        cli.fail(str(describe("waba_no_channel")))
+        fail(str(describe("waba_no_channel")))
     waba = meta_templates.read_waba(rt.providers, channel)
     if waba.problem is not None:
-        cli.fail(str(waba.problem.text))
+        fail(str(waba.problem.text))
     click.echo(f"{'NAME':<32} {'LANGUAGE':<8} {'STATUS':<10} {'VARIABLES':>9}  BUTTONS")
     for template in meta_templates.offered(waba):
         kinds = ", ".join(b.type for b in template.buttons) or "-"
         variables = "named" if template.named else str(len(template.parameters))
         click.echo(f"{template.name:<32} {template.language:<8} {template.status:<10} {variables:>9}  {kinds}")
 
-
-def register(main: click.Group) -> None:
-    """Add `templates` to the `lembra` command (twice is harmless)."""
-    if templates_group.name not in main.commands:
-        main.add_command(templates_group)

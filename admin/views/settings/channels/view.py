@@ -20,8 +20,8 @@ from sqlalchemy import update
 
 from admin.i18n import _, _l, translate
 from admin.views.base import KIND_LABELS, TenantModelView, badge, org_id, runtime, write_audit
-from admin.views.channels import forms
-from admin.views.channels.messages import (
+from admin.views.settings.channels import forms
+from admin.views.settings.channels.messages import (
     CONNECTION_COLORS,
     CONNECTION_LABELS,
     PROVIDER_LABELS,

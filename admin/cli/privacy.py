@@ -1,5 +1,5 @@
 """`lembra contacts …` and `lembra retention …`: erasure, consent evidence, contacts that share a
-phone, and retention (engine/privacy). `register(main)` adds them to the `lembra` command.
+phone, and retention (engine/privacy).
 
 What they print names contacts by id only (no names, phones or e-mails), but for the consent
 evidence, which is the contact's own record and goes to stdout as JSON."""
@@ -13,11 +13,7 @@ from typing import Any
 
 import click
 
-
-def _cli() -> Any:
-    from admin import cli
-
-    return cli
+from admin.cli.common import domain, fail, load_runtime
 
 
 def _who() -> str:
@@ -43,18 +39,17 @@ def contacts_erase(org_slug: str, contact_id: int, yes: bool) -> None:
     from engine.tenants.orgs import org_by_slug
     from engine.privacy import erasure
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
-        org = cli._domain(lambda: org_by_slug(conn, org_slug))
-        plan = cli._domain(lambda: erasure.preview(conn, org.id, contact_id))
+        org = domain(lambda: org_by_slug(conn, org_slug))
+        plan = domain(lambda: erasure.preview(conn, org.id, contact_id))
     if not yes:
         click.echo(f"contact {contact_id} of {org_slug}: {plan['messages']} messages, {plan['messages_to_cancel']} "
                    f"not sent yet, {plan['enrollments_to_end']} live follow-ups, {plan['replies']} replies", err=True)
         if not click.confirm("Erase it? This cannot be undone", err=True):
-            cli.fail("not erased")
+            fail("not erased")
     with rt.db.begin() as conn:
-        done = cli._domain(lambda: erasure.erase_contact(conn, org.id, contact_id, by=_who(), keyring=rt.keyring))
+        done = domain(lambda: erasure.erase_contact(conn, org.id, contact_id, by=_who(), keyring=rt.keyring))
         audit(conn, org_id=org.id, action="erase", entity="contacts", entity_id=contact_id, changes=done.counts())
     click.echo(f"erased contact {contact_id} at {done.erased_at.isoformat()} by {done.erased_by}: "
                f"{done.messages_cancelled} messages cancelled, {done.enrollments_ended} follow-ups ended, "
@@ -70,11 +65,10 @@ def contacts_consent(org_slug: str, contact_id: int) -> None:
     from engine.tenants.orgs import org_by_slug
     from engine.privacy import consent
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
-        org = cli._domain(lambda: org_by_slug(conn, org_slug))
-        document = cli._domain(lambda: consent.evidence(conn, org.id, contact_id))
+        org = domain(lambda: org_by_slug(conn, org_slug))
+        document = domain(lambda: consent.evidence(conn, org.id, contact_id))
     click.echo(json.dumps(document, ensure_ascii=False, indent=2))
 
 
@@ -86,10 +80,9 @@ def contacts_duplicates(org_slug: str, limit: int) -> None:
     from engine.tenants.orgs import org_by_slug
     from engine.queue import address_optouts as addresses
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
-        org = cli._domain(lambda: org_by_slug(conn, org_slug))
+        org = domain(lambda: org_by_slug(conn, org_slug))
         groups = addresses.shared_phones(conn, org.id, limit=limit)
     for ids in groups:
         click.echo(f"{len(ids)} contacts share a phone: {' '.join(str(i) for i in ids)}")
@@ -110,7 +103,7 @@ def _org_ids(conn: Any, org_slug: str | None) -> list[tuple[int, str]]:
     from engine.tenants.orgs import org_by_slug
 
     if org_slug:
-        org = _cli()._domain(lambda: org_by_slug(conn, org_slug))
+        org = domain(lambda: org_by_slug(conn, org_slug))
         return [(org.id, org.slug)]
     return [(row.id, row.slug) for row in conn.execute(select(orgs.c.id, orgs.c.slug).order_by(orgs.c.id))]
 
@@ -122,8 +115,7 @@ def _org_ids(conn: Any, org_slug: str | None) -> list[tuple[int, str]]:
 def retention_run(org_slug: str | None, dry_run: bool) -> None:
     from engine.privacy import retention
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
         targets = _org_ids(conn, org_slug)
     verb = "would change" if dry_run else "changed"
@@ -141,8 +133,7 @@ def retention_show(org_slug: str | None) -> None:
     from engine.store.models import orgs
     from engine.privacy import retention
 
-    cli = _cli()
-    rt = cli._runtime()
+    rt = load_runtime()
     with rt.db.connect() as conn:
         for org_id, slug in _org_ids(conn, org_slug):
             row = conn.execute(select(orgs.c.retention_queue_days, orgs.c.retention_events_days)
@@ -164,22 +155,14 @@ def retention_set(org_slug: str, queue_days: int | None, events_days: int | None
     from engine.tenants.orgs import org_by_slug
     from engine.privacy import retention
 
-    cli = _cli()
     if queue_days is None and events_days is None:
-        cli.fail("give --queue-days, --events-days or both")
-    rt = cli._runtime()
+        fail("give --queue-days, --events-days or both")
+    rt = load_runtime()
     with rt.db.begin() as conn:
-        org = cli._domain(lambda: org_by_slug(conn, org_slug))
-        queue, events = cli._domain(lambda: retention.set_retention(conn, org.id, queue_days=queue_days,
-                                                                    events_days=events_days))
+        org = domain(lambda: org_by_slug(conn, org_slug))
+        queue, events = domain(lambda: retention.set_retention(conn, org.id, queue_days=queue_days,
+                                                               events_days=events_days))
     click.echo(f"{org_slug}: texts {queue} days, rows and events {events} days")
-
-
-def register(main: click.Group) -> None:
-    """Add `contacts` and `retention` to the `lembra` command (twice is harmless)."""
-    for group in (contacts_group, retention_group):
-        if group.name not in main.commands:
-            main.add_command(group)
 
 
 if __name__ == "__main__":  # pragma: no cover

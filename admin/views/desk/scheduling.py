@@ -1,4 +1,4 @@
-"""Agendamentos and Contatos (the reminder rules are in admin/views/rules.py)."""
+"""Agendamentos and Contatos (the reminder rules are in admin/views/settings/rules.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from wtforms import (
     StringField,
 )
 from wtforms.fields import DateTimeLocalField
+from wtforms.widgets import CheckboxInput, ListWidget
 from wtforms.validators import (
     DataRequired,
     Email,
@@ -29,7 +30,6 @@ from wtforms.validators import (
     Optional,
     ValidationError,
 )
-from wtforms.widgets import CheckboxInput, ListWidget
 
 from admin.i18n import _, _l, ngettext, translate
 from admin.ids import parse_id
@@ -50,7 +50,7 @@ from admin.views.base import (
 )
 from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
 from admin.views.followup.handoff import ContactFollowupMixin
-from admin.views.privacy import ContactPrivacyMixin
+from admin.views.desk.privacy import ContactPrivacyMixin
 from engine.people import appointments as appts
 from engine.core import clock
 from engine.people import imports as csv_import
@@ -63,7 +63,6 @@ from engine.people.contacts import (
     matching,
     set_consent,
 )
-from engine.core.errors import DomainError
 from engine.store.models import (
     APPOINTMENT_STATUSES,
     CHANNEL_KINDS,
@@ -77,6 +76,7 @@ from engine.store.models import (
     inbound_messages,
     messages,
 )
+from engine.core.errors import DomainError
 from engine.reminders.populate import DEFAULT_HORIZON, refresh_appointment
 from engine.queue import address_optouts as addresses
 from gateway.phones import InvalidPhone, normalize_phone
@@ -206,7 +206,7 @@ def patient_history(conn: Any, org_id_: int, *, contact_id: int | None = None,
 def flash_outlook(conn: Any, org_id_: int, appointment_id: int, verb: str) -> None:
     """One message after the appointment was saved: how many reminders are queued and, when the
     time has passed or some reminder cannot go, a warning that lists each skipped one with why."""
-    from admin.views.rules import timing_label
+    from admin.views.settings.rules import timing_label
 
     outlook = appts.reminder_outlook(conn, org_id_, appointment_id, horizon=DEFAULT_HORIZON)
     created = verb == "create"

@@ -1,4 +1,4 @@
-"""Modelos (templates); Canais (channels) live in admin/views/channels/."""
+"""Modelos (templates); Canais (channels) live in admin/views/settings/channels/."""
 
 from __future__ import annotations
 

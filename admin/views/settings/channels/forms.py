@@ -19,7 +19,7 @@ from wtforms.validators import DataRequired, Length, Optional
 
 from admin.i18n import _, _l, translate
 from admin.views.base import KIND_LABELS
-from admin.views.channels.messages import PROVIDER_LABELS, egress_error
+from admin.views.settings.channels.messages import PROVIDER_LABELS, egress_error
 from engine.words.catalogue import describe
 from engine.tenants.channels import new_webhook_secret
 from engine.store.models import CHANNEL_KINDS, PROVIDERS

@@ -1,0 +1,5 @@
+"""`python -m admin.cli`, the same as the `lembra` command."""
+
+from admin.cli import main
+
+main()
