@@ -8,7 +8,21 @@ from __future__ import annotations
 
 import click
 
-from admin.cli import apikeys, channels, db, demo, flows, keys, messages, orgs, privacy, serve, templates, users
+from admin.cli import (
+    apikeys,
+    channels,
+    db,
+    demo,
+    flows,
+    keys,
+    messages,
+    orgs,
+    privacy,
+    serve,
+    templates,
+    understand,
+    users,
+)
 from engine.core.config import ENV_VARS
 
 
@@ -28,6 +42,7 @@ def main() -> None:
 
 for _command in (serve.up, serve.web, serve.worker, serve.scheduler, db.db, demo.demo, orgs.orgs, users.users,
                  messages.messages, channels.channels, keys.keys, apikeys.apikeys, flows.flows, flows.enrollments,
-                 privacy.contacts_group, privacy.retention_group, templates.templates_group):
+                 privacy.contacts_group, privacy.retention_group, templates.templates_group,
+                 understand.understand):
     main.add_command(_command)
 
