@@ -139,8 +139,8 @@ def understand(text: str, context: Context) -> Understanding:
         and fields["period"] is None and "time_range" not in fields)
     offered = (when.said or "exclude_weekdays" in fields) and not same_as_appointment
     # A confirm with a day is read as a confirm ("confirmo sexta" when asked about Friday) unless it
-    # also says no: "não posso quarta, sexta?" offers Friday.
-    proposes = offered and ("confirm" not in signals.found or "cancel" in signals.found)
+    # also says no or asks: "não posso quarta, sexta?", "ok, mas tem como ser sexta?".
+    proposes = offered and ("confirm" not in signals.found or "cancel" in signals.found or "?" in raw)
     intent, confidence = _decide(signals, proposes, declared)
     if not normal.text and intent == "other":
         confidence = 0.1

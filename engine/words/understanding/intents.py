@@ -24,7 +24,9 @@ BUILTIN_PHRASES: Mapping[str, tuple[str, ...]] = {
         "nao quero mais receber", "nao quero receber", "nao me mande", "nao mande mais", "para de mandar",
         "pare de mandar", "parem de mandar", "para de enviar", "pare de enviar", "nao envie mais",
         "remover meu numero", "tira meu numero", "tirar meu numero", "me tira da lista", "me tire da lista",
-        "bloquear", "nao quero mais mensagens", "chega de mensagem", "nao me mandem",
+        "bloquear", "nao quero mais mensagens", "chega de mensagem", "nao me mandem", "para de me mandar",
+        "pare de me mandar", "parem de enviar", "parem de me mandar", "me tira dessa lista", "me tira desta lista",
+        "remove meu numero", "remova meu numero", "numero errado", "nao me manda mais",
     ),
     "reschedule": (
         "remarcar", "remarca", "remarco", "remarcacao", "reagendar", "reagenda", "reagendamento",
@@ -34,10 +36,12 @@ BUILTIN_PHRASES: Mapping[str, tuple[str, ...]] = {
         "outro dia", "outro horario", "outra data", "outra hora", "outro dia e horario", "adiar", "antecipar",
         "da para ser", "daria para ser", "poderia ser", "seria possivel", "tem horario",
         "tem vaga", "teria horario", "teria vaga", "prefiro", "preferia", "melhor para mim", "consigo ir",
-        "posso ir", "marcar para", "passar para", "transferir", "mudar", "trocar",
+        "posso ir", "marcar para", "passar para", "transferir", "mudar", "trocar", "tem como ser",
+        "tem como passar", "tem como mudar", "nao tem como passar", "nao tem como ser", "nao tem como mudar",
+        "nao da para passar", "nao da para mudar",
     ),
     "cancel": (
-        "cancelar", "cancela", "cancelo", "cancelem", "cancelamento", "desmarcar", "desmarca", "desmarco",
+        "cancelar", "cancela", "cancelo", "desmarque", "cancele", "cancelem", "cancelamento", "desmarcar", "desmarca", "desmarco",
         "nao vou", "nao vou poder", "nao posso", "nao consigo", "nao da", "nao vai dar", "nao poderei",
         "nao irei", "nao vou conseguir", "nao vou comparecer", "nao comparecerei", "impossivel",
         "desisto", "desistir", "nao preciso mais", "nao quero mais a consulta", "nao tenho como",
@@ -55,7 +59,8 @@ BUILTIN_PHRASES: Mapping[str, tuple[str, ...]] = {
         "ta bom", "esta bom", "tudo certo", "com certeza", "claro", "positivo", "vou", "irei", "estarei",
         "presente", "perfeito", "fechado", "tranquilo", "pode deixar", "vou comparecer", "compareco",
         "la estarei", "ta certo", "ta confirmado", "isso", "isso mesmo", "obrigado", "valeu", "show",
-        "otimo", "joia", "de acordo", "vou estar la", "to indo", "estou indo",
+        "otimo", "joia", "de acordo", "vou estar la", "to indo", "estou indo", "okey", "nao vou faltar",
+        "pode contar comigo", "sem falta",
     ),
 }
 # Words a question starts with; a "?" anywhere also makes a question.

@@ -236,9 +236,6 @@ def _scan(clause: str, index: int, today: date, appointment: datetime | None) ->
             last = _clock(int(match.group(4)), _minutes(match.group(5) or match.group(6)), said, True)
             if first and last and first < last:
                 add("range", [first, last], match)
-                if said:
-                    mentions.append(Mention("period", {"manha": "morning", "tarde": "afternoon",
-                                                       "noite": "evening"}[said], index, match.start()))
     for match in _LATE_AFTERNOON.finditer(clause):
         if free(match):
             add("period", "afternoon", match)
@@ -250,10 +247,8 @@ def _scan(clause: str, index: int, today: date, appointment: datetime | None) ->
         if free(match):
             said = match.group(3)
             clock = _clock(_number(match.group(1)), _minutes(match.group(2)), said, False)
-            if clock:
+            if clock:  # the hour says it all: "3 da tarde" is 15:00, no period besides
                 add("time", clock, match)
-                mentions.append(Mention("period", {"manha": "morning", "tarde": "afternoon",
-                                                   "noite": "evening"}[said], index, match.start()))
     for match in _TIME_HM.finditer(clause):
         if free(match):
             clock = _clock(int(match.group(1)), _minutes(match.group(2) or match.group(3)), None, True)
@@ -302,8 +297,6 @@ def read_when(clauses: tuple[str, ...], now: datetime, appointment: datetime | N
         when.time_range = range_m.value
     if period_m:
         when.period = period_m.value
-    elif when.time_range and when.time_range[0] >= "12:00" and when.time_range[1] <= "18:00":
-        when.period = "afternoon"
     chosen: date | None = None
     if weekday_m is not None and (date_m is None or weekday_m.start > date_m.start or weekday_m.clause > date_m.clause):
         weekday = weekday_m.value
