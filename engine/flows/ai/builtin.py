@@ -12,6 +12,8 @@ from types import MappingProxyType
 
 from engine.flows.ai.base import AIContext, Classification, Plan, PlannedWait, SmartWait, Written
 from engine.words.keywords import normalize_text
+from engine.words.understanding import Context, Understanding
+from engine.words.understanding import understand as understand_builtin
 
 __all__ = ["DEFAULT_CLASS_KEYWORDS", "MAX_WAIT_REASON", "BuiltinAI", "find_keyword"]
 
@@ -92,3 +94,7 @@ class BuiltinAI:
         """Every smart wait at its maximum (the safe choice: never nag sooner than allowed)."""
         planned = {w.node_id: PlannedWait(w.node_id, w.max_minutes, MAX_WAIT_REASON) for w in waits}
         return Plan(MappingProxyType(planned), 0, "builtin_max" if waits else "no_waits")
+
+    def understand(self, text: str, context: Context) -> Understanding:
+        """The built-in reader's answer (`engine.words.understanding`): no LLM call."""
+        return understand_builtin(text, context)

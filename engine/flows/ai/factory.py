@@ -16,6 +16,8 @@ from typing import Any
 from engine.flows.ai.base import AI, AIContext, AIError, Classification, Plan, SmartWait, Written
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.ai.openai_compat import OpenAICompatAI
+from engine.words.understanding import Context, Understanding
+from engine.words.understanding import understand as understand_builtin
 from gateway.crypto import CryptoError, Keyring
 from gateway.egress import STRICT, EgressPolicy, InvalidAddress, endpoint
 
@@ -122,3 +124,8 @@ class UnavailableAI:
     def plan(self, *, waits: Sequence[SmartWait], context: AIContext) -> Plan:
         """Raises the permanent error."""
         raise self._fail()
+
+    def understand(self, text: str, context: Context) -> Understanding:
+        """The built-in reader's answer: no call can be made (`llm_calls=0`), and a reply is
+        always read. The agent's problem shows where its calls are made (classify, write, plan)."""
+        return understand_builtin(text, context)

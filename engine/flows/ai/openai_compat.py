@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 import openai
 
 from engine.flows.ai.base import AIContext, AIError, Classification, Plan, PlannedWait, SmartWait, Turn, Written
+from engine.flows.ai.understand import understand_with_llm
+from engine.words.understanding import Context, Understanding
 from gateway import limits
 from gateway.egress import STRICT, EgressPolicy, EgressRefused, httpx_client
 
@@ -153,6 +155,12 @@ class OpenAICompatAI:
             return self._malformed("plan", Plan(MappingProxyType({}), 1, "ai_malformed"))
         complete = len(planned) == len(set(ids)) and len(entries) == len(planned)
         return Plan(MappingProxyType(planned), 1, "ai_ok" if complete else "ai_partial")
+
+    def understand(self, text: str, context: Context) -> Understanding:
+        """What a patient's reply means, from one call with a strict schema built from the
+        declared intents and the pending fields; an answer outside it, or a failed call, gives
+        the built-in reader's answer (`engine.flows.ai.understand`)."""
+        return understand_with_llm(text, context, ask=self._ask, model=self.model)
 
     # ---------------------------------------------------------------------------------- wire
 
