@@ -563,6 +563,14 @@ CATALOGUE: dict[str, Text] = {
     "migration_needs_owner": N_("O papel de DATABASE_URL não pode mudar o esquema do banco, e isso é o certo para "
                                 "a aplicação. Rode `lembra db upgrade` com LEMBRA_OWNER_DATABASE_URL apontando "
                                 "para o dono do esquema."),
+    # --- POST /api/v1/understand (admin/api/understand.py): a request the reader cannot take ------------------
+    "understand_text": N_("Envie a resposta do paciente em text: um texto de 1 a %(max)s caracteres."),
+    "understand_instant": N_("Use uma data e hora ISO 8601 com o fuso, por exemplo 2026-12-07T10:00:00-03:00."),
+    "understand_appointment_both": N_("Informe o agendamento por appointment_id ou por appointment_at, não pelos "
+                                      "dois."),
+    "understand_intents": N_("Use uma lista de intenções entre: %(choices)s."),
+    "understand_pending": N_("Use uma lista de campos aguardados entre: %(choices)s."),
+    "understand_body": N_("Envie um objeto JSON com o campo text."),
 }
 
 
