@@ -155,8 +155,9 @@ def test_embedded_default_sends_demo_reminders_within_a_minute(tmp_path):
     port = _free_port()
     procs = Processes(tmp_path)
     started = time.monotonic()
-    proc = subprocess.Popen([LEMBRA, "up", "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "up.log", "wb") as log:  # the child writes to its own copy
+        proc = subprocess.Popen([LEMBRA, "up", "--port", str(port)], cwd=tmp_path, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     procs.children.append(proc)
     db_file = tmp_path / "lembra.db"
 
