@@ -213,6 +213,7 @@ def _demo_follow_up_is_sent_and_a_reply_is_routed(db_file, port: int, tmp_path) 
     with pytest.raises(urllib.error.HTTPError) as refused:  # the demo's sandbox has a secret, like every one
         urllib.request.urlopen(unsigned, timeout=10)
     assert refused.value.code == 401
+    refused.value.close()  # the error is the response, which holds its connection open until closed
     request = urllib.request.Request(url, data=body, method="POST", headers={
         "Content-Type": "application/json", "X-Sandbox-Secret": _sandbox_secret(db_file, tmp_path, channel)})
     with urllib.request.urlopen(request, timeout=10) as response:
