@@ -35,7 +35,8 @@ import re
 import smtplib
 import socket
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -529,6 +530,17 @@ def httpx_client(policy: EgressPolicy, *, timeout: float | None = None) -> Any:
 # ------------------------------------------------------------------------------------- smtplib
 
 
+@contextmanager
+def _closed_on_failure(client: smtplib.SMTP) -> Iterator[None]:
+    """Close `client` if its constructor fails: smtplib connects there, then reads the greeting,
+    and leaves the socket open when that read fails (a timeout, a greeting cut off at the cap)."""
+    try:
+        yield
+    except BaseException:
+        client.close()
+        raise
+
+
 class GuardedSMTP(smtplib.SMTP):
     """smtplib.SMTP whose connection goes to an address `egress` checked, and whose conversation,
     inside a `gateway.limits.budget`, ends at its deadline and reads at most its cap of replies (a
@@ -538,7 +550,8 @@ class GuardedSMTP(smtplib.SMTP):
 
     def __init__(self, *args: Any, egress: EgressPolicy, **kwargs: Any) -> None:
         self.egress_policy = egress  # before SMTP.__init__, which connects when given a host
-        super().__init__(*args, **kwargs)
+        with _closed_on_failure(self):
+            super().__init__(*args, **kwargs)
 
     def _get_socket(self, host: str, port: int, timeout: Any) -> socket.socket:
         if timeout is not None and not timeout:
@@ -561,5 +574,6 @@ class GuardedSMTP_SSL(smtplib.SMTP_SSL, GuardedSMTP):
 
     def __init__(self, *args: Any, egress: EgressPolicy, **kwargs: Any) -> None:
         self.egress_policy = egress
-        smtplib.SMTP_SSL.__init__(self, *args, **kwargs)
+        with _closed_on_failure(self):
+            smtplib.SMTP_SSL.__init__(self, *args, **kwargs)
 

@@ -81,9 +81,9 @@ class Processes:
         self.names: dict[int, str] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.logdir / f"{name}.log", "ab")
-        proc = subprocess.Popen([LEMBRA, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with open(self.logdir / f"{name}.log", "ab") as log:  # the child writes to its own copy
+            proc = subprocess.Popen([LEMBRA, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         self.children.append(proc)
         self.names[proc.pid] = name
         return proc

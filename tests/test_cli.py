@@ -155,8 +155,9 @@ def test_embedded_default_sends_demo_reminders_within_a_minute(tmp_path):
     port = _free_port()
     procs = Processes(tmp_path)
     started = time.monotonic()
-    proc = subprocess.Popen([LEMBRA, "up", "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "up.log", "wb") as log:  # the child writes to its own copy
+        proc = subprocess.Popen([LEMBRA, "up", "--port", str(port)], cwd=tmp_path, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     procs.children.append(proc)
     db_file = tmp_path / "lembra.db"
 
@@ -212,6 +213,7 @@ def _demo_follow_up_is_sent_and_a_reply_is_routed(db_file, port: int, tmp_path) 
     with pytest.raises(urllib.error.HTTPError) as refused:  # the demo's sandbox has a secret, like every one
         urllib.request.urlopen(unsigned, timeout=10)
     assert refused.value.code == 401
+    refused.value.close()  # the error is the response, which holds its connection open until closed
     request = urllib.request.Request(url, data=body, method="POST", headers={
         "Content-Type": "application/json", "X-Sandbox-Secret": _sandbox_secret(db_file, tmp_path, channel)})
     with urllib.request.urlopen(request, timeout=10) as response:

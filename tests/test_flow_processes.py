@@ -563,10 +563,10 @@ class OwnRedis:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log = open(self.folder / "redis.log", "ab")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.folder)], stdout=log, stderr=subprocess.STDOUT)
+        with open(self.folder / "redis.log", "ab") as log:  # the server writes to its own copy
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.folder)], stdout=log, stderr=subprocess.STDOUT)
         wait_until(self.answers, timeout=30, what="the test's redis-server to answer")
 
     def stop(self) -> None:

@@ -306,7 +306,8 @@ def _get(url: str) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=10) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        with exc:  # the error is the response: closed, with its connection
+            return exc.code, exc.read().decode()
 
 
 def test_the_scheduler_metrics_server_answers_metrics_and_health(monkeypatch):

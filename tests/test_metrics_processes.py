@@ -48,7 +48,8 @@ def _get(url: str) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=10) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        with exc:  # the error is the response: closed, with its connection
+            return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
 
@@ -59,7 +60,8 @@ def _post(url: str, body: bytes) -> int:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status
     except urllib.error.HTTPError as exc:
-        return exc.code
+        with exc:  # the error is the response: closed, with its connection
+            return exc.code
 
 
 def _sample(text: str, name: str, **labels: str) -> float:

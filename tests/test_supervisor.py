@@ -72,6 +72,7 @@ def test_a_dead_child_is_replaced_and_a_stop_is_one_sigterm_each(tmp_path):
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+        sup.stdout.close()  # the output pipe, which these tests do not read
 
 
 def test_a_second_signal_kills_children_that_do_not_stop(tmp_path):
@@ -90,6 +91,7 @@ def test_a_second_signal_kills_children_that_do_not_stop(tmp_path):
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+        sup.stdout.close()  # the output pipe, which these tests do not read
 
 
 def test_a_child_that_keeps_dying_at_start_makes_the_supervisor_exit_1(tmp_path):

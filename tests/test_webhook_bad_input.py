@@ -191,6 +191,10 @@ def test_meta_signed_body_with_nul_and_nan_is_stored_cleaned(rt, client):
     assert row.from_address == PHONE
 
 
+#: At least 32 bytes, as an HS256 key should be (RFC 7518 3.2); Lembra's own secrets are 43 characters.
+EVO_SECRET = "evo-webhook-secret-0123456789abcdef"
+
+
 def test_evolution_signed_body_with_nul_and_nan_is_stored_cleaned(rt, client):
     from tests.fakes.evolution import envelope, mint_token, upsert
 
@@ -198,12 +202,12 @@ def test_evolution_signed_body_with_nul_and_nan_is_stored_cleaned(rt, client):
     world.contact()
     channel_id = _channel(rt, world, "evolution", "whatsapp", {
         "base_url": "http://127.0.0.1:9", "api_key": "evo-key", "instance": "clinica",
-        "webhook_secret": "evo-webhook-secret"})
+        "webhook_secret": EVO_SECRET})
     data = upsert({"conversation": f"oi{NUL} tudo{LONE}"}, message_id=f"3A5F1C{NUL}2B")
     data["lembra_nan"] = NON_FINITE["nan"]
     raw = _hostile(envelope("messages.upsert", data))
     response = client.post(f"/webhooks/evolution/{channel_id}", data=raw, headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {mint_token('evo-webhook-secret')}"})
+        "Content-Type": "application/json", "Authorization": f"Bearer {mint_token(EVO_SECRET)}"})
     assert response.status_code == 200, response.text
     _assert_stored_clean(rt, inbound=1)
     [row] = _inbound(rt)

@@ -45,6 +45,7 @@ from sqlalchemy import func, insert
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection
 from werkzeug.utils import secure_filename
+from wtforms.fields.choices import SelectChoice
 
 from admin.i18n import _, _l, current_locale
 from admin.ids import MAX_ID, parse_id
@@ -91,6 +92,11 @@ PURPOSE_LABELS = {
 }
 #: A template's language, as the Modelos page names it.
 LOCALE_LABELS = {"pt_BR": _l("Português"), "en": _l("Inglês"), "es": _l("Espanhol")}
+
+
+def select_choices(pairs: Iterable[tuple[Any, Any]]) -> list[SelectChoice]:
+    """(value, label) pairs as a select field's options: WTForms 3.3 deprecates tuples (3.4 drops them)."""
+    return [SelectChoice(value, label) for value, label in pairs]
 
 
 def runtime() -> Runtime:

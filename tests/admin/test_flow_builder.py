@@ -95,7 +95,8 @@ def test_the_page_loads_the_bundle_with_the_nonce_and_hands_over_schema_strings_
     assert "Paciente Da A" not in json.dumps(boot["templates"])
     assert boot["urls"]["save"] == _url(mine, "draft")
     # The bundle is served (static) and only the builder page loads it.
-    assert owner.get("/static/flows/builder.js").status_code == 200
+    with owner.get("/static/flows/builder.js") as bundle:  # closed: a file response holds the file open
+        assert bundle.status_code == 200
     assert "builder.js" not in owner.get("/admin/followup/flows/").text
     assert "builder.js" not in owner.get("/admin/").text
 

@@ -9,6 +9,8 @@ import re
 import time
 
 from sqlalchemy import func, select
+from werkzeug.datastructures import FileStorage
+from werkzeug.test import encode_multipart
 
 from engine.people import imports as csv_import
 from engine.store.models import appointments, audit_log, messages
@@ -22,10 +24,13 @@ URL = "/admin/appointments/import/"
 def upload(client, body: bytes | str, *, token: str | None = "from-page", name: str = "agenda.csv"):
     if token == "from-page":
         token = csrf(client.get(URL).text)
-    data = {"file": (io.BytesIO(body.encode() if isinstance(body, str) else body), name)}
-    if token is not None:
-        data["csrf_token"] = token
-    return client.post(URL, data=data, content_type="multipart/form-data", follow_redirects=True)
+    fields: dict[str, object] = {} if token is None else {"csrf_token": token}
+    fields["file"] = FileStorage(io.BytesIO(body.encode() if isinstance(body, str) else body), filename=name)
+    # Encoded in memory: given the form, the test client spools a body over 500 KB to a temporary file
+    # it never closes (a ResourceWarning, an error in this suite).
+    boundary, encoded = encode_multipart(fields)
+    return client.post(URL, data=encoded, content_type=f"multipart/form-data; boundary={boundary}",
+                       follow_redirects=True)
 
 
 def appointment_count(rt, org_id: int) -> int:

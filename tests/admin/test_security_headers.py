@@ -169,6 +169,7 @@ def test_every_response_carries_the_headers(app, owner, tenants, rt):
     }
     for name, response in responses.items():
         response.get_data()  # (an export streams: read it to the end)
+        response.close()  # (the static file's response holds the file open until closed)
         headers = response.headers
         assert "frame-ancestors 'none'" in headers.get("Content-Security-Policy", ""), name
         assert headers.get("X-Frame-Options") == "DENY", name
@@ -187,9 +188,9 @@ def test_signed_in_pages_and_exports_are_never_stored_but_static_files_may_be(ap
         assert response.headers.get("Cache-Control") == "no-store", path
     export = owner.get("/admin/appointments/export/csv/")
     assert export.mimetype == "text/csv" and "Paciente Da A" in export.get_data(as_text=True)
-    static = app.test_client().get("/admin/static/admin/js/helpers.js?v=1.0.0")
-    assert static.status_code == 200
-    assert "no-store" not in (static.headers.get("Cache-Control") or "")
+    with app.test_client().get("/admin/static/admin/js/helpers.js?v=1.0.0") as static:  # closed: it holds the file
+        assert static.status_code == 200
+        assert "no-store" not in (static.headers.get("Cache-Control") or "")
 
 
 def test_each_response_gets_its_own_nonce(owner):

@@ -46,6 +46,7 @@ from admin.views.base import (
     org_id,
     org_timezone,
     runtime,
+    select_choices,
     write_audit,
 )
 from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
@@ -357,9 +358,9 @@ class AppointmentView(PatientSearchMixin, TenantModelView):
             starts_at = DateTimeLocalField(_l("Início (horário da clínica)"), format="%Y-%m-%dT%H:%M",
                                            validators=[DataRequired(message=_l("Informe data e hora."))])
             professional = StringField(_l("Profissional"), validators=[Optional(), Length(max=200)])
-            mode = SelectField(_l("Modalidade"), choices=MODE_CHOICES, validators=[Optional()])
+            mode = SelectField(_l("Modalidade"), choices=select_choices(MODE_CHOICES), validators=[Optional()])
             location = StringField(_l("Local"), validators=[Optional(), Length(max=300)])
-            status = SelectField(_l("Status"), choices=STATUS_CHOICES, default="scheduled")
+            status = SelectField(_l("Status"), choices=select_choices(STATUS_CHOICES), default="scheduled")
             external_id = StringField(_l("ID externo"), validators=[Optional(), Length(max=200)])
 
             def validate_contact_id(self, field: Any) -> None:
@@ -542,9 +543,9 @@ def _consent_state(conn: Any, contact: Any) -> dict[str, list[str]]:
 class ConsentForm(TenantSecureForm):
     """Consent told to the clinic: which channels, and how the patient gave it."""
 
-    kinds = SelectMultipleField(_l("Canais"), choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS],
+    kinds = SelectMultipleField(_l("Canais"), choices=select_choices((k, KIND_LABELS[k]) for k in CHANNEL_KINDS),
                                 widget=ListWidget(prefix_label=False), option_widget=CheckboxInput())
-    method = SelectField(_l("Como o paciente consentiu"), choices=[("", "—")] + CONSENT_METHOD_CHOICES,
+    method = SelectField(_l("Como o paciente consentiu"), choices=select_choices([("", "—")] + CONSENT_METHOD_CHOICES),
                          validate_choice=False)  # checked by the view, which says what is missing
 
 
@@ -600,15 +601,18 @@ class ContactView(PatientSearchMixin, ContactFollowupMixin, ContactPrivacyMixin,
             email = StringField(_l("E-mail"), validators=[Optional(), Email(message=_l("E-mail inválido.")),
                                                           Length(max=200)])
             external_id = StringField(_l("ID externo"), validators=[Optional(), Length(max=200)])
-            locale = SelectField(_l("Idioma"), choices=[("", _l("Padrão da clínica")), ("pt_BR", _l("Português")),
-                                                        ("en", _l("Inglês")), ("es", _l("Espanhol"))],
+            locale = SelectField(_l("Idioma"), choices=select_choices([("", _l("Padrão da clínica")),
+                                                                       ("pt_BR", _l("Português")),
+                                                                       ("en", _l("Inglês")), ("es", _l("Espanhol"))]),
                                  validators=[Optional()])
             consent = SelectMultipleField(_l("Consentiu receber por"),
-                                          choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS], default=[],
+                                          choices=select_choices((k, KIND_LABELS[k]) for k in CHANNEL_KINDS),
+                                          default=[],
                                           widget=ListWidget(prefix_label=False), option_widget=CheckboxInput(),
                                           description=_l("Marque só os canais que o paciente aceitou agora."))
             consent_method = SelectField(_l("Como o paciente consentiu"),
-                                         choices=[("", "—")] + CONSENT_METHOD_CHOICES, validate_choice=False)
+                                         choices=select_choices([("", "—")] + CONSENT_METHOD_CHOICES),
+                                         validate_choice=False)
 
             def validate_consent_method(self, field: Any) -> None:
                 # Asked only when a channel is ticked; then one of the methods, nothing else.

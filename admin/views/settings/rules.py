@@ -34,9 +34,8 @@ from wtforms import BooleanField, IntegerField, SelectField, StringField
 from wtforms.validators import DataRequired, Length, NumberRange, ValidationError
 
 from admin.i18n import _, _l, ngettext
-from admin.views.base import TenantModelView, is_editor, org_id, runtime, write_audit
+from admin.views.base import TenantModelView, is_editor, org_id, runtime, select_choices, write_audit
 from engine.core import clock
-from engine.core.errors import DomainError
 from engine.store.models import (
     CHANNEL_KINDS,
     ReminderRuleKind,
@@ -44,8 +43,9 @@ from engine.store.models import (
     reminder_rule_kinds,
     reminder_rules,
 )
-from engine.reminders.rules import QueueChange, reflect_rule_changes, write_rule_kinds
+from engine.core.errors import DomainError
 from engine.reminders.windows import parse_hhmm, window_policy
+from engine.reminders.rules import QueueChange, reflect_rule_changes, write_rule_kinds
 
 TRIGGERS = [("before_start", _l("Antes do início")), ("after_start", _l("Depois do início")),
             ("on_create", _l("Ao agendar")), ("on_cancel", _l("Ao cancelar"))]
@@ -416,14 +416,14 @@ class ReminderRuleView(TenantModelView):
 
     # --- the per-rule forms ------------------------------------------------------------------
     def scaffold_form(self) -> Any:
-        purposes = [(k, PURPOSE_NAMES[k]) for k in RULE_PURPOSES]
+        purposes = select_choices((k, PURPOSE_NAMES[k]) for k in RULE_PURPOSES)
 
         class RuleForm(self.form_base_class):  # type: ignore[name-defined,misc]
             name = StringField(_l("Nome"), validators=[DataRequired(message=_l("Dê um nome à regra.")),
                                                        Length(max=200)])
             purpose = SelectField(_l("Finalidade"), choices=purposes)
             template_key = SelectField(_l("Modelo"), choices=purposes)
-            trigger = SelectField(_l("Gatilho"), choices=TRIGGERS)
+            trigger = SelectField(_l("Gatilho"), choices=select_choices(TRIGGERS))
             offset_minutes = IntegerField(_l("Antecedência (minutos)"), default=1440,
                                           validators=[NumberRange(min=0, max=60 * 24 * 60,
                                                                   message=_l("Entre 0 e 86400."))])

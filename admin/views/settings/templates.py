@@ -26,6 +26,7 @@ from admin.views.base import (
     is_editor,
     org_id,
     runtime,
+    select_choices,
     write_audit,
 )
 from engine.messaging import meta_templates
@@ -168,9 +169,9 @@ class TemplateView(TenantModelView):
 
     def scaffold_form(self) -> Any:
         class TemplateForm(self.form_base_class):  # type: ignore[name-defined,misc]
-            key = SelectField(_l("Finalidade"), choices=[(k, PURPOSE_LABELS[k]) for k in TEMPLATE_KEYS])
-            channel_kind = SelectField(_l("Canal"), choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS])
-            locale = SelectField(_l("Idioma"), choices=list(LOCALE_LABELS.items()))
+            key = SelectField(_l("Finalidade"), choices=select_choices((k, PURPOSE_LABELS[k]) for k in TEMPLATE_KEYS))
+            channel_kind = SelectField(_l("Canal"), choices=select_choices((k, KIND_LABELS[k]) for k in CHANNEL_KINDS))
+            locale = SelectField(_l("Idioma"), choices=select_choices(LOCALE_LABELS.items()))
             subject = StringField(_l("Assunto (e-mail)"), validators=[Optional(), Length(max=300)])
             body = TextAreaField(_l("Texto"), validators=[DataRequired(message=_l("Escreva o texto.")),
                                                           Length(max=10_000)],
@@ -194,7 +195,7 @@ class TemplateView(TenantModelView):
                 description=_l("Uma variável do Lembra para cada {{1}}, {{2}}… do texto aprovado, separadas por "
                                "vírgula. Exemplo: nome, profissional, data, hora."))
             meta_button_layout = SelectField(_l("Botões de resposta rápida do modelo na Meta, na ordem"),
-                                             choices=list(BUTTON_LAYOUTS), default="")
+                                             choices=select_choices(BUTTON_LAYOUTS), default="")
 
             def validate_body(self, field: Any) -> None:
                 _template_check(field)

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import unicodedata
+import weakref
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -71,6 +72,10 @@ class OpenAICompatAI:
         # once, internal addresses refused unless ops allow them, no redirects followed).
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout, max_retries=0,
                                      http_client=httpx_client(egress, timeout=timeout))
+        # One dropped without close() (one the factory's cache evicted, which a thread may still have
+        # been using) closes its pooled connections when its last reference goes, not whenever the
+        # garbage collector meets an open socket.
+        self._closer = weakref.finalize(self, self._client.close)
         self.model = model
         self.timeout = timeout
 
@@ -79,7 +84,7 @@ class OpenAICompatAI:
 
     def close(self) -> None:
         """Release the HTTP connection pool."""
-        self._client.close()
+        self._closer()
 
     # ----------------------------------------------------------------------------------- jobs
 

@@ -18,7 +18,7 @@ from wtforms import BooleanField, PasswordField, SelectField, StringField
 from wtforms.validators import DataRequired, Length, Optional
 
 from admin.i18n import _, _l, translate
-from admin.views.base import KIND_LABELS
+from admin.views.base import KIND_LABELS, select_choices
 from admin.views.settings.channels.messages import PROVIDER_LABELS, egress_error
 from engine.words.catalogue import describe
 from engine.tenants.channels import new_webhook_secret
@@ -62,9 +62,10 @@ def form_attributes() -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "name": StringField(_l("Nome"), validators=[DataRequired(message=_l("Dê um nome ao canal.")),
                                                     Length(max=200)]),
-        "provider": SelectField(_l("Provedor"), choices=[(p, PROVIDER_LABELS.get(p, p)) for p in PROVIDERS]),
-        "kind": SelectField(_l("Tipo"), choices=[(k, KIND_LABELS[k]) for k in CHANNEL_KINDS]),
-        "status": SelectField(_l("Status"), choices=CHANNEL_STATUSES, default="active"),
+        "provider": SelectField(_l("Provedor"),
+                                choices=select_choices((p, PROVIDER_LABELS.get(p, p)) for p in PROVIDERS)),
+        "kind": SelectField(_l("Tipo"), choices=select_choices((k, KIND_LABELS[k]) for k in CHANNEL_KINDS)),
+        "status": SelectField(_l("Status"), choices=select_choices(CHANNEL_STATUSES), default="active"),
         "is_default": BooleanField(_l("Canal padrão deste tipo"), default=True),
     }
     for key, secret in sorted(_declared().items()):
