@@ -10,7 +10,6 @@ Importing this module adds its route to the API blueprint, like admin/api/privac
 from __future__ import annotations
 
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from flask import jsonify
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
@@ -23,17 +22,14 @@ from admin.api.schemas import MAX_ID, Id, Instant, Text
 from admin.i18n import translate_to
 from engine.core import clock
 from engine.store.models import orgs
+from engine.tenants.orgs import reply_reading
 from engine.words.catalogue import describe
-from engine.words.keywords import parse_keywords
 from engine.words.understanding import MAX_CHARS, STANDARD_INTENTS, Context, understand
 
-DEFAULT_TIMEZONE = "America/Sao_Paulo"
 #: The fields a conversation may be waiting for (Context.pending).
 PENDING_FIELDS = ("date", "time", "period", "choice")
 PERIODS = ("morning", "afternoon", "evening")
 ENGINES = ("builtin", "llm")
-#: The orgs table's keyword columns, per intent they extend (as `lembra understand --org` reads them).
-KEYWORD_COLUMNS = (("opt_out", "optout_keywords"), ("confirm", "confirm_keywords"), ("cancel", "cancel_keywords"))
 
 _INSTANT = {"description": "ISO 8601 with a UTC offset, e.g. 2026-12-07T10:00:00-03:00."}
 
@@ -129,18 +125,6 @@ def _read_request(body: Any) -> dict[str, Any]:
     return data
 
 
-def _org_reading(conn: Any, org_id: int) -> tuple[str, dict[str, tuple[str, ...]]]:
-    """The org's timezone (the default when unset or unknown) and its own keywords per intent."""
-    row = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
-    zone = row.timezone or DEFAULT_TIMEZONE
-    try:
-        ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        zone = DEFAULT_TIMEZONE
-    keywords = {intent: parse_keywords(getattr(row, column)) for intent, column in KEYWORD_COLUMNS}
-    return zone, {intent: words for intent, words in keywords.items() if words}
-
-
 # --- route --------------------------------------------------------------------------------------
 
 @bp.post("/understand")
@@ -157,7 +141,7 @@ def understand_reply() -> Any:
     org_id = caller().org_id
     appointment_at = data.get("appointment_at")
     with org_tx() as conn:
-        zone, keywords = _org_reading(conn, org_id)
+        zone, keywords = reply_reading(conn.execute(select(orgs).where(orgs.c.id == org_id)).one())
         if data.get("appointment_id") is not None:
             appointment_at = services.find_appointment(conn, org_id, data["appointment_id"]).starts_at
     context = Context(now=data.get("now") or clock.now(), timezone=zone, appointment_at=appointment_at,

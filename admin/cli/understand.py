@@ -13,8 +13,6 @@ import click
 
 from admin.cli.common import domain, fail, load_runtime
 
-DEFAULT_TIMEZONE = "America/Sao_Paulo"
-
 
 def _when(value: str | None, zone: ZoneInfo, option: str) -> datetime | None:
     """An ISO date-time; a naive one is read in the org's timezone."""
@@ -29,19 +27,16 @@ def _when(value: str | None, zone: ZoneInfo, option: str) -> datetime | None:
 
 
 def _org_context(slug: str, agent_ref: str | None) -> tuple[str, dict[str, Any], Any]:
-    """The org's timezone, its own keywords (the orgs table's optout/confirm/cancel columns) and,
-    with `agent_ref`, the AI of that agent of the org (by id or name)."""
-    from engine.tenants.orgs import org_by_slug
-    from engine.words.keywords import parse_keywords
+    """The org's timezone and its own keywords (`reply_reading`) and, with `agent_ref`, the AI of
+    that agent of the org (by id or name)."""
+    from engine.tenants.orgs import org_by_slug, reply_reading
 
     rt = load_runtime()
     with rt.db.connect() as conn:
         org = domain(lambda: org_by_slug(conn, slug))
         agent = _agent(conn, org.id, agent_ref) if agent_ref is not None else None
-    keywords = {intent: parse_keywords(csv) for intent, csv in (
-        ("opt_out", org.optout_keywords), ("confirm", org.confirm_keywords), ("cancel", org.cancel_keywords))}
     ai = _agent_ai(agent, agent_ref, rt) if agent is not None else None
-    return org.timezone or DEFAULT_TIMEZONE, {k: v for k, v in keywords.items() if v}, ai
+    return (*reply_reading(org), ai)
 
 
 def _agent(conn: Any, org_id: int, ref: str) -> Any:
@@ -93,7 +88,7 @@ def understand(org_slug: str | None, agent_ref: str | None, now_iso: str | None,
 
     if agent_ref is not None and not org_slug:
         fail("--agent needs --org: an agent belongs to an org")
-    timezone, keywords, ai = _org_context(org_slug, agent_ref) if org_slug else (DEFAULT_TIMEZONE, {}, None)
+    timezone, keywords, ai = _org_context(org_slug, agent_ref) if org_slug else (Context.timezone, {}, None)
     zone = ZoneInfo(timezone)
     now = _when(now_iso, zone, "--now") or datetime.now(zone)
     context = Context(now=now, timezone=timezone, appointment_at=_when(appointment_iso, zone, "--appointment-at"),

@@ -7,6 +7,7 @@ import functools
 import re
 import secrets
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
@@ -17,6 +18,8 @@ from engine.core import clock
 from engine.core.errors import DomainError
 from engine.store.models import orgs, users
 from engine.reminders.windows import window_policy
+from engine.words.keywords import parse_keywords
+from engine.words.understanding import Context
 
 ROLES = ("owner", "manager", "agent")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
@@ -121,3 +124,20 @@ def create_user(conn: Connection, *, org_id: int, email: str, role: str, passwor
             ).scalar_one())
     except IntegrityError:
         raise EmailTaken("a user with that e-mail already exists") from None
+
+
+#: The orgs table's keyword columns, per intent of the reply reader they extend.
+_KEYWORD_COLUMNS = (("opt_out", "optout_keywords"), ("confirm", "confirm_keywords"), ("cancel", "cancel_keywords"))
+
+
+def reply_reading(org: Any) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """How a patient's reply is read in this org (`engine.words.understanding.Context`): its
+    timezone (the reader's default when unset or unknown) and its own keywords per intent, which
+    extend the built-in ones. One place for the API and the CLI."""
+    zone = org.timezone or Context.timezone
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        zone = Context.timezone
+    keywords = {intent: parse_keywords(getattr(org, column)) for intent, column in _KEYWORD_COLUMNS}
+    return zone, {intent: words for intent, words in keywords.items() if words}
