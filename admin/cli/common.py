@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 
@@ -14,7 +14,7 @@ from engine.core.config import ConfigError, Settings
 EXIT_CONFIG = 2
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print a one-line error and exit with status 2."""
     click.echo(f"lembra: error: {message}", err=True)
     sys.exit(EXIT_CONFIG)
@@ -26,7 +26,6 @@ def load_settings() -> Settings:
         return Settings.from_env()
     except ConfigError as exc:
         fail(str(exc))
-        raise  # unreachable
 
 
 def load_runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
@@ -46,17 +45,25 @@ def load_runtime(*, check_broker: bool = False, migrate: bool = False) -> Any:
         if not migrate:
             _refuse_to_create_a_database(settings.database_url)
         database = Database(settings.database_url)
-        database.check()
-        if not migrate and not database.has_schema():
-            fail("the database has no Lembra tables yet: run `lembra db upgrade` (or `lembra up`) first")
-        if check_broker:  # the long-running commands (up, web, worker, scheduler): said once, at start
-            warn_if_row_security_is_off(database.engine)
-        database.dispose()
+        try:
+            database.check()
+            if not migrate and not database.has_schema():
+                fail("the database has no Lembra tables yet: run `lembra db upgrade` (or `lembra up`) first")
+            if check_broker:  # the long-running commands (up, web, worker, scheduler): said once, at start
+                warn_if_row_security_is_off(database.engine)
+        finally:
+            database.dispose()
         if migrate:
             upgrade_database(settings)
-        return Runtime.build(settings)
+        rt = Runtime.build(settings)
     except ConfigError as exc:
         fail(str(exc))
+    # The command's pooled connections close with the command, not whenever the garbage collector
+    # finds them (a command run in-process, as the tests and `lembra up` do, would leak them).
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(rt.close)
+    return rt
 
 
 def _refuse_to_create_a_database(database_url: str) -> None:

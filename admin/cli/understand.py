@@ -22,7 +22,6 @@ def _when(value: str | None, zone: ZoneInfo, option: str) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         fail(f"{option} must be an ISO date-time such as 2026-12-07T10:00:00-03:00, not {value!r}")
-        raise  # unreachable
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
 
 
