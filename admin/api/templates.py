@@ -22,6 +22,7 @@ from admin.api.core import (
     bp,
     caller,
     error_response,
+    finding_detail,
     json_body,
     load,
     load_query,
@@ -31,10 +32,10 @@ from admin.api.core import (
 )
 from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID, Text
-from admin.i18n import translate_to
 from engine.messaging import meta_templates, template_edits
 from engine.tenants.audit import audit
-from engine.messaging.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, Finding, MetaMapping
+from engine.messaging.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, MetaMapping
+from engine.words.findings import Finding
 from engine.store.models import CHANNEL_KINDS
 from engine.messaging.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefused
 
@@ -182,8 +183,7 @@ def _path_id(value: int) -> int:
 def finding_out(finding: Finding) -> dict[str, Any]:
     part = finding.field
     field = part if part in template_edits.TEXT_FIELDS or part == "key" else f"meta.{part}" if part else "meta"
-    return {"code": finding.code, "field": field, "message": str(finding.text),
-            "message_en": translate_to(finding.text, "en")}
+    return finding_detail(finding, field)
 
 
 def _refused(exc: TemplateRefused) -> Any:
