@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from admin.api.schemas import MAX_ID
 from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
 from engine.tenants.apikeys import ApiKeyIdentity, authenticate
@@ -135,6 +136,13 @@ def org_tx() -> Iterator[Connection]:
 BODY_ERRORS = {"body_not_json": "the body is not valid JSON", "body_too_deep": "the body nests too deeply"}
 #: How many field errors a 422 lists (one per unknown key would grow with the request).
 MAX_FIELD_ERRORS = 50
+
+
+def path_id(value: int) -> int:
+    """An id from the URL; one no row can have answers 404, like an id that does not exist."""
+    if not 1 <= value <= MAX_ID:
+        raise ApiError(404)
+    return value
 
 
 def detail(code: str, field: str, text: Text) -> dict[str, Any]:

@@ -27,11 +27,12 @@ from admin.api.core import (
     load,
     load_query,
     org_tx,
+    path_id,
     require_key,
     runtime,
 )
 from admin.api.openapi import documented
-from admin.api.schemas import MAX_ID, Text
+from admin.api.schemas import Text
 from engine.messaging import meta_templates, template_edits
 from engine.tenants.audit import audit
 from engine.messaging.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, MetaMapping
@@ -174,12 +175,6 @@ class WabaPageOut(Schema):
 
 # --- helpers ------------------------------------------------------------------------------------
 
-def _path_id(value: int) -> int:
-    if not 1 <= value <= MAX_ID:
-        raise ApiError(404)
-    return value
-
-
 def finding_out(finding: Finding) -> dict[str, Any]:
     part = finding.field
     field = part if part in template_edits.TEXT_FIELDS or part == "key" else f"meta.{part}" if part else "meta"
@@ -282,7 +277,7 @@ def list_templates() -> Any:
 @require_key
 def get_template(template_id: int) -> Any:
     with org_tx() as conn:
-        out = _one(conn, caller().org_id, _path_id(template_id))
+        out = _one(conn, caller().org_id, path_id(template_id))
     return jsonify(TemplateOut().dump(out))
 
 
@@ -317,7 +312,7 @@ def create_template() -> Any:
             body=TemplatePatch, responses={200: (TemplateSavedOut, "Saved")}, errors=(400, 404, 409, 413, 422))
 @require_key
 def update_template(template_id: int) -> Any:
-    template_id = _path_id(template_id)
+    template_id = path_id(template_id)
     data = load(TemplatePatch(), json_body())
     org_id = caller().org_id
     with org_tx() as conn:
