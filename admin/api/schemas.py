@@ -496,6 +496,9 @@ class EnrollmentOut(Schema):
     llm_calls = fields.Integer(required=True)
     messages_sent = fields.Integer(required=True)
     replies = fields.Integer(required=True)
+    data = fields.Dict(keys=fields.String(), required=True,
+                       metadata={"description": "What the run's conversation collected, by field slug (`/fields`): "
+                                                "a date as YYYY-MM-DD, a time as HH:MM, a period, a choice's value…"})
     outcome = fields.String(required=True, allow_none=True)
     reason = fields.String(required=True, allow_none=True,
                            metadata={"description": "Why it ended, or why its last step failed (a code)."})

@@ -340,7 +340,8 @@ def _sentence(code: str | None) -> str | None:
 
 
 def enrollment_out(row: Any) -> dict[str, Any]:
-    """An enrollment as the API shows it: counters, clock and codes, nothing the patient wrote."""
+    """An enrollment as the API shows it: counters, clock, codes and the values its conversation
+    collected (by field slug); never the text the patient wrote."""
     reason = queries.reason_code(row)
     return {
         "id": row.id, "flow_id": row.pointer_id, "version": row.version_number, "contact_id": row.contact_id,
@@ -348,7 +349,7 @@ def enrollment_out(row: Any) -> dict[str, Any]:
         "next_eval_at": row.next_eval_at, "attempts": row.attempts, "steps": row.steps, "llm_calls": row.llm_calls,
         "messages_sent": row.messages_sent, "replies": row.replies, "outcome": row.outcome, "reason": reason,
         "reason_text": _sentence(reason), "created_at": row.created_at, "updated_at": row.updated_at,
-        "ended_at": row.ended_at,
+        "ended_at": row.ended_at, "data": dict(row.data or {}),
     }
 
 

@@ -14,19 +14,25 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
+from zoneinfo import ZoneInfo
 
 from sqlalchemy.engine import Connection
 
-from engine.queue.conversation_window import conversation_open
-from engine.tenants.channels import default_channel
+from sqlalchemy import select
+
 from engine.flows import conditions, facts, triggers
 from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
 from engine.flows.ai.builtin import BuiltinAI
+from engine.flows.conversation.ask import AskState, TurnResult, take_turn
+from engine.flows.conversation.fields import fields_by_slug
 from engine.flows.graph import GraphIndex
-from engine.words.keywords import parse_keywords
-from engine.store.models import preferences
 from engine.queue import address_optouts as addresses
-from sqlalchemy import select
+from engine.queue.conversation_window import conversation_open
+from engine.store.models import inbound_messages, preferences
+from engine.tenants.channels import default_channel
+from engine.tenants.orgs import reply_reading
+from engine.words.keywords import parse_keywords
+from engine.words.understanding import Context
 
 #: The kinds tried, in order, when a node does not say.
 DEFAULT_KINDS = ("whatsapp", "sms", "email")
@@ -78,6 +84,12 @@ class Decision:
     llm_calls: int = 0
     values: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    #: The run stays on its node and waits for the next reply (an `ask` that asked again).
+    stay: bool = False
+    #: The patient asked for a person: the conversation goes to staff (the flow's hand-off policy).
+    handoff: bool = False
+    #: Replies read besides `Snapshot.reply`: the fragments of one turn.
+    also_read: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,12 +268,124 @@ def clean_text(text: str, max_chars: int) -> str | None:
     return cleaned
 
 
+#: The fragments of one turn read at most (a patient who sends twenty lines in a row is still read).
+MAX_FRAGMENTS = 10
+#: An AI-phrased question is at most this long.
+QUESTION_CHARS = 300
+
+
+def _fragments(conn: Connection, snap: Snapshot) -> list[tuple[int, str]]:
+    """The turn's messages: the reply the run holds and what the patient wrote after it, in order."""
+    rows = conn.execute(select(inbound_messages.c.id, inbound_messages.c.text, inbound_messages.c.button_payload)
+                        .where(inbound_messages.c.org_id == snap.org.id,
+                               inbound_messages.c.contact_id == snap.contact.id,
+                               inbound_messages.c.id >= snap.reply.id)
+                        .order_by(inbound_messages.c.id).limit(MAX_FRAGMENTS)).all()
+    return [(row.id, row.text or row.button_payload or "") for row in rows] or [(snap.reply.id, snap.reply.text or "")]
+
+
+def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
+    """Collect the node's fields: read the patient's turn, then finish, give up or ask again
+    (engine/flows/conversation/ask.py decides; this reads, understands and phrases)."""
+    node, config = snap.node_id, snap.graph.config(snap.node_id)
+    found = fields_by_slug(conn, snap.org.id, config["fields"])
+    missing = [slug for slug in config["fields"] if slug not in found]
+    if missing:  # deleted after the flow was published
+        return Decision("failed", "ask_unknown_field", failed=True, params={"field": missing[0]})
+    specs = [found[slug] for slug in config["fields"]]
+    visit = (snap.enrollment.node_entered_at or snap.now).isoformat()
+    state = AskState.of(snap.enrollment.ask_state, visit)
+    data = dict(snap.enrollment.data or {})
+    zone, keywords = reply_reading(snap.org)
+    today = snap.now.astimezone(ZoneInfo(zone)).date()
+    usable = _usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
+    window_closed = usable is not None and usable[1].provider == "meta" and not conversation_open(
+        conn, snap.org.id, usable[1].id, snap.contact.id, snap.now)
+    phrase = config.get("phrasing") == "ai" and not snap.human
+    ai_context = _context(conn, snap) if phrase else None
+    if snap.reply is None:
+        if snap.enrollment.status == "waiting_reply":
+            return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"), values={"ask_state": None})
+        first = take_turn(specs, data, state, text=None, reading=None, max_asks=config["max_asks"], today=today)
+        if not phrase or first.outcome != "ask":
+            return _ask_decision(snap, first, usable, window_closed, None, None, llm_calls=0, read=())
+        return Ask(lambda: _ask_decision(snap, first, usable, window_closed, ai, ai_context, llm_calls=0, read=()))
+    fragments = _fragments(conn, snap)
+    text = "\n".join(t for _, t in fragments if t)
+    read = tuple(i for i, _ in fragments if i != snap.reply.id)
+    asked = found.get(state.asked) if state.asked else None
+    appointment_at = snap.appointment.starts_at if snap.appointment is not None else None
+    reading_context = Context(now=snap.now, timezone=zone, appointment_at=appointment_at,
+                              pending=("choice",) if asked is not None and asked.type == "choice" else (),
+                              keywords=keywords or None)
+    reader = BuiltinAI() if snap.human else ai
+
+    def turn() -> Decision:
+        reading = reader.understand(text, reading_context)
+        calls = reading.llm_calls
+        if reading.intent == "opt_out":
+            return Decision("ok", "ask_opted_out", end=("cancelled", "opted_out"), consumed_reply=True,
+                            llm_calls=calls, also_read=read)
+        if reading.intent == "human":
+            return Decision("ok", "ask_wants_person", stay=True, handoff=True, consumed_reply=True, llm_calls=calls,
+                            also_read=read, values={"ask_state": state.as_json()})
+        result = take_turn(specs, data, state, text=text, reading=reading, max_asks=config["max_asks"], today=today)
+        return _ask_decision(snap, result, usable, window_closed, ai if phrase else None, ai_context,
+                             llm_calls=calls, read=read)
+
+    return Ask(turn)
+
+
+def _ask_decision(snap: Snapshot, turn: TurnResult, usable: tuple[str, Any] | None, window_closed: bool,
+                  phraser: AI | None, ai_context: AIContext | None, *, llm_calls: int,
+                  read: tuple[int, ...]) -> Decision:
+    """The step of an `ask` turn: its exit, or the question to send (phrased by the AI when asked to)."""
+    node, replied = snap.node_id, snap.reply is not None
+    data = {"data": turn.data}
+    params: dict[str, Any] = {"taken": list(turn.taken)} if turn.taken else {}
+    if turn.outcome in ("complete", "gave_up"):
+        if turn.outcome == "gave_up":
+            params["field"] = turn.ask_for.slug if turn.ask_for is not None else None
+        return Decision("ok", f"ask_{turn.outcome}", next_node=snap.graph.target(node, turn.outcome),
+                        consumed_reply=replied, llm_calls=llm_calls, also_read=read,
+                        values={**data, "ask_state": None}, params=params)
+    spec = turn.ask_for
+    assert spec is not None
+    params.update(field=spec.slug, ask=turn.state.asks[spec.slug])
+    if usable is None:  # no way to ask the patient anything: the conversation cannot go on
+        return Decision("skipped", "no_usable_channel", next_node=snap.graph.target(node, "gave_up"),
+                        consumed_reply=replied, llm_calls=llm_calls, also_read=read,
+                        values={**data, "ask_state": None}, params=params)
+    kind = usable[0]
+    reason = "ask_value_refused" if turn.refusal is not None else "ask_question"
+    if turn.refusal is not None:
+        params["refused"] = turn.refusal.code
+    values = {**data, "ask_state": turn.state.as_json()}
+    if window_closed:
+        # Outside Meta's 24 h window only an approved template may go out.
+        if spec.template_key:
+            return Decision("ok", reason, stay=True, send=Send(kind, spec.template_key), consumed_reply=replied,
+                            llm_calls=llm_calls, also_read=read, values=values, params=params)
+        return Decision("failed", "window_closed", failed=True, llm_calls=llm_calls)
+    question = str(turn.refusal.text) if turn.refusal is not None else spec.question
+    if phraser is not None and ai_context is not None:
+        try:
+            written = phraser.write(prompt_hint=f"Pergunte ao paciente, numa frase curta e cordial: {question}",
+                                    max_chars=QUESTION_CHARS, context=ai_context)
+            llm_calls += written.llm_calls
+            question = (clean_text(written.text, QUESTION_CHARS) if written.text else None) or question
+        except AIError as exc:  # the plain question still goes out
+            llm_calls += 0 if exc.code in ("llm_key_unreadable", "egress_refused") else 1
+    return Decision("ok", reason, stay=True, send=Send(kind, spec.template_key, question), consumed_reply=replied,
+                    llm_calls=llm_calls, also_read=read, values=values, params=params)
+
+
 def _end(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
     return Decision("ok", "ended", end=("completed", snap.graph.config(snap.node_id).get("outcome", "custom")))
 
 
 _HANDLERS = {"trigger": _trigger, "wait": _wait, "condition": _condition, "ai_classify": _classify,
-             "action": _action, "end": _end}
+             "ask": _ask, "action": _action, "end": _end}
 
 
 @dataclass(frozen=True)

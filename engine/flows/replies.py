@@ -20,7 +20,7 @@ from engine.core import clock
 from engine.flows import lifecycle
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
-from engine.store.models import enrollments, flow_pointers, inbound_messages, messages
+from engine.store.models import enrollments, flow_pointers, inbound_messages, messages, orgs
 from engine.queue.outbox import cancel_open
 
 
@@ -29,14 +29,19 @@ def _pointer(conn: Connection, org_id: int, pointer_id: int) -> Any:
                                                     flow_pointers.c.id == pointer_id)).one()
 
 
-def _wants_reply(conn: Connection, org_id: int, row: Any) -> bool:
-    """Whether the enrollment's current node reads a reply: a waiting classify, or a wait with a
-    `replied` edge."""
+def _reader(conn: Connection, org_id: int, row: Any) -> str | None:
+    """The type of the enrollment's current node when it reads a reply now (a waiting classify or
+    ask, or a wait with a `replied` edge), else None."""
     graph = graph_of(conn, org_id, row.version_id)
     node_type = graph.type(row.current_node_id)
-    if node_type == "ai_classify":
-        return row.status == "waiting_reply"
-    return node_type == "wait" and graph.target(row.current_node_id, "replied") is not None
+    if node_type in ("ai_classify", "ask"):
+        return node_type if row.status == "waiting_reply" else None
+    return node_type if node_type == "wait" and graph.target(row.current_node_id, "replied") is not None else None
+
+
+def _debounce(conn: Connection, org_id: int) -> timedelta:
+    seconds = conn.execute(select(orgs.c.reply_debounce_seconds).where(orgs.c.id == org_id)).scalar()
+    return timedelta(seconds=int(seconds or 0))
 
 
 def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_id: int) -> dict[str, int]:
@@ -47,10 +52,15 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
     for row in lifecycle.live_ids(conn, org_id, contact_ids):
         counters = {"replies": enrollments.c.replies + 1, "last_reply_at": now, "updated_at": now}
         base = (enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision)
-        if row.status != "paused_handoff" and _wants_reply(conn, org_id, row) and row.pending_inbound_id is None:
-            # The node reads it when it runs: due now, and any claim taken before is now stale.
+        reader = _reader(conn, org_id, row) if row.status != "paused_handoff" else None
+        if reader is not None and (row.pending_inbound_id is None or reader == "ask"):
+            # The node reads it when it runs: due now, and any claim taken before is now stale. An
+            # `ask` reads a turn: it waits the org's debounce, which each fragment starts again,
+            # and then reads every message from the first one on (nodes._fragments).
+            due = now + _debounce(conn, org_id) if reader == "ask" else now
+            first = inbound_id if row.pending_inbound_id is None else row.pending_inbound_id
             moved = conn.execute(update(enrollments).where(*base).values(
-                **counters, pending_inbound_id=inbound_id, next_eval_at=now, lease_until=None,
+                **counters, pending_inbound_id=first, next_eval_at=due, lease_until=None,
                 revision=enrollments.c.revision + 1)).rowcount
             if moved:
                 lifecycle.record_event(conn, org_id, row.id, "reply", f"reply:{inbound_id}",
@@ -77,7 +87,7 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
 #: The reasons of a step that read a reply and understood it: a class matched, or a wait's
 #: `replied` edge. Any other reading (the fallback edge, a run ended at its step limit) leaves
 #: the reply to a person.
-UNDERSTOOD = ("classified", "wait_replied")
+UNDERSTOOD = ("classified", "wait_replied", "ask_question", "ask_value_refused", "ask_complete")
 
 
 def reply_read(conn: Connection, row: Any, inbound_id: int, *, reason: str, label: str | None,

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.flows import lifecycle, nodes, replies
+from engine.flows.contact_events import record_contact_event
 from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for
 from engine.flows.facts import humans_holding
@@ -348,13 +349,19 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
     until = None
     continue_with = None
     ended = decision.end
-    if ended is None and target is None:
+    if ended is None and target is None and not decision.stay:
         ended = ("dead", None)  # a published graph always has the edge; an old one may not
         decision = nodes.Decision("failed", "missing_edge", llm_calls=decision.llm_calls)
     if ended is None and row.steps + 1 > snap.pointer.max_steps:
         ended, decision = ("completed", "exhausted"), nodes.Decision("skipped", "max_steps",
                                                                      llm_calls=decision.llm_calls)
-    if ended is None:
+    if ended is None and decision.stay:
+        # The node asked again: the run stays on it and waits its grace for the next reply.
+        target = row.current_node_id
+        until = now + timedelta(minutes=snap.graph.config(target)["grace_minutes"])
+        values.update(steps=enrollments.c.steps + 1, status="waiting_reply", next_eval_at=until, lease_until=None,
+                      pending_inbound_id=None)
+    elif ended is None:
         assert target is not None
         plan = decision.values.get("timing_plan", row.timing_plan)
         start = nodes.entry(snap.graph, target, now, plan)
@@ -382,8 +389,14 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
     if decision.send is not None:
         _enqueue(conn, snap, decision.send, now)
     if snap.reply is not None and "pending_inbound_id" in values:  # the run let go of the reply it held
-        replies.reply_read(conn, row, snap.reply.id, reason=decision.reason, label=decision.params.get("class"),
-                           next_node=target if ended is None else None)
+        for inbound_id in (snap.reply.id, *decision.also_read):
+            replies.reply_read(conn, row, inbound_id, reason=decision.reason, label=decision.params.get("class"),
+                               next_node=target if ended is None else None)
+    if decision.handoff:
+        # In this step's transaction: the run (and the contact's others) follow the hand-off policy.
+        record_contact_event(conn, org_id=row.org_id, contact_id=row.contact_id, type="handoff_started")
+        open_inbox_item(conn, row.org_id, "handoff_requested", f"enrollment:{row.id}:handoff:{revision}",
+                        enrollment_id=row.id, detail="the patient asked for a person")
     journal.add(row.org_id, row.id, "step", f"step:{revision}", node_id=row.current_node_id, at=now,
                 payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
                                                next_node=target if ended is None else None, until=until,

@@ -46,9 +46,13 @@ MAX_EDGES = 400
 MAX_CLASSES = 10
 MAX_KEYWORDS = 20
 MAX_CONDITIONS = conditions.MAX_CHECKS
+#: An `ask` node: how many fields it may collect, and how many times it may ask for one.
+MAX_ASK_FIELDS = 10
+MAX_ASKS = 5
+ASK_PHRASINGS = ("question", "ai")
 
-NODE_TYPES = ("trigger", "wait", "condition", "ai_classify", "action", "end")
-EDGE_CONDITIONS = ("always", "class_match", "cond_result", "no_reply", "replied")
+NODE_TYPES = ("trigger", "wait", "condition", "ai_classify", "ask", "action", "end")
+EDGE_CONDITIONS = ("always", "class_match", "cond_result", "no_reply", "replied", "complete", "gave_up")
 CHANNEL_KINDS = ("whatsapp", "sms", "email")  # also the default order of `channel_kinds`
 OUTCOMES = ("converted", "exhausted", "custom")
 TRIGGER_KINDS = ("manual", "appointment", "event", "silence", "reminder_no_reply", "handoff_ended")
@@ -65,6 +69,7 @@ TEMPLATE_KEY = r"^[a-z][a-z0-9_]{0,63}$"
 #: What an edge condition's `value` must be: None means "no value".
 EDGE_VALUE_TYPES: Mapping[str, type | None] = {
     "always": None, "class_match": str, "cond_result": bool, "no_reply": None, "replied": None,
+    "complete": None, "gave_up": None,
 }
 
 # The messages of the rules marshmallow has no words for. They stay English for developers;
@@ -215,6 +220,20 @@ class ClassifyConfig(_Strict):
             raise ValidationError(MSG_KEYWORD_CLASS, "keywords")
 
 
+class AskConfig(_Strict):
+    """Collect the org's conversation `fields` (engine/flows/conversation/fields.py), asking for
+    each one still unknown at most `max_asks` times; `grace_minutes` is how long each question
+    waits for its answer. `phrasing`: the field's own question, or the question as the AI puts it."""
+
+    fields_ = fields.List(
+        PlainText(validate=FullMatch(CLASS_SLUG), metadata={"detail": ("detail_slug", {"max": 40})}),
+        required=True, data_key="fields", attribute="fields", validate=[validate.Length(1, MAX_ASK_FIELDS), Unique()])
+    max_asks = WholeNumber(load_default=3, validate=validate.Range(1, MAX_ASKS))
+    grace_minutes = _minutes(MIN_GRACE_MINUTES, required=False, load_default=240)
+    phrasing = fields.String(load_default="question", validate=validate.OneOf(ASK_PHRASINGS))
+    channel_kinds = _channel_kinds()
+
+
 class TemplateActionConfig(_Strict):
     mode = _const("template")
     template = _template_key(required=True)
@@ -240,6 +259,7 @@ NODE_CONFIGS: Mapping[str, Mapping[str | None, type[Schema]]] = {
     "wait": {"fixed": FixedWaitConfig, "smart": SmartWaitConfig},
     "condition": {None: ConditionConfig},
     "ai_classify": {None: ClassifyConfig},
+    "ask": {None: AskConfig},
     "action": {"template": TemplateActionConfig, "ai_message": AiMessageActionConfig},
     "end": {None: EndConfig},
 }

@@ -41,6 +41,7 @@ ALLOWED_EDGES: Mapping[str, frozenset[str]] = {
     "wait": frozenset({"always", "replied"}),
     "condition": frozenset({"cond_result"}),
     "ai_classify": frozenset({"class_match", "no_reply", "always"}),
+    "ask": frozenset({"complete", "gave_up", "no_reply"}),
     "action": frozenset({"always"}),
     "end": frozenset(),
 }
@@ -54,7 +55,7 @@ CODES = (
     "trigger_count", "unreachable", "no_path_to_end", "dead_end", "edge_unknown_node", "edge_not_allowed",
     "missing_edge", "duplicate_edge", "class_without_edge", "unknown_class", "missing_no_reply",
     "missing_fallback", "grace_too_short", "ai_after_24h", "ai_after_24h_cycle", "cycle_without_wait",
-    "too_many_steps", "unknown_template", "more_issues",
+    "too_many_steps", "unknown_template", "unknown_field", "more_issues",
 )
 
 EdgeKey = tuple[str, Any]
@@ -81,13 +82,15 @@ class _Flow:
 
 
 def validate_for_publish(graph: Any, *, trigger_config: Any, max_steps: int,
-                         template_exists: Callable[[str], bool] | None = None) -> list[FlowIssue]:
+                         template_exists: Callable[[str], bool] | None = None,
+                         field_exists: Callable[[str], bool] | None = None) -> list[FlowIssue]:
     """Every rule the draft `graph` breaks to be published with this trigger config and
     `max_steps` (1..200), sorted by node order then code; [] when it may be published.
 
     The draft's shape comes first (check_draft): when it is broken, only those issues (and a bad
     `max_steps`) are returned, since the other rules need well-formed nodes and edges. When
-    `template_exists` is given, every template an action names must exist.
+    `template_exists` is given, every template an action names must exist; when `field_exists` is,
+    every conversation field an `ask` collects.
 
     The list is bounded (`issues.bounded`): the first MAX_ISSUES, then one `more_issues`."""
     steps = _max_steps_issues(max_steps)
@@ -99,6 +102,7 @@ def validate_for_publish(graph: Any, *, trigger_config: Any, max_steps: int,
     for rule in _RULES:
         issues += rule(flow)
     issues += _unknown_templates(flow, template_exists)
+    issues += _unknown_fields(flow, field_exists)
     return bounded(sort_issues(issues, flow.order))
 
 
@@ -220,6 +224,9 @@ def _missing_edges(node_id: str, node_type: str, keys: Mapping[EdgeKey, str],
     if node_type == "condition":
         return [FlowIssue(node_id, "missing_edge", {"which": which}) for key, which in _CONDITION_RESULTS
                 if key not in keys]
+    if node_type == "ask":
+        return [FlowIssue(node_id, "missing_edge", {"which": which}) for which in ("complete", "gave_up", "no_reply")
+                if edge_key(which) not in keys]
     issues = []  # ai_classify
     if edge_key("no_reply") not in keys:
         issues.append(FlowIssue(node_id, "missing_no_reply"))
@@ -279,6 +286,13 @@ def _ai_after_24h(flow: _Flow) -> list[FlowIssue]:
     return issues
 
 
+def _unknown_fields(flow: _Flow, field_exists: Callable[[str], bool] | None) -> list[FlowIssue]:
+    if field_exists is None:
+        return []
+    return [FlowIssue(node_id, "unknown_field", {"field": slug}) for node_id in flow.of_type("ask")
+            if flow.configs[node_id] is not None for slug in flow.configs[node_id]["fields"] if not field_exists(slug)]
+
+
 def _unknown_templates(flow: _Flow, template_exists: Callable[[str], bool] | None) -> list[FlowIssue]:
     if template_exists is None:
         return []
@@ -323,6 +337,8 @@ def _weight(flow: _Flow, node_id: str) -> float:
         return 0
     if node_type == "wait":
         return config["minutes"] if config["mode"] == "fixed" else config["max_minutes"]
+    if node_type == "ask":  # every field asked its most times, each question waiting its grace
+        return config["grace_minutes"] * config["max_asks"] * len(config["fields"])
     return config["grace_minutes"] if node_type == "ai_classify" else 0
 
 
@@ -341,7 +357,7 @@ def _longest_waits(flow: _Flow) -> dict[str, float]:
             continue
         members = components[index]
         if _is_cycle(flow, members):
-            timed = any(flow.types[n] in ("wait", "ai_classify") or _weight(flow, n) > 0 for n in members)
+            timed = any(flow.types[n] in ("wait", "ai_classify", "ask") or _weight(flow, n) > 0 for n in members)
             spent = math.inf if timed else 0.0
         else:
             spent = _weight(flow, members[0])

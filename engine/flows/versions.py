@@ -25,7 +25,7 @@ from engine.flows.issues import FlowIssue, bounded
 from engine.flows.schema import ConfigError, check_draft, load_trigger_config, normalize_graph
 from engine.flows.validate import validate_for_publish
 from engine.core.ids import valid_id
-from engine.store.models import enrollments, flow_pointers, flow_versions, templates
+from engine.store.models import conversation_fields, enrollments, flow_pointers, flow_versions, templates
 from engine.core.strict_json import storable_text
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")
@@ -148,13 +148,20 @@ def template_checker(conn: Connection, org_id: int) -> Callable[[str], bool]:
     return keys.__contains__
 
 
+def field_checker(conn: Connection, org_id: int) -> Callable[[str], bool]:
+    """Whether a conversation field slug is declared by the org."""
+    slugs = set(conn.execute(select(conversation_fields.c.slug).where(conversation_fields.c.org_id == org_id)).scalars())
+    return slugs.__contains__
+
+
 def publish(conn: Connection, org_id: int, pointer_id: int, *, user_id: int | None = None) -> Any:
     """Validate the draft and make it the active version; FlowRejected lists every issue.
 
     Publishing a draft identical to the active version only re-activates it (no new version)."""
     pointer = get_flow(conn, org_id, pointer_id)
     issues = validate_for_publish(pointer.draft_graph, trigger_config=pointer.trigger_config,
-                                  max_steps=pointer.max_steps, template_exists=template_checker(conn, org_id))
+                                  max_steps=pointer.max_steps, template_exists=template_checker(conn, org_id),
+                                  field_exists=field_checker(conn, org_id))
     if issues:
         raise FlowRejected(issues)
     graph = normalize_graph(pointer.draft_graph)

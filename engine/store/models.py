@@ -61,6 +61,8 @@ class Org(Base):
     #: Retention (engine/privacy/retention.py): texts go after the first, rows after the second.
     retention_queue_days: Mapped[int] = mapped_column(Integer, default=90)
     retention_events_days: Mapped[int] = mapped_column(Integer, default=730)
+    #: A patient's messages this close together are one turn of a conversation (engine/flows/replies.py).
+    reply_debounce_seconds: Mapped[int] = mapped_column(Integer, default=8)
 
     def __str__(self) -> str:
         return self.name
@@ -283,6 +285,8 @@ class Enrollment(Base):
     claim_started_at: Mapped[datetime | None]
     #: What the run has collected, by conversation field slug (engine/flows/conversation/fields.py).
     data: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: Where an `ask` node is: the node visit it belongs to, the field asked last, asks per field.
+    ask_state: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
 class EnrollmentEvent(Base):

@@ -22,6 +22,11 @@ CREATE TABLE conversation_fields (
 CREATE UNIQUE INDEX conversation_fields_org_slug ON conversation_fields (org_id, slug);
 
 ALTER TABLE enrollments ADD COLUMN data JSONB NOT NULL DEFAULT '{}';
+-- Where an `ask` node is in its conversation: the field it asked for, how often it asked each.
+ALTER TABLE enrollments ADD COLUMN ask_state JSONB;
+-- A patient's messages that arrive within this many seconds of each other are read as one turn.
+ALTER TABLE orgs ADD COLUMN reply_debounce_seconds INTEGER NOT NULL DEFAULT 8
+    CHECK (reply_debounce_seconds BETWEEN 0 AND 120);
 
 ALTER TABLE conversation_fields ENABLE ROW LEVEL SECURITY;
 ALTER TABLE conversation_fields FORCE ROW LEVEL SECURITY;

@@ -47,6 +47,7 @@ KIND_LABELS = {
     "channel_broken": _l("Canal com problema"),
     "appointment_cancelled_by_patient": _l("Cancelado pelo paciente"),
     "enrollment_dead": _l("Follow-up parado"),
+    "handoff_requested": _l("Paciente pediu uma pessoa"),
 }
 #: What to do about each kind (the engine's `detail` is a short technical note, in English).
 KIND_HINTS = {
@@ -63,6 +64,8 @@ KIND_HINTS = {
     "enrollment_dead": _l("O Lembra desistiu desta etapa do follow-up depois de várias tentativas. Abra a execução "
                           "para ver o motivo, corrija o fluxo ou o agente e, se fizer sentido, inclua o paciente de "
                           "novo."),
+    "handoff_requested": _l("O paciente pediu para falar com alguém da clínica no meio de uma conversa do "
+                            "follow-up. Responda em Conversas e, ao terminar, devolva a conversa ao Lembra."),
 }
 
 

@@ -11,6 +11,7 @@ managers) posts to the queue's cancel, the one cancel path of the console.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from typing import Any, Mapping
 
 from flask import abort, request, url_for
@@ -35,6 +36,7 @@ from admin.views.followup.queue import (
     run_reason,
 )
 from engine.flows import lifecycle, queries
+from engine.flows.conversation.fields import fields_by_slug
 from engine.store.models import contacts, enrollments
 
 #: What each event of a run is, in the receptionist's words.
@@ -105,6 +107,36 @@ def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str],
     }
 
 
+#: How a collected value reads, by field type (the rest as stored).
+_PERIODS = {"morning": _l("de manhã"), "afternoon": _l("à tarde"), "evening": _l("à noite")}
+
+
+def collected(conn: Any, oid: int, row: Any) -> list[tuple[str, str]]:
+    """What the run has collected (its `data`), each value under its field's label, in the org's
+    words: a date as dd/mm/aaaa, a period in words, a yes/no as Sim/Não."""
+    data = getattr(row, "data", None) or {}
+    if not data:
+        return []
+    specs = fields_by_slug(conn, oid, sorted(data))
+    out = []
+    for slug, value in data.items():
+        spec = specs.get(slug)
+        kind = spec.type if spec is not None else None
+        if kind == "date" and isinstance(value, str):
+            try:
+                shown = date.fromisoformat(value).strftime("%d/%m/%Y")
+            except ValueError:
+                shown = value
+        elif kind == "period":
+            shown = str(_PERIODS.get(value, value))
+        elif kind == "boolean":
+            shown = str(_l("Sim") if value else _l("Não"))
+        else:
+            shown = str(value)
+        out.append((spec.label if spec is not None else slug, shown))
+    return out
+
+
 class RunsView(TenantPageView):
     """Execuções: `?enrollment=<id>` a run's timeline, `?contact=<id>` a contact's runs, neither
     the org's latest runs. Another org's id (or one that cannot be an id) answers 404."""
@@ -124,6 +156,7 @@ class RunsView(TenantPageView):
             if row is None:
                 abort(404)
             run = _summary(conn, oid, row, flows)
+            run["collected"] = collected(conn, oid, row)
             lines = timeline(conn, oid, row)
             session.rollback()  # read only; the scoped session is reused by the next request
             return self.render("admin/followup/run.html", run=run, lines=lines, can_cancel=is_editor() and run["live"])

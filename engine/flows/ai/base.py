@@ -17,6 +17,8 @@ from types import MappingProxyType
 from typing import Literal, Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from engine.words.understanding import Context, Understanding
+
 __all__ = [
     "AI",
     "ERROR_CODES",
@@ -196,7 +198,7 @@ class Plan:
 
 @runtime_checkable
 class AI(Protocol):
-    """The classifier, writer and timing planner of follow-up flows."""
+    """The classifier, writer, timing planner and reader of follow-up flows."""
 
     def classify(
         self,
@@ -217,6 +219,11 @@ class AI(Protocol):
 
     def plan(self, *, waits: Sequence[SmartWait], context: AIContext) -> Plan:
         """Durations for all of a flow's smart waits at once."""
+        ...
+
+    def understand(self, text: str, context: Context) -> Understanding:
+        """What a reply means (intent, date, time, period…): the built-in reader's answer, or
+        the model's when it gives one that fits the schema (engine/flows/ai/understand.py)."""
         ...
 
 

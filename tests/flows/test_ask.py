@@ -1,0 +1,171 @@
+"""The `ask` node: a flow asks for the fields it needs until it knows them (in any order, with
+corrections), gives up after `max_asks`, reads a turn sent in fragments as one, hands the patient
+to a person who asks for one, and never asks for what it already knows."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from engine.flows import versions
+from engine.flows.conversation.fields import create_field
+from engine.flows.versions import FlowRejected
+from engine.store.models import inbox_items
+from tests.factories import World
+from tests.flows.helpers import Flows, edge, node
+
+DEBOUNCE = timedelta(seconds=9)  # the org's default debounce is 8 s
+
+
+@pytest.fixture
+def world(rt, clock):
+    world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
+    world.channel("whatsapp")
+    with rt.db.begin() as conn:
+        create_field(conn, world.org_id, {"slug": "data", "label": "Data", "type": "date",
+                                          "question": "Qual dia fica melhor para você?"})
+        create_field(conn, world.org_id, {"slug": "periodo", "label": "Período", "type": "period",
+                                          "question": "De manhã, à tarde ou à noite?"})
+        create_field(conn, world.org_id, {"slug": "ok", "label": "Pode", "type": "boolean",
+                                          "question": "Posso marcar assim?"})
+    return world
+
+
+@pytest.fixture
+def flows(world):
+    return Flows(world)
+
+
+def ask_graph(fields: list[str], *, max_asks: int = 3, grace: int = 60) -> dict:
+    return {"nodes": [node("inicio", "trigger"),
+                      node("pergunta", "ask", fields=fields, max_asks=max_asks, grace_minutes=grace),
+                      node("pronto", "end", outcome="converted"), node("desistiu", "end", outcome="exhausted"),
+                      node("calado", "end", outcome="custom")],
+            "edges": [edge("inicio", "pergunta"), edge("pergunta", "pronto", "complete"),
+                      edge("pergunta", "desistiu", "gave_up"), edge("pergunta", "calado", "no_reply")]}
+
+
+def sent(flows: Flows, enrollment_id: int) -> list[str]:
+    return [(row.payload or {}).get("text") for row in flows.followups(enrollment_id)]
+
+
+def reasons(flows: Flows, enrollment_id: int) -> list[str]:
+    return [step["reason"] for step in flows.steps(enrollment_id) if step["node"] == "pergunta"]
+
+
+def turn(flows: Flows, clock, *texts: str) -> None:
+    for text in texts:
+        flows.reply(text)
+        clock.advance(timedelta(seconds=2))
+    clock.advance(DEBOUNCE)
+    flows.run()
+
+
+def test_fields_come_in_any_order_a_correction_wins_and_the_run_completes(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["data", "periodo"])), world.contact())
+    flows.run()
+    assert sent(flows, run) == ["Qual dia fica melhor para você?"]
+    assert flows.enrollment(run).status == "waiting_reply"
+    turn(flows, clock, "pode ser de manhã")  # the period first: the day is asked again
+    assert sent(flows, run)[-1] == "Qual dia fica melhor para você?"
+    assert flows.enrollment(run).data == {"periodo": "morning"}
+    turn(flows, clock, "sexta não, quinta à tarde")  # a correction of the period, and the day
+    done = flows.enrollment(run)
+    assert (done.status, done.outcome, done.current_node_id) == ("completed", "converted", "pronto")
+    assert done.data["periodo"] == "afternoon" and done.data["data"] is not None
+    assert reasons(flows, run) == ["ask_question", "ask_question", "ask_complete"]
+    assert done.llm_calls == 0 and done.ask_state is None
+
+
+def test_a_field_asked_max_asks_times_gives_up(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["data"], max_asks=2)), world.contact())
+    flows.run()
+    turn(flows, clock, "não sei ainda")
+    turn(flows, clock, "vou ver")
+    done = flows.enrollment(run)
+    assert (done.status, done.current_node_id) == ("completed", "desistiu")
+    assert len(sent(flows, run)) == 2
+    assert reasons(flows, run) == ["ask_question", "ask_question", "ask_gave_up"]
+    assert flows.steps(run)[-2]["params"]["field"] == "data"
+
+
+def test_no_reply_within_the_grace_takes_the_no_reply_exit(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["data"], grace=30)), world.contact())
+    flows.run()
+    clock.advance(timedelta(minutes=31))
+    flows.run()
+    assert flows.enrollment(run).current_node_id == "calado"
+
+
+def test_fragments_within_the_debounce_are_one_turn(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["data", "periodo"])), world.contact())
+    flows.run()
+    flows.reply("oi")
+    clock.advance(timedelta(seconds=3))
+    flows.run()  # still inside the debounce: nothing read yet
+    assert len(sent(flows, run)) == 1
+    turn(flows, clock, "então", "dá pra ser sexta de manhã?")
+    done = flows.enrollment(run)
+    assert (done.current_node_id, done.data) == ("pronto", {"data": done.data["data"], "periodo": "morning"})
+    assert reasons(flows, run) == ["ask_question", "ask_complete"], "three messages, one turn"
+    assert len(sent(flows, run)) == 1
+
+
+def test_a_value_the_type_refuses_is_explained_and_asked_again(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["data"])), world.contact())
+    flows.run()
+    turn(flows, clock, "dia 20/12/2025")
+    assert sent(flows, run)[-1] in ("Essa data já passou. Pode dizer um dia a partir de hoje?",
+                                    "Essa data está longe demais: a agenda vai até 90 dias à frente. Pode dizer um "
+                                    "dia mais perto?")
+    assert reasons(flows, run)[-1] == "ask_value_refused"
+
+
+def test_known_fields_are_not_asked_and_a_boolean_is_read_only_when_asked(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["periodo", "ok"])), world.contact())
+    flows.run()
+    turn(flows, clock, "sim, de tarde")  # "sim" answers the period question, not the boolean
+    assert flows.enrollment(run).data == {"periodo": "afternoon"}
+    assert sent(flows, run)[-1] == "Posso marcar assim?"
+    turn(flows, clock, "sim")
+    assert flows.enrollment(run).data == {"periodo": "afternoon", "ok": True}
+    assert flows.enrollment(run).current_node_id == "pronto"
+
+
+def test_asking_for_a_person_hands_the_conversation_to_staff(world, flows, clock, rt):
+    run = flows.enroll(flows.flow(ask_graph(["data"])), world.contact())
+    flows.run()
+    turn(flows, clock, "quero falar com uma atendente")
+    paused = flows.enrollment(run)
+    assert paused.status == "paused_handoff" and len(sent(flows, run)) == 1
+    with rt.db.connect() as conn:
+        kinds = conn.execute(select(inbox_items.c.kind).where(inbox_items.c.org_id == world.org_id)).scalars().all()
+    assert "handoff_requested" in kinds
+
+
+def test_an_opt_out_in_words_ends_the_run(world, flows, clock):
+    run = flows.enroll(flows.flow(ask_graph(["data"])), world.contact())
+    flows.run()
+    turn(flows, clock, "não quero mais receber mensagens de vocês")
+    done = flows.enrollment(run)
+    assert (done.status, done.outcome) == ("cancelled", "opted_out")
+
+
+def test_a_flow_that_asks_for_an_unknown_field_is_not_published(world, flows, rt):
+    with rt.db.begin() as conn:
+        pointer = versions.create_flow(conn, world.org_id, name="Pergunta", draft_graph=ask_graph(["cor"]),
+                                       trigger_config={"kind": "manual"})
+    with pytest.raises(FlowRejected) as refused, rt.db.begin() as conn:
+        versions.publish(conn, world.org_id, pointer)
+    assert [(i.node_id, i.code) for i in refused.value.issues] == [("pergunta", "unknown_field")]
+
+
+def test_another_orgs_fields_do_not_exist_for_a_flow(world, rt):
+    other = World(rt, slug="outra")
+    with rt.db.begin() as conn:
+        pointer = versions.create_flow(conn, other.org_id, name="Pergunta", draft_graph=ask_graph(["data"]),
+                                       trigger_config={"kind": "manual"})
+    with pytest.raises(FlowRejected), rt.db.begin() as conn:
+        versions.publish(conn, other.org_id, pointer)
