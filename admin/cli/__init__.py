@@ -22,6 +22,7 @@ from admin.cli import (
     templates,
     understand,
     users,
+    webhooks,
 )
 from engine.core.config import ENV_VARS
 
@@ -43,6 +44,6 @@ def main() -> None:
 for _command in (serve.up, serve.web, serve.worker, serve.scheduler, db.db, demo.demo, orgs.orgs, users.users,
                  messages.messages, channels.channels, keys.keys, apikeys.apikeys, flows.flows, flows.enrollments,
                  privacy.contacts_group, privacy.retention_group, templates.templates_group,
-                 understand.understand):
+                 understand.understand, webhooks.webhooks):
     main.add_command(_command)
 
