@@ -398,3 +398,40 @@ def test_the_secret_is_sealed_shown_once_rotated_and_never_logged(rt, clock, rec
     for secret in (made.secret, rotated.secret):
         assert secret not in caplog.text and secret.removeprefix("whsec_") not in caplog.text
     assert json.dumps(_deliveries(rt)[0].payload).find("whsec_") == -1
+
+
+def test_retention_deletes_finished_deliveries_after_the_queue_days_and_keeps_pending_ones(rt, clock, receiver):
+    from engine.privacy.retention import run_org
+
+    hooks, server = receiver
+    hooks.answers = [200, 500]
+    world = clinic(rt)
+    _endpoint(rt, world, server.url, hooks=hooks)
+    _confirmed(rt, world)
+    _confirmed(rt, world)
+    _run(rt)
+    assert [d.status for d in _deliveries(rt)] == ["delivered", "pending"]
+    clock.advance(timedelta(days=91))
+    assert run_org(rt.db, world.org_id).counts["webhook_deliveries_deleted"] == 1
+    assert [d.status for d in _deliveries(rt)] == ["pending"]
+
+
+def test_key_rotation_reseals_endpoint_secrets_under_the_new_key(rt, settings, clock):
+    from engine.core.config import Settings
+    from engine.store.key_rotation import rotate
+    from engine.store.runtime import Runtime
+    from gateway.crypto import Keyring
+    from tests.test_credentials import NEW_KEY
+
+    world = clinic(rt)
+    with rt.db.begin() as conn:
+        made = endpoints.create_endpoint(conn, rt.keyring, world.org_id, url="https://hooks.example.com/x",
+                                         event_types=ALL)
+    both = Runtime.build(Settings(**{**settings.__dict__, "secret_keys": f"{NEW_KEY},{settings.secret_keys}"}))
+    try:
+        assert rotate(both.db, both.keyring).rotated["webhook_endpoints"] == 1
+    finally:
+        both.close()
+    with rt.db.connect() as conn:
+        row = endpoints.get_endpoint(conn, world.org_id, made.endpoint_id)
+    assert row.key_version == 2 and endpoints.endpoint_secret(Keyring.parse(NEW_KEY), row) == made.secret

@@ -74,6 +74,14 @@ class WebhookEndpointSecretOut(WebhookEndpointOut):
                        "with it as Standard Webhooks says (docs/webhooks.md)."})
 
 
+class WebhookEndpointQuery(Schema):
+    class Meta:
+        unknown = RAISE  # a filter it does not take is an error, not a silently unfiltered list
+
+    active = fields.Boolean(truthy={"true"}, falsy={"false"},
+                            metadata={"description": "Only the active (`true`) or inactive (`false`) ones."})
+
+
 class WebhookEndpointListOut(Schema):
     data = fields.List(fields.Nested(WebhookEndpointOut), required=True)
 
@@ -167,11 +175,15 @@ def _endpoint_refused(exc: endpoints.EndpointRefused) -> Any:
 
 @bp.get("/webhook-endpoints")
 @documented("get", "/webhook-endpoints", "List the org's webhook endpoints", tag="webhooks",
-            responses={200: (WebhookEndpointListOut, "Every endpoint (never a secret)")})
+            query=WebhookEndpointQuery, responses={200: (WebhookEndpointListOut, "Every endpoint (never a secret)")},
+            errors=(422,))
 @require_key
 def list_webhook_endpoints() -> Any:
+    params = load_query(WebhookEndpointQuery())
     with org_tx() as conn:
         rows = endpoints.list_endpoints(conn, caller().org_id)
+    if "active" in params:
+        rows = [row for row in rows if bool(row.active) == params["active"]]
     return jsonify(WebhookEndpointListOut().dump({"data": [endpoint_out(r) for r in rows]}))
 
 

@@ -152,3 +152,11 @@ def test_the_cli_adds_lists_shows_deliveries_and_removes(rt, clock, api, databas
     assert run("remove", "--org", slug, "--id", str(row["id"])).returncode == 0
     gone = run("remove", "--org", slug, "--id", str(row["id"]))
     assert gone.returncode == 2 and "no webhook endpoint" in gone.stderr
+
+
+def test_the_list_filters_by_active_and_refuses_any_other_filter(rt, clock, api):
+    on = _create(api, "https://hooks.example.com/on").get_json()
+    off = _create(api, "https://hooks.example.com/off", active=False).get_json()
+    assert [e["id"] for e in api.get("/webhook-endpoints?active=true").get_json()["data"]] == [on["id"]]
+    assert [e["id"] for e in api.get("/webhook-endpoints?active=false").get_json()["data"]] == [off["id"]]
+    assert api.get(f"/webhook-endpoints?contact_id={on['id']}").status_code == 422
