@@ -435,3 +435,13 @@ def test_key_rotation_reseals_endpoint_secrets_under_the_new_key(rt, settings, c
     with rt.db.connect() as conn:
         row = endpoints.get_endpoint(conn, world.org_id, made.endpoint_id)
     assert row.key_version == 2 and endpoints.endpoint_secret(Keyring.parse(NEW_KEY), row) == made.secret
+
+
+def test_no_more_than_max_in_flight_deliveries_are_leased_at_once(rt, clock):
+    world = clinic(rt)
+    _endpoint(rt, world, "https://hooks.example.com/x", egress=None)
+    for _ in range(5):
+        _confirmed(rt, world)
+    assert len(delivery.claim_due(rt, limit=100, max_in_flight=3)) == 3
+    assert delivery.claim_due(rt, limit=100, max_in_flight=3) == []
+    assert len(delivery.claim_due(rt, limit=100, max_in_flight=5)) == 2

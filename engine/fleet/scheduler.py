@@ -310,7 +310,8 @@ class Scheduler:
         enqueue_webhooks = self.enqueue_webhooks
         claimed = 0
         while True:
-            claims = webhooks.claim_due(self.rt, limit=self.rt.settings.claim_batch)
+            claims = webhooks.claim_due(self.rt, limit=self.rt.settings.claim_batch,
+                                        max_in_flight=self.rt.settings.max_in_flight)
             handed = 0
             try:
                 for task in in_tasks(claims, webhooks.TASK):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 from standardwebhooks import Webhook
 
@@ -76,10 +76,18 @@ class Outcome:
 
 # --- the scheduler's side ------------------------------------------------------------------------
 
-def claim_due(rt: Runtime, *, limit: int) -> list[Claim]:
-    """Claim up to `limit` due deliveries (all orgs) with a lease; returns them in due order."""
+def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> list[Claim]:
+    """Claim up to `limit` due deliveries (all orgs) with a lease; returns them in due order. With
+    `max_in_flight`, no more than that many are leased at once: a backlog (a receiver back after an
+    outage) is not all leased at once, to wait in the broker while its leases run out."""
     now = clock.now()
     with rt.db.begin() as conn:
+        if max_in_flight is not None:
+            in_flight = conn.execute(select(func.count()).select_from(webhook_deliveries)
+                                     .where(webhook_deliveries.c.lease_until.is_not(None))).scalar_one()
+            limit = min(limit, max(max_in_flight - in_flight, 0))
+            if limit == 0:
+                return []
         due = (select(webhook_deliveries.c.id)
                .where(webhook_deliveries.c.status == "pending", webhook_deliveries.c.lease_until.is_(None),
                       webhook_deliveries.c.next_attempt_at <= now)
