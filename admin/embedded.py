@@ -32,7 +32,8 @@ class Embedded:
         self.actors = actors
         self.worker_threads = worker_threads
         self.pools: WorkerPools | None = None
-        self.scheduler = Scheduler(rt, self.enqueue_send, self.enqueue_flows, self.enqueue_inbound)
+        self.scheduler = Scheduler(rt, self.enqueue_send, self.enqueue_flows, self.enqueue_inbound,
+                                   enqueue_webhooks=self.enqueue_webhooks)
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -44,6 +45,9 @@ class Embedded:
 
     def enqueue_inbound(self, ids: Sequence[int]) -> None:
         self.actors.process_inbound.send(list(ids))
+
+    def enqueue_webhooks(self, claims: Sequence[Sequence[int]]) -> None:
+        self.actors.deliver_webhooks.send([list(c) for c in claims])
 
     def start(self) -> None:
         """Start workers and the scheduler loop in background threads."""

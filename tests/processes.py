@@ -32,13 +32,13 @@ def flush_broker() -> None:
         import pika
         from dramatiq.common import dq_name, xq_name
 
-        from engine.fleet.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE
+        from engine.fleet.actors import FLOWS_QUEUE, INBOUND_QUEUE, SEND_QUEUE, WEBHOOKS_QUEUE
 
         logging.getLogger("pika").setLevel(logging.ERROR)  # a queue not declared yet is a 404 warning
         connection = pika.BlockingConnection(pika.URLParameters(BROKER_URL))
         try:
             channel = connection.channel()
-            for queue in (SEND_QUEUE, INBOUND_QUEUE, FLOWS_QUEUE):
+            for queue in (SEND_QUEUE, INBOUND_QUEUE, FLOWS_QUEUE, WEBHOOKS_QUEUE):
                 for name in (queue, dq_name(queue), xq_name(queue)):
                     try:
                         channel.queue_purge(name)

@@ -125,7 +125,8 @@ def scheduler(once: bool) -> None:
 
     sched = Scheduler(rt, lambda ids: actors.send_messages.send(list(ids)),
                       lambda pairs: actors.advance_enrollments.send([list(p) for p in pairs]),
-                      lambda ids: actors.process_inbound.send(list(ids)))
+                      lambda ids: actors.process_inbound.send(list(ids)),
+                      enqueue_webhooks=lambda claims: actors.deliver_webhooks.send([list(c) for c in claims]))
     if once:
         tick = sched.tick(force_populate=True)
         click.echo(f"claimed {tick.claimed} message(s)")

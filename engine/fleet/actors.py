@@ -13,13 +13,15 @@ import dramatiq
 from engine.messaging import dispatch, inbound
 from engine.store import runtime
 from engine.flows.runtime import advance_claimed
+from engine.tenants.webhooks import delivery as webhook_delivery
 
 log = logging.getLogger(__name__)
 
-ACTOR_NAMES = ("send_messages", "process_inbound", "advance_enrollments")
+ACTOR_NAMES = ("send_messages", "process_inbound", "advance_enrollments", "deliver_webhooks")
 SEND_QUEUE = "lembra_send"
 INBOUND_QUEUE = "lembra_inbound"
 FLOWS_QUEUE = "lembra_flows"
+WEBHOOKS_QUEUE = "lembra_webhooks"
 
 
 @dramatiq.actor(queue_name=SEND_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)
@@ -44,3 +46,13 @@ def process_inbound(inbound_ids: list[int]) -> None:
 def advance_enrollments(pairs: list[list[int]]) -> None:
     """Advance each claimed enrollment ([id, revision] pairs) by its due step."""
     advance_claimed(runtime.current(), pairs)
+
+
+@dramatiq.actor(queue_name=WEBHOOKS_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)
+def deliver_webhooks(claims: list[list[int]]) -> None:
+    """POST each claimed webhook delivery ([id, revision] pairs) to the clinic's system. A crash
+    leaves the rest to their leases, and the scheduler's sweep puts them back."""
+    try:
+        webhook_delivery.deliver_claimed(runtime.current(), claims)
+    except Exception:
+        log.exception("webhook delivery task crashed", extra={"count": len(claims)})

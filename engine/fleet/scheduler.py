@@ -37,6 +37,7 @@ from engine.fleet.outage import BrokerOutage
 from engine.reminders.populate import PopulateResult, populate, populate_changed
 from engine.privacy.retention import DailyRetention
 from engine.store.runtime import Runtime
+from engine.tenants.webhooks import delivery as webhooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,19 +86,24 @@ class Tick:
     retained: int = 0
     repoked: int = 0
     settled: int = 0  # provider statuses that had arrived before their send was recorded
+    webhooks: int = 0  # webhook deliveries handed to the workers
+    webhooks_swept: int = 0  # webhook deliveries whose lease ran out, put back in the queue
 
 
 class Scheduler:
     """One scheduler loop. `enqueue` hands a list of message ids to the workers, `enqueue_flows`
     a list of [enrollment id, revision] claims, `enqueue_inbound` a list of patient messages
-    whose first poke was lost. `probe` raises BrokerUnavailable while the broker cannot be
+    whose first poke was lost, `enqueue_webhooks` a list of [delivery id, revision] claims of
+    outbound webhooks. `probe` raises BrokerUnavailable while the broker cannot be
     reached (by default a connection to BROKER_URL); a pass asks it only during an outage."""
 
     def __init__(self, rt: Runtime, enqueue: Callable[[Sequence[int]], None],
                  enqueue_flows: Callable[[Sequence[Sequence[int]]], None] | None = None,
                  enqueue_inbound: Callable[[Sequence[int]], None] | None = None,
-                 probe: Callable[[], None] | None = None) -> None:
+                 probe: Callable[[], None] | None = None,
+                 enqueue_webhooks: Callable[[Sequence[Sequence[int]]], None] | None = None) -> None:
         self.rt = rt
+        self.enqueue_webhooks = enqueue_webhooks
         self.enqueue = enqueue
         self.enqueue_flows = enqueue_flows
         self.enqueue_inbound = enqueue_inbound
@@ -125,6 +131,7 @@ class Scheduler:
         settings = self.rt.settings
         reclaimed, unknown = dispatch.sweep_leases(self.rt)
         swept = self._sweep_flows()
+        webhooks_swept = self._sweep_webhooks()
         populated = None
         enrolled = 0
         if force_populate:
@@ -136,13 +143,14 @@ class Scheduler:
             else:
                 populated, enrolled = self._populate()
                 self._last_populate = time.monotonic()
-        claimed = advanced = repoked = 0
+        claimed = advanced = repoked = delivering = 0
         down: BrokerUnavailable | None = None
         try:
             self._broker_answers()
             claimed = self._hand_messages()
             advanced = self._hand_flows()
             repoked = self._repoke_inbound()
+            delivering = self._hand_webhooks()
         except BrokerUnavailable as exc:
             down = exc  # what needs no broker goes on; the pass still fails below
         settled = statuses.settle_early(self.rt)
@@ -151,7 +159,8 @@ class Scheduler:
             raise down
         return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
                     advanced=advanced, lost_claims=swept.lost, requeued_claims=swept.requeued, enrolled=enrolled,
-                    retained=retained, repoked=repoked, settled=settled)
+                    retained=retained, repoked=repoked, settled=settled, webhooks=delivering,
+                    webhooks_swept=webhooks_swept)
 
     def _broker_answers(self) -> None:
         """During an outage, claim nothing until the broker answers the probe."""
@@ -284,6 +293,38 @@ class Scheduler:
                 raise
             claimed += len(pairs)
             if len(pairs) < settings.claim_batch:
+                return claimed
+
+    def _sweep_webhooks(self) -> int:
+        """Put back webhook deliveries whose lease ran out (before any hand-over: it needs no broker)."""
+        if self.enqueue_webhooks is None:
+            return 0
+        swept = webhooks.sweep_expired(self.rt, limit=self.rt.settings.claim_batch)
+        return swept.interrupted + swept.requeued
+
+    def _hand_webhooks(self) -> int:
+        """Claim every due webhook delivery and hand the claims out, a task at a time; claims the
+        broker did not take are released at once, free, like enrollment claims."""
+        if self.enqueue_webhooks is None:
+            return 0
+        enqueue_webhooks = self.enqueue_webhooks
+        claimed = 0
+        while True:
+            claims = webhooks.claim_due(self.rt, limit=self.rt.settings.claim_batch,
+                                        max_in_flight=self.rt.settings.max_in_flight)
+            handed = 0
+            try:
+                for task in in_tasks(claims, webhooks.TASK):
+                    self._hand(enqueue_webhooks, [list(c) for c in task])
+                    handed += len(task)
+            except BaseException:
+                try:
+                    webhooks.release_unhanded(self.rt, claims[handed:])
+                except Exception:  # noqa: BLE001 - their leases run out and the sweep puts them back
+                    log.exception("releasing webhook claims the broker did not take failed")
+                raise
+            claimed += len(claims)
+            if len(claims) < self.rt.settings.claim_batch:
                 return claimed
 
     def _release(self, pairs: Sequence[tuple[int, int]]) -> None:

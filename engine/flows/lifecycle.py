@@ -19,6 +19,7 @@ from engine.store.dialect import insert_ignore
 from engine.flows.schema import NODE_TYPES
 from engine.store.models import enrollment_events, enrollments, messages
 from engine.queue.outbox import cancel_open
+from engine.tenants.webhooks import events as webhooks
 
 #: Statuses of an enrollment that is still in its flow (the partial unique index's set).
 LIVE = ("active", "waiting_reply", "paused_handoff")
@@ -116,6 +117,7 @@ def end_live(
     for row in rows:
         record_event(conn, org_id, row.id, "ended", f"ended:{row.revision}", node_id=row.current_node_id,
                      payload={"status": status, "outcome": outcome, "reason": reason}, at=now)
+        webhooks.run_ended(conn, org_id, row.id, status=status, outcome=outcome, reason=reason)
     return ids
 
 

@@ -40,6 +40,7 @@ from engine.store.models import agents, appointments, contacts, enrollments, flo
 from engine.queue.outbox import enqueue
 from engine.reminders.populate import plan_new
 from engine.store.runtime import Runtime
+from engine.tenants.webhooks import events as webhooks
 
 log = logging.getLogger(__name__)
 
@@ -386,6 +387,9 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
     if not moved:
         _record_stale(conn, journal, row, revision, llm_calls=decision.llm_calls)
         return Step("stale", "stale_wake")
+    if values.get("status") in lifecycle.TERMINAL:  # the clinic's system hears that the run ended
+        webhooks.run_ended(conn, row.org_id, row.id, status=values["status"], outcome=values.get("outcome"),
+                           reason=values.get("cancel_reason") or (decision.reason if ended else "ended"))
     if decision.send is not None:
         _enqueue(conn, snap, decision.send, now)
     if snap.reply is not None and "pending_inbound_id" in values:  # the run let go of the reply it held
@@ -434,6 +438,8 @@ def _fail(conn: Connection, journal: lifecycle.Journal, row: Any, now: datetime,
         values = {**common, "next_eval_at": until}
     if not conn.execute(update(enrollments).where(*where).values(**values)).rowcount:
         return False
+    if until is None:
+        webhooks.run_ended(conn, row.org_id, row.id, status="dead", outcome=None, reason=reason)
     key_revision = revision if revision is not None else f"lost:{row.revision}"
     journal.add(row.org_id, row.id, "step", f"step:{key_revision}", node_id=row.current_node_id, at=now,
                 payload=lifecycle.step_payload(kind=kind, status="failed" if until is None else "deferred",

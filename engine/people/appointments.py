@@ -25,6 +25,7 @@ from engine.store.models import (
     reminder_rules,
 )
 from engine.queue import address_optouts as addresses
+from engine.tenants.webhooks import events as webhooks
 
 LIVE = ("scheduled", "confirmed")
 
@@ -113,6 +114,7 @@ def confirm(conn: Connection, org_id: int, appointment_id: int) -> bool:
     )
     if result.rowcount == 1:
         _event(conn, org_id, appointment_id, "confirmed")
+        webhooks.appointment_confirmed(conn, org_id, appointment_id)
     return result.rowcount == 1
 
 
@@ -127,6 +129,7 @@ def cancel(conn: Connection, org_id: int, appointment_id: int, *, source: str) -
     )
     if result.rowcount == 1:
         _event(conn, org_id, appointment_id, "cancelled")
+        webhooks.appointment_cancelled(conn, org_id, appointment_id, source=source)
     return result.rowcount == 1
 
 
@@ -140,8 +143,9 @@ def set_status(conn: Connection, org_id: int, appointment_id: int, current: str,
     elif target == "confirmed" and current == "scheduled":
         confirm(conn, org_id, appointment_id)
     elif target == "cancelled":
-        conn.execute(update(appointments).where(where).values(
-            status="cancelled", cancelled_at=now, cancel_source="clinic", updated_at=now))
+        if conn.execute(update(appointments).where(where, appointments.c.status != "cancelled").values(
+                status="cancelled", cancelled_at=now, cancel_source="clinic", updated_at=now)).rowcount:
+            webhooks.appointment_cancelled(conn, org_id, appointment_id, source="clinic")
     elif target in LIVE:  # reopened by the clinic
         conn.execute(update(appointments).where(where).values(
             status=target, confirmed_at=now if target == "confirmed" else None, cancelled_at=None,

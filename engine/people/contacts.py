@@ -16,6 +16,7 @@ from engine.core.errors import DomainError
 from engine.store.models import CHANNEL_KINDS, contacts, messages, preferences
 from engine.queue.outbox import cancel_open
 from engine.queue import address_optouts as addresses
+from engine.tenants.webhooks import events as webhooks
 from gateway.phones import InvalidPhone, normalize_phone
 
 #: How a patient can give consent at the clinic (`preferences.source` when the console records
@@ -120,12 +121,15 @@ def opt_out(
     kinds = tuple(kinds)
     now = clock.now()
     _ensure_rows(conn, org_id, contact_id, kinds)
-    conn.execute(
+    refused = conn.execute(
         update(preferences)
         .where(preferences.c.org_id == org_id, preferences.c.contact_id == contact_id,
                preferences.c.kind.in_(kinds), preferences.c.opted_out_at.is_(None))
         .values(opted_in=False, opted_out_at=now, source=source, evidence=evidence, updated_at=now)
-    )
+        .returning(preferences.c.kind)
+    ).scalars().all()
+    if refused:  # the clinic's system hears of a refusal once, not of every repeated SAIR
+        webhooks.contact_opted_out(conn, org_id, contact_id, channel_kinds=refused, source=source)
     addresses.record_opt_out(conn, org_id, contact_id, kinds, source=source, evidence=evidence)
     cancelled = cancel_open(
         conn, org_id,

@@ -6,7 +6,7 @@ Per org (columns on `orgs`, defaults below):
   but the API's request fingerprint, error details) is removed and the row marked
   `anonymised_at`; the text, sender and button of processed inbound replies are removed; the
   sandbox's copies of sent messages are deleted; the raw (already redacted) webhook bodies are
-  removed;
+  removed; the outbound webhook log's finished deliveries are deleted;
 - after `retention_events_days` (730, two years): finished messages themselves go (their
   events with them), and so do message events, the events of ended follow-up runs, contact
   events, inbound replies, webhook deliveries and this job's own run log.
@@ -55,6 +55,7 @@ from engine.store.models import (
     orgs,
     retention_runs,
     sandbox_messages,
+    webhook_deliveries,
     webhook_events,
 )
 
@@ -77,7 +78,7 @@ PASS_BUDGET = 50
 
 STEPS = ("messages_anonymised", "inbound_anonymised", "sandbox_deleted", "webhook_bodies_removed",
          "messages_deleted", "message_events_deleted", "enrollment_events_deleted", "contact_events_deleted",
-         "inbound_deleted", "webhook_events_deleted", "retention_runs_deleted")
+         "inbound_deleted", "webhook_events_deleted", "webhook_deliveries_deleted", "retention_runs_deleted")
 
 
 @dataclass
@@ -233,6 +234,12 @@ def _steps() -> list[_Step]:
               lambda q, e: and_(i.received_at < e, i.processed_at.is_not(None), _not_pending_reply(i.id)),
               _delete(inbound_messages)),
         _Step("webhook_events_deleted", webhook_events, lambda q, e: w.received_at < e, _delete(webhook_events)),
+        # The outbound webhook log: finished deliveries go with the texts (it is an operator's log,
+        # and its payloads are ids only); pending ones stay until they are delivered or given up.
+        _Step("webhook_deliveries_deleted", webhook_deliveries,
+              lambda q, e: and_(webhook_deliveries.c.status.in_(("delivered", "dead")),
+                                webhook_deliveries.c.created_at < q),
+              _delete(webhook_deliveries)),
         _Step("retention_runs_deleted", retention_runs, lambda q, e: retention_runs.c.started_at < e,
               _delete(retention_runs)),
     ]

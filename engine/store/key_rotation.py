@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from sqlalchemy import Table, select, update
 
 from engine.store.db import Database
-from engine.store.models import agents, channels
+from engine.store.models import agents, channels, webhook_endpoints
 from gateway.crypto import Keyring
 
 #: Every sealed column: (table, ciphertext column).
-SEALED = ((channels, "credentials"), (agents, "llm_api_key"))
+SEALED = ((channels, "credentials"), (agents, "llm_api_key"), (webhook_endpoints, "secret"))
 
 
 @dataclass

@@ -587,3 +587,50 @@ class RetentionRun(Base):
 
 address_optouts = AddressOptout.__table__
 retention_runs = RetentionRun.__table__
+
+
+class WebhookEndpoint(Base):
+    """Where an org's events are POSTed (engine/tenants/webhooks): its URL passes the egress guard,
+    its signing secret is sealed for this row (`secret`, `key_version`) like a channel's credentials."""
+
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    url: Mapped[str] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(Text)
+    secret: Mapped[bytes | None] = mapped_column(BinaryType)
+    key_version: Mapped[int | None] = mapped_column(Integer)
+    event_types: Mapped[list[str]] = mapped_column(JSONType)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    def __repr__(self) -> str:  # never the secret
+        return f"<WebhookEndpoint {self.id} org={self.org_id}>"
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint, delivered at least once with the same `webhook_id`."""
+
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    endpoint_id: Mapped[int] = _fk("webhook_endpoints.id", ondelete="CASCADE")
+    event_type: Mapped[str] = mapped_column(Text)
+    webhook_id: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    status: Mapped[str] = mapped_column(Text, default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None]
+    lease_until: Mapped[datetime | None]
+    claim_started_at: Mapped[datetime | None]
+    revision: Mapped[int] = mapped_column(Integer, default=0)
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_attempt_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+
+
+webhook_endpoints = WebhookEndpoint.__table__
+webhook_deliveries = WebhookDelivery.__table__

@@ -165,6 +165,22 @@ CATALOGUE: dict[str, Text] = {
     "egress_refused": N_("endereço não permitido: ele aponta para a rede interna (localhost, rede privada ou "
                          "link-local); use um endereço público ou peça a quem opera o Lembra para liberá-lo "
                          "em LEMBRA_PROVIDER_ALLOW"),
+    # --- outbound webhooks (engine/tenants/webhooks): an endpoint refused, a delivery's last error ----
+    "webhook_event_types": N_("Escolha pelo menos um destes eventos, cada um uma vez: %(choices)s."),
+    "webhook_timeout": N_("O sistema da clínica não respondeu a tempo. O aviso será enviado de novo."),
+    "webhook_connection_error": N_("Não foi possível conectar ao sistema da clínica. O aviso será enviado de "
+                                   "novo."),
+    "webhook_server_error": N_("O sistema da clínica respondeu com um erro dele. O aviso será enviado de novo."),
+    "webhook_throttled": N_("O sistema da clínica pediu para esperar (muitos avisos). O aviso será enviado de "
+                            "novo mais tarde."),
+    "webhook_request_error": N_("O envio ao sistema da clínica falhou no meio. O aviso será enviado de novo."),
+    "webhook_refused": N_("O sistema da clínica recusou o aviso, e ele não será enviado de novo. Confira o "
+                          "endereço e o que o sistema espera receber."),
+    "webhook_interrupted": N_("O envio foi interrompido (o processo que enviava parou). O aviso será enviado de "
+                              "novo, com o mesmo webhook-id."),
+    "webhook_endpoint_inactive": N_("O endereço foi desativado antes do envio, então o aviso não foi enviado."),
+    "webhook_secret_unreadable": N_("O segredo deste endereço não pode ser lido (a chave que o guardou não "
+                                    "está mais configurada). Gere um segredo novo para o endereço."),
     # --- addresses a tenant types (gateway/egress.py `endpoint`), and the secrets bound to them ----
     "url_invalid": N_("Este endereço não pode ser usado. Escreva http:// ou https://, o nome do servidor, sem "
                       "espaços nem acentos, e, se preciso, a porta e o caminho, como "

@@ -1,0 +1,271 @@
+"""Delivering webhooks: claim what is due, POST it signed, record the outcome, sweep lost leases.
+
+The house pattern of the outbox and the follow-up runtime (engine/messaging/dispatch/claim.py,
+engine/flows/runtime.py): the scheduler claims due deliveries with a lease (`FOR UPDATE SKIP
+LOCKED` on PostgreSQL, `revision` bumped) and hands `[id, revision]` pairs to the `deliver_webhooks`
+actor; the actor stamps `claim_started_at` just before each POST and writes the outcome with a
+compare-and-set on the revision, so a claim that was swept and claimed again meanwhile cannot be
+overwritten by the older one. A lease that runs out is swept: an attempt that started (its worker
+died mid-POST: the receiver may have it) counts as a failed attempt and is retried after its
+backoff; a claim no worker started goes back free. Either way it is retried, never lost.
+
+Delivery is at least once: every attempt carries the same `webhook-id`, so the receiver drops a
+repeat. The body is signed as the Standard Webhooks specification says, with its reference library.
+
+Outcomes: a 2xx is `delivered`. Timeouts, connection errors, 5xx, 408 and 429 are transient: the
+next attempt comes after BACKOFF (30 s, 2 min, 10 min, 1 h, 6 h; a 429's Retry-After when longer)
+and after the last one the delivery is `dead`. Any other answer (4xx, a redirect) and an address
+the egress guard refuses are permanent: `dead` at once. `last_error` keeps a catalogue code,
+`last_status_code` the HTTP status; the answer's body is never kept nor logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple, Sequence
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Connection
+from standardwebhooks import Webhook
+
+from engine.core import clock
+from engine.store.models import webhook_deliveries, webhook_endpoints
+from engine.store.runtime import Runtime
+from engine.tenants.webhooks.endpoints import endpoint_secret
+from gateway import http
+from gateway.crypto import CryptoError
+from gateway.egress import InvalidAddress, endpoint
+from gateway.errors import EgressRefused, ProviderError
+
+log = logging.getLogger(__name__)
+
+#: The wait before each retry, attempt by attempt; a transient failure after the last is `dead`.
+BACKOFF = (timedelta(seconds=30), timedelta(minutes=2), timedelta(minutes=10), timedelta(hours=1),
+           timedelta(hours=6))
+#: How long one POST may take, connect to last byte (seconds).
+TIMEOUT = 10.0
+#: How much of the receiver's answer is read: only its status matters.
+MAX_ANSWER = 64 * 1024
+#: Deliveries per worker task: each may take TIMEOUT, and all of them must fit in one lease.
+TASK = 10
+#: Codes of the transient failures (gateway/http.py's) and what the delivery log says of each.
+_TRANSIENT = {"timeout": "webhook_timeout", "connect_timeout": "webhook_timeout",
+              "connection_error": "webhook_connection_error", "http_429": "webhook_throttled"}
+
+
+class Claim(NamedTuple):
+    """A claimed delivery: its id and the revision its lease was taken at."""
+
+    id: int
+    revision: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt came to: `delivered`, `retry` or `dead`, the catalogue code of a failure,
+    the HTTP status when there was an answer, and the receiver's Retry-After (seconds)."""
+
+    result: str
+    code: str | None = None
+    status: int | None = None
+    retry_after: float | None = None
+
+
+# --- the scheduler's side ------------------------------------------------------------------------
+
+def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> list[Claim]:
+    """Claim up to `limit` due deliveries (all orgs) with a lease; returns them in due order. With
+    `max_in_flight`, no more than that many are leased at once: a backlog (a receiver back after an
+    outage) is not all leased at once, to wait in the broker while its leases run out."""
+    now = clock.now()
+    with rt.db.begin() as conn:
+        if max_in_flight is not None:
+            in_flight = conn.execute(select(func.count()).select_from(webhook_deliveries)
+                                     .where(webhook_deliveries.c.lease_until.is_not(None))).scalar_one()
+            limit = min(limit, max(max_in_flight - in_flight, 0))
+            if limit == 0:
+                return []
+        due = (select(webhook_deliveries.c.id)
+               .where(webhook_deliveries.c.status == "pending", webhook_deliveries.c.lease_until.is_(None),
+                      webhook_deliveries.c.next_attempt_at <= now)
+               .order_by(webhook_deliveries.c.next_attempt_at, webhook_deliveries.c.id).limit(limit))
+        if conn.dialect.name == "postgresql":
+            due = due.with_for_update(skip_locked=True)
+        # A locking CTE runs once (an IN subquery with SKIP LOCKED may run per row; see dispatch).
+        due_cte = due.cte("due")
+        rows = conn.execute(
+            update(webhook_deliveries)
+            .where(webhook_deliveries.c.id.in_(select(due_cte.c.id)), webhook_deliveries.c.status == "pending",
+                   webhook_deliveries.c.lease_until.is_(None))
+            .values(lease_until=now + rt.settings.lease, revision=webhook_deliveries.c.revision + 1,
+                    claim_started_at=None)
+            .returning(webhook_deliveries.c.id, webhook_deliveries.c.revision, webhook_deliveries.c.next_attempt_at)
+        ).all()
+    return [Claim(int(r.id), int(r.revision)) for r in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
+
+
+class Swept(NamedTuple):
+    """What one sweep did with the deliveries whose lease ran out."""
+
+    #: Attempts a worker started and did not finish: counted as failed, retried after the backoff.
+    interrupted: int
+    #: Claims no worker started: due again at once, attempts unchanged.
+    requeued: int
+
+
+def sweep_expired(rt: Runtime, *, limit: int | None = None) -> Swept:
+    """Deliveries whose lease ran out, put back in the queue (see the module's docstring)."""
+    now = clock.now()
+    interrupted = requeued = 0
+    with rt.db.begin() as conn:
+        query = (select(webhook_deliveries)
+                 .where(webhook_deliveries.c.status == "pending", webhook_deliveries.c.lease_until < now)
+                 .order_by(webhook_deliveries.c.lease_until, webhook_deliveries.c.id))
+        for row in conn.execute(query.limit(limit) if limit is not None else query).all():
+            if row.claim_started_at is None:
+                requeued += conn.execute(update(webhook_deliveries).where(
+                    webhook_deliveries.c.id == row.id, webhook_deliveries.c.revision == row.revision,
+                    webhook_deliveries.c.claim_started_at.is_(None))
+                    .values(lease_until=None)).rowcount
+            elif _finish(conn, row.id, row.revision, row.attempts, Outcome("retry", "webhook_interrupted"), now):
+                interrupted += 1
+    if interrupted:
+        log.warning("webhook deliveries cut short swept for a retry", extra={"count": interrupted})
+    if requeued:
+        log.warning("webhook claims no worker started put back in the queue", extra={"count": requeued})
+    return Swept(interrupted=interrupted, requeued=requeued)
+
+
+def release_unhanded(rt: Runtime, claims: Sequence[Sequence[int]]) -> int:
+    """Put back at once, free, claims the scheduler could not hand to the broker."""
+    released = 0
+    with rt.db.begin() as conn:
+        for delivery_id, revision in claims:
+            released += conn.execute(update(webhook_deliveries).where(
+                webhook_deliveries.c.id == int(delivery_id), webhook_deliveries.c.revision == int(revision),
+                webhook_deliveries.c.claim_started_at.is_(None), webhook_deliveries.c.status == "pending")
+                .values(lease_until=None)).rowcount
+    return released
+
+
+# --- the worker's side ---------------------------------------------------------------------------
+
+def deliver_claimed(rt: Runtime, claims: Sequence[Sequence[int]], *, timeout: float = TIMEOUT) -> dict[int, str]:
+    """Deliver each claimed delivery ([id, revision] pairs); returns each one's result
+    (`delivered`, `retry`, `dead`, or `stale` when its claim was no longer this one)."""
+    client = http.Client(rt.settings.egress)  # every connection passes the egress guard, at send time
+    results: dict[int, str] = {}
+    try:
+        for delivery_id, revision in claims:
+            try:
+                results[int(delivery_id)] = deliver_one(rt, client, int(delivery_id), int(revision), timeout=timeout)
+            except Exception:  # noqa: BLE001 - one delivery's crash never stops the others; its lease runs out
+                log.exception("webhook delivery crashed", extra={"delivery_id": int(delivery_id)})
+                results[int(delivery_id)] = "crashed"
+    finally:
+        client.close()
+    return results
+
+
+def deliver_one(rt: Runtime, client: http.Client, delivery_id: int, revision: int, *,
+                timeout: float = TIMEOUT) -> str:
+    """One attempt of one claimed delivery; returns its result."""
+    now = clock.now()
+    with rt.db.begin() as conn:
+        row = conn.execute(select(webhook_deliveries).where(
+            webhook_deliveries.c.id == delivery_id, webhook_deliveries.c.revision == revision,
+            webhook_deliveries.c.status == "pending", webhook_deliveries.c.lease_until.is_not(None))).first()
+        if row is None:
+            return "stale"
+        if row.lease_until - now < timedelta(seconds=timeout):
+            return "stale"  # not begun: the sweep puts it back free when the lease runs out
+        started = conn.execute(update(webhook_deliveries).where(
+            webhook_deliveries.c.id == delivery_id, webhook_deliveries.c.revision == revision,
+            webhook_deliveries.c.claim_started_at.is_(None)).values(claim_started_at=now)).rowcount
+        if not started:
+            return "stale"
+        target = conn.execute(select(webhook_endpoints).where(
+            webhook_endpoints.c.org_id == row.org_id, webhook_endpoints.c.id == row.endpoint_id)).first()
+    secret = None
+    if target is None or not target.active:
+        outcome = Outcome("dead", "webhook_endpoint_inactive")
+    else:
+        try:
+            secret = endpoint_secret(rt.keyring, target)
+        except CryptoError:
+            outcome = Outcome("dead", "webhook_secret_unreadable")
+        else:
+            outcome = post(client, target.url, secret, row.webhook_id, row.payload, timeout=timeout)
+    with rt.db.begin() as conn:
+        _finish(conn, row.id, revision, row.attempts, outcome, clock.now())
+    log.info("webhook delivery attempted", extra={"delivery_id": row.id, "org_id": row.org_id,
+                                                 "endpoint_id": row.endpoint_id, "result": outcome.result,
+                                                 "code": outcome.code, "status": outcome.status})
+    return outcome.result
+
+
+def signed_request(secret: str, webhook_id: str, payload: Any, sent_at: datetime) -> tuple[bytes, dict[str, str]]:
+    """The body and the Standard Webhooks headers of one attempt."""
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    signature = Webhook(secret).sign(webhook_id, sent_at, body)
+    headers = {"Content-Type": "application/json", "webhook-id": webhook_id,
+               "webhook-timestamp": str(int(sent_at.timestamp())), "webhook-signature": signature}
+    return body, headers
+
+
+def post(client: http.Client, url: str, secret: str, webhook_id: str, payload: Any, *,
+         timeout: float = TIMEOUT) -> Outcome:
+    """POST the payload signed; classify what came back."""
+    try:
+        endpoint(url)  # the shape again: a URL stored before a stricter check still may not go out
+    except InvalidAddress as exc:
+        return Outcome("dead", exc.code)
+    # The signature's timestamp is the wall clock's, not the engine's: the receiver compares it
+    # with its own clock to refuse replays, so it must say when the request really left.
+    body, headers = signed_request(secret, webhook_id, payload, clock.SystemClock().now())
+    try:
+        response = http.call(client, "POST", url, timeout=timeout, data=body, headers=headers,
+                             max_bytes=MAX_ANSWER)
+    except EgressRefused:
+        return Outcome("dead", "egress_refused")
+    except ProviderError as exc:
+        return _failure(exc)
+    return Outcome("delivered", status=response.status)
+
+
+def _failure(exc: ProviderError) -> Outcome:
+    code = exc.code or ""
+    status = int(code[5:]) if code.startswith("http_") and code[5:].isdigit() else None
+    if exc.permanent:
+        return Outcome("dead", "webhook_refused", status)
+    reason = _TRANSIENT.get(code) or ("webhook_server_error" if status is not None else "webhook_request_error")
+    return Outcome("retry", reason, status, exc.retry_after)
+
+
+def next_attempt(attempts: int, now: datetime, retry_after: float | None = None) -> datetime | None:
+    """When attempt number `attempts + 1` is due after `attempts` failed ones; None: give up."""
+    if attempts > len(BACKOFF):
+        return None
+    wait = BACKOFF[attempts - 1]
+    if retry_after:
+        wait = max(wait, min(timedelta(seconds=retry_after), BACKOFF[-1]))
+    return now + wait
+
+
+def _finish(conn: Connection, delivery_id: int, revision: int, attempts: int, outcome: Outcome,
+            now: datetime) -> bool:
+    """Record an attempt's outcome if the claim is still this one; True when it was recorded."""
+    done = attempts + 1
+    values: dict[str, Any] = {"attempts": done, "last_attempt_at": now, "last_status_code": outcome.status,
+                              "last_error": outcome.code, "lease_until": None, "claim_started_at": None}
+    if outcome.result == "delivered":
+        values.update(status="delivered", delivered_at=now, next_attempt_at=None, last_error=None)
+    else:
+        due = next_attempt(done, now, outcome.retry_after) if outcome.result == "retry" else None
+        values.update(status="pending" if due else "dead", next_attempt_at=due)
+    return bool(conn.execute(update(webhook_deliveries).where(
+        webhook_deliveries.c.id == delivery_id, webhook_deliveries.c.revision == revision,
+        webhook_deliveries.c.status == "pending").values(**values)).rowcount)
