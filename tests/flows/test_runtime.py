@@ -184,6 +184,14 @@ def test_one_claim_advances_each_org_with_its_own_rows(world, flows, rt, clock):
     assert {m.org_id for m in other_flows.followups()} == {other.org_id}
 
 
+@pytest.fixture
+def owner(owner_database_url):
+    """The schema's owner, who may add and drop the trigger that refuses a row's updates."""
+    database = Database(owner_database_url)
+    yield database
+    database.dispose()
+
+
 def _fail_updates_of(db, enrollment_id: int, *, but_the_start: bool = False) -> None:
     """A real write failure for one enrollment: the database refuses every update of its row (with
     `but_the_start`, every one but the actor's mark that it started: the step's own write fails).
@@ -208,7 +216,7 @@ def _accept_updates_again(db) -> None:
     db.dispose()
 
 
-def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, flows, rt, clock, owner_database_url):
+def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, flows, rt, clock, owner):
     """The claim's steps are written together; when that fails they are written one by one: the
     others advance, and the one that fails (a step that started) keeps its lease until the sweep
     backs it off."""
@@ -217,7 +225,6 @@ def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, fl
     ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
     pairs = runtime.claim_due(rt, limit=10)
     assert len(pairs) == 3
-    owner = Database(owner_database_url)
     _fail_updates_of(owner, ids[1], but_the_start=True)
     runtime.advance_claimed(rt, pairs)
     runs = [flows.enrollment(i) for i in ids]
@@ -231,7 +238,7 @@ def test_one_enrollment_that_cannot_be_written_does_not_stop_its_claim(world, fl
 
 
 def test_an_enrollment_whose_claim_cannot_even_start_leaves_its_claim_mates_alone(world, flows, rt, clock,
-                                                                                   owner_database_url):
+                                                                                   owner):
     """The actor marks its claim started in one statement; when one row refuses even that, the
     others are marked one by one and advance, and the one that never started goes back to the
     queue free once the database takes its writes again."""
@@ -239,7 +246,6 @@ def test_an_enrollment_whose_claim_cannot_even_start_leaves_its_claim_mates_alon
                              node("fim", "end", outcome="exhausted")))
     ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
     pairs = runtime.claim_due(rt, limit=10)
-    owner = Database(owner_database_url)
     _fail_updates_of(owner, ids[1])
     assert runtime.advance_claimed(rt, pairs) == 2
     runs = [flows.enrollment(i) for i in ids]
