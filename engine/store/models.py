@@ -61,6 +61,9 @@ class Org(Base):
     #: Retention (engine/privacy/retention.py): texts go after the first, rows after the second.
     retention_queue_days: Mapped[int] = mapped_column(Integer, default=90)
     retention_events_days: Mapped[int] = mapped_column(Integer, default=730)
+    #: The clinic's availability webhook (engine/people/agenda/webhook.py): free times come from it
+    #: instead of the built-in agenda when set.
+    availability_url: Mapped[str | None] = mapped_column(Text)
 
     def __str__(self) -> str:
         return self.name
@@ -147,6 +150,8 @@ class Appointment(Base):
     cancel_source: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    #: Who the appointment is with in the built-in agenda; `professional` keeps the text shown.
+    professional_id: Mapped[int | None] = _fk("professionals.id", nullable=True)
 
 
 class Channel(Base):
@@ -562,3 +567,32 @@ class RetentionRun(Base):
 
 address_optouts = AddressOptout.__table__
 retention_runs = RetentionRun.__table__
+
+
+class Professional(Base):
+    """A professional of the built-in agenda (engine/people/agenda/): weekly hours make free times."""
+
+    __tablename__ = "professionals"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str] = mapped_column(Text)
+    slot_minutes: Mapped[int] = mapped_column(Integer, default=30)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ProfessionalHours(Base):
+    """One interval of a weekday (0 = Monday) of a professional, 'HH:MM' in the org's wall clock."""
+
+    __tablename__ = "professional_hours"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    professional_id: Mapped[int] = _fk("professionals.id")
+    weekday: Mapped[int] = mapped_column(Integer)
+    starts: Mapped[str] = mapped_column(Text)
+    ends: Mapped[str] = mapped_column(Text)
+
+
+professionals = Professional.__table__
+professional_hours = ProfessionalHours.__table__
