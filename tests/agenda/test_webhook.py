@@ -65,7 +65,8 @@ def test_the_clinics_system_is_asked_with_the_constraints_and_its_slots_kept_to_
 def test_a_professional_asked_for_is_sent_by_name_and_others_dropped(rt, clock, world, serve):
     carlos = professional(rt, world.org_id, "Dr. Carlos Nunes")
     with serve(lambda req: Reply(200, GOOD)) as server:
-        found = _ask(rt, clock, world, server.url, professional_id=carlos.id, date_from=date(2026, 12, 7))
+        found = _ask(rt, clock, world, server.url, professional_id=carlos.id, date_from=date(2026, 12, 7),
+                     date_to=date(2026, 12, 7))
     assert server.requests[0].query["professional"] == ["Dr. Carlos Nunes"]
     assert server.requests[0].query["date_from"] == server.requests[0].query["date_to"] == ["2026-12-07"]
     assert hhmm(found) == ["12-07 15:00"]

@@ -25,8 +25,8 @@ DEFAULT_HORIZON_DAYS = 60
 class SlotQuery:
     """The constraints of a search for free times; every field is optional.
 
-    `date_from`/`date_to`: the local days searched (one of them alone is that one day; neither:
-    from today to the horizon). `period`: morning, afternoon or evening, the boundaries of
+    `date_from`/`date_to`: the first and last local days searched (by default today and the
+    horizon's last day; both the same day for one day). `period`: morning, afternoon or evening, the boundaries of
     `docs/understanding.md` (a slot belongs to the period its start falls in). `time` ('HH:MM'):
     the slots nearest to it, that one first. `exclude_weekdays`: 0 = Monday … 6 = Sunday.
     `professional_id` or `professional` (a name): only that professional's slots."""
@@ -105,8 +105,8 @@ def bounds(query: SlotQuery, zone: ZoneInfo, now: datetime) -> Bounds | None:
     earliest = now + timedelta(minutes=query.lead_minutes)
     latest = now + timedelta(days=query.horizon_days)
     today = now.astimezone(zone).date()
-    first = max(query.date_from or query.date_to or today, earliest.astimezone(zone).date())
-    last = min(query.date_to or query.date_from or latest.astimezone(zone).date(), latest.astimezone(zone).date())
+    first = max(query.date_from or today, earliest.astimezone(zone).date())
+    last = min(query.date_to or latest.astimezone(zone).date(), latest.astimezone(zone).date())
     if last < first:
         return None
     return Bounds(zone, first, last, earliest, latest)
