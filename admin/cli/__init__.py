@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from admin.cli import (
+    agenda,
     apikeys,
     channels,
     db,
@@ -43,6 +44,6 @@ def main() -> None:
 for _command in (serve.up, serve.web, serve.worker, serve.scheduler, db.db, demo.demo, orgs.orgs, users.users,
                  messages.messages, channels.channels, keys.keys, apikeys.apikeys, flows.flows, flows.enrollments,
                  privacy.contacts_group, privacy.retention_group, templates.templates_group,
-                 understand.understand):
+                 understand.understand, agenda.agenda):
     main.add_command(_command)
 
