@@ -50,3 +50,22 @@ def test_refusals_are_one_line_and_write_nothing(rt, clock):
                             env=env)
     assert refused.exit_code == 2 and "rede interna" in refused.output
     assert runner.invoke(main, ["agenda", "slots", "--org", "nope"], env=env).exit_code == 2
+
+
+def test_the_demo_clinic_has_an_agenda_with_free_times(rt, clock):
+    from sqlalchemy import select
+
+    from engine.fleet.demo import seed
+    from engine.people.agenda import SlotQuery, free_slots, list_professionals, org_row
+    from engine.store.models import appointments
+
+    with rt.db.begin() as conn:
+        made = seed(conn, rt.keyring)
+    with rt.db.connect() as conn:
+        staff = list_professionals(conn, made.org_id)
+        assert [(p.name, len(p.hours)) for p in staff] == [("Dr. Carlos Nunes", 10), ("Dra. Beatriz Costa", 10)]
+        linked = set(conn.execute(select(appointments.c.professional_id).where(appointments.c.org_id == made.org_id))
+                     .scalars())
+        assert linked == {staff[1].id}
+        found = free_slots(conn, org_row(conn, made.org_id), SlotQuery(period="morning"), clock.now())
+    assert len(found) == 3 and all(s.starts_at.hour < 12 for s in found)
