@@ -150,10 +150,11 @@ def test_a_query_that_cannot_be_asked_is_refused(rt, clock, world, query, code):
 def test_slots_follow_the_orgs_wall_clock_across_a_dst_change(rt, clock):
     clock.set(datetime(2027, 3, 10, 12, tzinfo=ZoneInfo("UTC")))
     world = World(rt, slug="nova-york", timezone="America/New_York")
-    professional(rt, world.org_id, "Dr. Night", slot_minutes=60, hours=[{"weekday": 6, "starts": "00:00", "ends": "05:00"},
-                                                                         {"weekday": 6, "starts": "23:00", "ends": "24:00"}])
+    professional(rt, world.org_id, "Dr. Night", slot_minutes=60, hours=[
+        {"weekday": 6, "starts": "00:00", "ends": "05:00"}, {"weekday": 6, "starts": "23:00", "ends": "24:00"}])
     sunday = slots(rt, clock, world, day=date(2027, 3, 14), limit=20)
-    assert hhmm(sunday) == ["03-14 00:00", "03-14 01:00", "03-14 03:00", "03-14 04:00", "03-14 23:00"]  # 02:00 never is
+    # 02:00 never is that night.
+    assert hhmm(sunday) == ["03-14 00:00", "03-14 01:00", "03-14 03:00", "03-14 04:00", "03-14 23:00"]
     assert [s.starts_at.utcoffset().total_seconds() / 3600 for s in sunday] == [-5, -5, -4, -4, -4]
     assert sunday[1].ends_at == sunday[2].starts_at  # 01:00 EST + 1 h is 03:00 EDT
     assert sunday[-1].ends_at.isoformat() == "2027-03-15T00:00:00-04:00"

@@ -17,8 +17,8 @@ def test_professionals_are_created_read_changed_and_removed(api):
     assert body["name"] == "Dra. Beatriz Costa" and body["active"] is True and len(body["hours"]) == 10
     assert api.get(f"/professionals/{body['id']}").get_json() == body
     assert api.get("/professionals").get_json() == {"data": [body]}
-    changed = api.patch(f"/professionals/{body['id']}", {"slot_minutes": 60,
-                                                          "hours": [{"weekday": 5, "starts": "08:00", "ends": "12:00"}]})
+    saturday = [{"weekday": 5, "starts": "08:00", "ends": "12:00"}]
+    changed = api.patch(f"/professionals/{body['id']}", {"slot_minutes": 60, "hours": saturday})
     assert changed.status_code == 200
     assert changed.get_json()["hours"] == [{"weekday": 5, "starts": "08:00", "ends": "12:00"}]
     gone = api.client.delete(f"/api/v1/professionals/{body['id']}", headers={"Authorization": f"Bearer {api.key}"})

@@ -4,8 +4,8 @@
 through the egress guard, within a short timeout; the answer must be JSON
 `{"slots": [{"starts_at": ISO with offset, "ends_at": ISO with offset, "professional": text|null}]}`.
 An answer of any other shape is refused whole; slots that break the query's constraints (the past,
-the lead time, the horizon, the days, the period, the excluded weekdays, another professional) are
-dropped one by one. A failure is an `AvailabilityUnavailable`, transient (timeout, no connection,
+the lead time, the horizon, the days, the period, the excluded weekdays, another professional than
+the one asked; a slot with professional null is kept) are dropped one by one. A failure is an `AvailabilityUnavailable`, transient (timeout, no connection,
 HTTP 5xx/429) or permanent (another HTTP status, an unusable answer, an address the guard refuses),
 with a catalogue sentence; the caller (a flow's `unavailable` exit) decides what follows.
 """
@@ -130,8 +130,9 @@ def webhook_slots(url: str, query: SlotQuery, limits: Bounds, *, professional: s
     wanted = professional.strip().casefold() if professional else None
     slots = [Slot(s.starts_at.astimezone(limits.zone), s.ends_at.astimezone(limits.zone), s.professional)
              for s in parse_answer(response.body)]
+    # A slot of no one in particular (professional null) is the clinic's answer to the name it was sent.
     kept = [s for s in slots if fits(s, query, limits)
-            and (wanted is None or (s.professional or "").casefold() == wanted)]
+            and (wanted is None or s.professional is None or s.professional.casefold() == wanted)]
     return spread(kept, query, limits.zone)
 
 
