@@ -3,9 +3,10 @@ times a flow would offer (`GET /slots`), from the built-in agenda or the clinic'
 webhook (docs/agenda.md).
 
 A refusal of the agenda (overlapping hours, a slot length out of range, a date range backwards) is
-a 422 whose `details` list `{code, field, message, message_en}` (the catalogue's sentences); another
-org's professional answers 404 like one that does not exist; a clinic system that cannot give free
-times is a 502 saying why, and whether asking again may help (`transient`).
+a 422 whose `details` list `{code, field, message, message_en}` (the catalogue's sentences), a name
+the org already uses a 409; another org's professional answers 404 like one that does not exist; a
+clinic system that cannot give free times is a 502 saying why, and whether asking again may help
+(`transient`).
 
 Importing this module adds its routes to the API blueprint, like admin/api/privacy.py."""
 
@@ -18,20 +19,21 @@ from flask import jsonify
 from marshmallow import RAISE, Schema, fields, validate
 
 from admin.api.core import (
-    ApiError,
     bp,
     caller,
+    detail,
     error_response,
+    finding_detail,
     json_body,
     load,
     load_query,
     org_tx,
+    path_id,
     require_key,
     runtime,
 )
 from admin.api.openapi import documented
-from admin.api.schemas import MAX_ID, Flag, Id, Text
-from admin.i18n import translate_to
+from admin.api.schemas import Flag, Id, Text
 from engine.core import clock
 from engine.core.fields import WholeNumber
 from engine.people import agenda
@@ -134,31 +136,22 @@ class SlotPageOut(Schema):
 
 # --- errors -------------------------------------------------------------------------------------
 
-def _sentence(text: Any) -> dict[str, str]:
-    return {"message": str(text), "message_en": translate_to(text, "en")}
-
-
 @bp.errorhandler(agenda.AgendaError)
 def _agenda_refused(exc: agenda.AgendaError) -> Any:
     if isinstance(exc, agenda.ProfessionalNotFound):
         return error_response(404)  # another org's professional answers like one that does not exist
-    return error_response(422, "the agenda refused this", [{"code": exc.code, "field": exc.field,
-                                                            **_sentence(exc.text)}])
+    if exc.code == "agenda_name_taken":
+        return error_response(409, "the org already has a professional with this name", [finding_detail(exc.finding)])
+    return error_response(422, "the agenda refused this", [finding_detail(exc.finding)])
 
 
 @bp.errorhandler(agenda.AvailabilityUnavailable)
 def _unavailable(exc: agenda.AvailabilityUnavailable) -> Any:
     return error_response(502, "the clinic's system could not give free times", [{
-        "code": exc.code, "transient": not exc.permanent, **_sentence(exc.text)}])
+        **detail(exc.code, "", exc.text), "transient": not exc.permanent}])
 
 
 # --- routes -------------------------------------------------------------------------------------
-
-def _path_id(value: int) -> int:
-    if not 1 <= value <= MAX_ID:
-        raise ApiError(404)
-    return value
-
 
 def _saved(conn: Any, action: str, professional: agenda.Professional, changes: dict[str, Any]) -> Any:
     audit(conn, org_id=professional.org_id, api_key_id=caller().id, action=action, entity="professionals",
@@ -184,8 +177,8 @@ def list_professionals() -> Any:
 @documented("post", "/professionals", "Add a professional with their weekly hours", tag="agenda",
             description="Hours are intervals of a weekday in the org's wall-clock time; several a day make "
                         "breaks. Overlapping intervals, a slot length outside 5–480 minutes or a name the org "
-                        "already uses: 422, nothing written.",
-            body=ProfessionalIn, responses={201: (ProfessionalOut, "Created")}, errors=(400, 413, 422))
+                        "already uses (409): nothing written.",
+            body=ProfessionalIn, responses={201: (ProfessionalOut, "Created")}, errors=(400, 409, 413, 422))
 @require_key
 def create_professional() -> Any:
     data = load(ProfessionalIn(), json_body())
@@ -203,7 +196,7 @@ def create_professional() -> Any:
 @require_key
 def get_professional(professional_id: int) -> Any:
     with org_tx() as conn:
-        found = agenda.get_professional(conn, caller().org_id, _path_id(professional_id))
+        found = agenda.get_professional(conn, caller().org_id, path_id(professional_id))
     return jsonify(ProfessionalOut().dump(found.as_json()))
 
 
@@ -212,10 +205,10 @@ def get_professional(professional_id: int) -> Any:
             tag="agenda", path_id="professional_id",
             description="Only the fields given change; `hours` replaces the whole week. Checked as on create: a "
                         "refusal changes nothing.",
-            body=ProfessionalPatch, responses={200: (ProfessionalOut, "Saved")}, errors=(400, 404, 413, 422))
+            body=ProfessionalPatch, responses={200: (ProfessionalOut, "Saved")}, errors=(400, 404, 409, 413, 422))
 @require_key
 def update_professional(professional_id: int) -> Any:
-    professional_id = _path_id(professional_id)
+    professional_id = path_id(professional_id)
     data = load(ProfessionalPatch(), json_body())
     with org_tx() as conn:
         changed = agenda.update_professional(conn, caller().org_id, professional_id, **data)
@@ -232,7 +225,7 @@ def update_professional(professional_id: int) -> Any:
 @require_key
 def delete_professional(professional_id: int) -> Any:
     with org_tx() as conn:
-        gone = agenda.delete_professional(conn, caller().org_id, _path_id(professional_id))
+        gone = agenda.delete_professional(conn, caller().org_id, path_id(professional_id))
         out = _saved(conn, "delete", gone, {})
     return jsonify(out)
 

@@ -14,11 +14,14 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from admin.api.schemas import MAX_ID
 from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
 from engine.tenants.apikeys import ApiKeyIdentity, authenticate
-from engine.words.catalogue import describe
 from engine.store.runtime import Runtime
+from engine.words.catalogue import describe
+from engine.words.findings import Finding
+from engine.words.texts import Text
 
 log = logging.getLogger("lembra.api")
 
@@ -135,15 +138,31 @@ BODY_ERRORS = {"body_not_json": "the body is not valid JSON", "body_too_deep": "
 MAX_FIELD_ERRORS = 50
 
 
+def path_id(value: int) -> int:
+    """An id from the URL; one no row can have answers 404, like an id that does not exist."""
+    if not 1 <= value <= MAX_ID:
+        raise ApiError(404)
+    return value
+
+
+def detail(code: str, field: str, text: Text) -> dict[str, Any]:
+    """One item of an error's `details`: the catalogue `code`, the request `field` it is about ("" for
+    the request as a whole) and its sentence in pt-BR (`message`) and English (`message_en`)."""
+    return {"code": code, "field": field, "message": str(text), "message_en": translate_to(text, "en")}
+
+
+def finding_detail(finding: Finding, field: str | None = None) -> dict[str, Any]:
+    """`detail` of a finding, on its own field unless `field` names the request's."""
+    return detail(finding.code, finding.field if field is None else field, finding.text)
+
+
 def json_body() -> Any:
     """The request's JSON document, read strictly (admin/json_body.py): 400, 413 or 422 with
     `details` `{code, field, message, message_en}` when it is refused."""
     try:
         return request_json()
     except BodyRefused as exc:
-        raise ApiError(exc.status, BODY_ERRORS.get(exc.code), {
-            "code": exc.code, "field": exc.field, "message": str(exc.message),
-            "message_en": translate_to(exc.message, "en")}) from None
+        raise ApiError(exc.status, BODY_ERRORS.get(exc.code), detail(exc.code, exc.field, exc.message)) from None
 
 
 def load(schema: Schema, data: Any, extra_errors: Mapping[str, Any] | None = None) -> dict[str, Any]:

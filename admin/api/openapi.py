@@ -26,7 +26,7 @@ class Operation:
     query: type[Schema] | None = None
     header: type[Schema] | None = None
     path_id: str | None = None
-    responses: dict[int, tuple[type[Schema], str]] = field(default_factory=dict)
+    responses: dict[int, tuple[type[Schema] | None, str]] = field(default_factory=dict)
     errors: tuple[int, ...] = ()
 
 
@@ -36,7 +36,7 @@ OPERATIONS: list[Operation] = []
 def documented(method: str, path: str, summary: str, *, tag: str, description: str | None = None,
                body: type[Schema] | None = None, query: type[Schema] | None = None,
                header: type[Schema] | None = None, path_id: str | None = None,
-               responses: dict[int, tuple[type[Schema], str]], errors: tuple[int, ...] = ()) -> Callable[[Any], Any]:
+               responses: dict[int, tuple[type[Schema] | None, str]], errors: tuple[int, ...] = ()) -> Callable[[Any], Any]:
     """Declare a route's schemas for the document (the view validates with the same classes)."""
     OPERATIONS.append(Operation(method, path, summary, tag, description, body, query, header, path_id,
                                 responses, errors))
@@ -85,7 +85,8 @@ def openapi_document() -> dict[str, Any]:
         if op.header:
             parameters.append({"in": "header", "schema": op.header})
         responses: dict[str, Any] = {
-            str(code): {"description": text, **_content(schema)} for code, schema_text in op.responses.items()
+            str(code): {"description": text, **(_content(schema) if schema is not None else {})}
+            for code, schema_text in op.responses.items()
             for schema, text in [schema_text]
         }
         for code in (401, *op.errors):

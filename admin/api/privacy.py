@@ -12,9 +12,8 @@ from typing import Any
 from flask import jsonify
 from marshmallow import Schema, fields, validate
 
-from admin.api.core import ApiError, bp, caller, org_tx, require_key, runtime
+from admin.api.core import ApiError, bp, caller, org_tx, path_id, require_key, runtime
 from admin.api.openapi import documented
-from admin.api.schemas import MAX_ID
 from engine.tenants.audit import audit
 from engine.store.models import CHANNEL_KINDS
 from engine.privacy import consent, erasure
@@ -91,12 +90,6 @@ class ConsentEvidenceOut(Schema):
 
 # --- routes -------------------------------------------------------------------------------------
 
-def _path_id(value: int) -> int:
-    if not 1 <= value <= MAX_ID:
-        raise ApiError(404)
-    return value
-
-
 @bp.delete("/contacts/<int:contact_id>")
 @documented("delete", "/contacts/{contact_id}", "Erase a contact (LGPD)", tag="contacts", path_id="contact_id",
             description="Anonymises the contact everywhere: name, phone, e-mail and language, the text of every "
@@ -108,7 +101,7 @@ def _path_id(value: int) -> int:
             responses={200: (ContactErasedOut, "Erased")}, errors=(404,))
 @require_key
 def erase_contact(contact_id: int) -> Any:
-    contact_id = _path_id(contact_id)
+    contact_id = path_id(contact_id)
     who = caller()
     with org_tx() as conn:
         try:
@@ -132,7 +125,7 @@ def erase_contact(contact_id: int) -> Any:
             responses={200: (ConsentEvidenceOut, "The evidence")}, errors=(404,))
 @require_key
 def contact_consent(contact_id: int) -> Any:
-    contact_id = _path_id(contact_id)
+    contact_id = path_id(contact_id)
     org_id = caller().org_id
     with org_tx() as conn:
         try:

@@ -22,19 +22,21 @@ from admin.api.core import (
     bp,
     caller,
     error_response,
+    finding_detail,
     json_body,
     load,
     load_query,
     org_tx,
+    path_id,
     require_key,
     runtime,
 )
 from admin.api.openapi import documented
-from admin.api.schemas import MAX_ID, Text
-from admin.i18n import translate_to
+from admin.api.schemas import Text
 from engine.messaging import meta_templates, template_edits
 from engine.tenants.audit import audit
-from engine.messaging.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, Finding, MetaMapping
+from engine.messaging.meta_templates import BUTTON_ACTIONS, MAX_PARAMETERS, MetaMapping
+from engine.words.findings import Finding
 from engine.store.models import CHANNEL_KINDS
 from engine.messaging.template_edits import UNSET, Changes, TemplateNotFound, TemplateRefused
 
@@ -173,17 +175,10 @@ class WabaPageOut(Schema):
 
 # --- helpers ------------------------------------------------------------------------------------
 
-def _path_id(value: int) -> int:
-    if not 1 <= value <= MAX_ID:
-        raise ApiError(404)
-    return value
-
-
 def finding_out(finding: Finding) -> dict[str, Any]:
     part = finding.field
     field = part if part in template_edits.TEXT_FIELDS or part == "key" else f"meta.{part}" if part else "meta"
-    return {"code": finding.code, "field": field, "message": str(finding.text),
-            "message_en": translate_to(finding.text, "en")}
+    return finding_detail(finding, field)
 
 
 def _refused(exc: TemplateRefused) -> Any:
@@ -282,7 +277,7 @@ def list_templates() -> Any:
 @require_key
 def get_template(template_id: int) -> Any:
     with org_tx() as conn:
-        out = _one(conn, caller().org_id, _path_id(template_id))
+        out = _one(conn, caller().org_id, path_id(template_id))
     return jsonify(TemplateOut().dump(out))
 
 
@@ -317,7 +312,7 @@ def create_template() -> Any:
             body=TemplatePatch, responses={200: (TemplateSavedOut, "Saved")}, errors=(400, 404, 409, 413, 422))
 @require_key
 def update_template(template_id: int) -> Any:
-    template_id = _path_id(template_id)
+    template_id = path_id(template_id)
     data = load(TemplatePatch(), json_body())
     org_id = caller().org_id
     with org_tx() as conn:

@@ -16,10 +16,9 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 from sqlalchemy import select
 
 from admin.api import services
-from admin.api.core import MAX_FIELD_ERRORS, ApiError, bp, caller, json_body, org_tx, require_key
+from admin.api.core import MAX_FIELD_ERRORS, ApiError, bp, caller, detail, json_body, org_tx, require_key
 from admin.api.openapi import documented
 from admin.api.schemas import MAX_ID, Id, Instant, Text
-from admin.i18n import translate_to
 from engine.core import clock
 from engine.store.models import orgs
 from engine.tenants.orgs import reply_reading
@@ -83,8 +82,7 @@ class UnderstandingOut(Schema):
 # --- the request's problems, in the catalogue's words ---------------------------------------------
 
 def _issue(field: str, code: str, **params: Any) -> dict[str, Any]:
-    text = describe(code, **params)
-    return {"code": code, "field": field, "message": str(text), "message_en": translate_to(text, "en")}
+    return detail(code, field, describe(code, **params))
 
 
 def _field_issue(field: str) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from sqlalchemy import select
 
 from admin.api import services
 from admin.api.core import (
-    ApiError,
     bp,
     caller,
     error_response,
@@ -19,11 +18,11 @@ from admin.api.core import (
     load,
     load_query,
     org_tx,
+    path_id,
     require_key,
 )
 from admin.api.openapi import documented, openapi_document
 from admin.api.schemas import (
-    MAX_ID,
     AppointmentIn,
     AppointmentOut,
     AppointmentPage,
@@ -69,12 +68,6 @@ def _dump(schema: type[Schema], obj: Any, status: int = 200) -> Any:
     response = jsonify(schema().dump(obj))
     response.status_code = status
     return response
-
-
-def _path_id(value: int) -> int:
-    if not 1 <= value <= MAX_ID:
-        raise ApiError(404)
-    return value
 
 
 def _page(conn: Any, query: Any, id_column: Any, params: dict[str, Any]) -> tuple[list[Any], str | None]:
@@ -131,7 +124,7 @@ def upsert_contact() -> Any:
 @require_key
 def get_contact(contact_id: int) -> Any:
     with org_tx() as conn:
-        row = services.find_contact(conn, caller().org_id, _path_id(contact_id))
+        row = services.find_contact(conn, caller().org_id, path_id(contact_id))
         out = services.contact_out(conn, row)
     return _dump(ContactOut, out)
 
@@ -181,7 +174,7 @@ def upsert_appointment() -> Any:
 @require_key
 def get_appointment(appointment_id: int) -> Any:
     with org_tx() as conn:
-        row = services.find_appointment(conn, caller().org_id, _path_id(appointment_id))
+        row = services.find_appointment(conn, caller().org_id, path_id(appointment_id))
     return _dump(AppointmentOut, services.appointment_out(row))
 
 
@@ -228,7 +221,7 @@ def list_messages() -> Any:
 @require_key
 def get_message(message_id: int) -> Any:
     with org_tx() as conn:
-        row = services.find_message(conn, caller().org_id, _path_id(message_id))
+        row = services.find_message(conn, caller().org_id, path_id(message_id))
     return _dump(MessageOut, services.message_out(row))
 
 
@@ -348,7 +341,7 @@ def flow_graph_schema() -> Any:
 @require_key
 def get_flow(flow_id: int) -> Any:
     with org_tx() as conn:
-        out = services.flow_detail(conn, caller().org_id, _path_id(flow_id))
+        out = services.flow_detail(conn, caller().org_id, path_id(flow_id))
     return _dump(FlowDetailOut, out)
 
 
@@ -359,7 +352,7 @@ def get_flow(flow_id: int) -> Any:
             body=FlowPatch, responses={200: (FlowDetailOut, "Updated")}, errors=(400, 404, 409, 413, 422))
 @require_key
 def update_flow(flow_id: int) -> Any:
-    flow_id = _path_id(flow_id)
+    flow_id = path_id(flow_id)
     data = load(FlowPatch(), json_body())
     org_id = caller().org_id
     with org_tx() as conn:
@@ -379,7 +372,7 @@ def update_flow(flow_id: int) -> Any:
             responses={200: (VersionOut, "The active version")}, errors=(404, 422))
 @require_key
 def publish_flow(flow_id: int) -> Any:
-    flow_id = _path_id(flow_id)
+    flow_id = path_id(flow_id)
     org_id = caller().org_id
     with org_tx() as conn:
         row = versions.publish(conn, org_id, flow_id)
@@ -392,7 +385,7 @@ def publish_flow(flow_id: int) -> Any:
             body=FlowDisableIn, responses={200: (FlowDisabledOut, "Disabled")}, errors=(400, 404, 413, 422))
 @require_key
 def disable_flow(flow_id: int) -> Any:
-    flow_id = _path_id(flow_id)
+    flow_id = path_id(flow_id)
     data = load(FlowDisableIn(), json_body())
     org_id = caller().org_id
     with org_tx() as conn:
@@ -411,7 +404,7 @@ def disable_flow(flow_id: int) -> Any:
             errors=(400, 404, 413, 422))
 @require_key
 def rollback_flow(flow_id: int) -> Any:
-    flow_id = _path_id(flow_id)
+    flow_id = path_id(flow_id)
     data = load(FlowRollbackIn(), json_body())
     org_id = caller().org_id
     with org_tx() as conn:
@@ -426,7 +419,7 @@ def rollback_flow(flow_id: int) -> Any:
 @require_key
 def list_flow_versions(flow_id: int) -> Any:
     with org_tx() as conn:
-        rows = versions.list_versions(conn, caller().org_id, _path_id(flow_id))
+        rows = versions.list_versions(conn, caller().org_id, path_id(flow_id))
     return _dump(VersionListOut, {"data": [services.version_summary_out(r) for r in rows]})
 
 
@@ -452,7 +445,7 @@ def list_enrollments() -> Any:
 def get_enrollment(enrollment_id: int) -> Any:
     org_id = caller().org_id
     with org_tx() as conn:
-        row = services.find_enrollment(conn, org_id, _path_id(enrollment_id))
+        row = services.find_enrollment(conn, org_id, path_id(enrollment_id))
         out = services.enrollment_detail(conn, org_id, row)
     return _dump(EnrollmentDetailOut, out)
 
@@ -488,7 +481,7 @@ def create_enrollment() -> Any:
             responses={200: (EnrollmentOut, "Cancelled")}, errors=(404, 409))
 @require_key
 def cancel_enrollment(enrollment_id: int) -> Any:
-    enrollment_id = _path_id(enrollment_id)
+    enrollment_id = path_id(enrollment_id)
     with org_tx() as conn:
         row = services.cancel_enrollment(conn, caller().org_id, enrollment_id)
         _audit(conn, "cancel", "enrollment", enrollment_id, {"reason": "cancelled_by_clinic"})

@@ -14,6 +14,7 @@ from admin.cli import (
     channels,
     db,
     demo,
+    fields,
     flows,
     keys,
     messages,
@@ -44,6 +45,6 @@ def main() -> None:
 for _command in (serve.up, serve.web, serve.worker, serve.scheduler, db.db, demo.demo, orgs.orgs, users.users,
                  messages.messages, channels.channels, keys.keys, apikeys.apikeys, flows.flows, flows.enrollments,
                  privacy.contacts_group, privacy.retention_group, templates.templates_group,
-                 understand.understand, agenda.agenda):
+                 understand.understand, fields.fields_group, agenda.agenda):
     main.add_command(_command)
 

@@ -143,7 +143,24 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
         contact_ids.append(contact_id)
     link_appointments(conn, org_id)  # the appointments name Dra. Beatriz Costa: they are hers
     _seed_flow(conn, org_id, contact_ids[FOLLOWED_UP])
+    _seed_fields(conn, org_id)
     return DemoSeed(org_id=org_id, created=True)
+
+
+#: What the demo's conversations ask a patient who wants another time.
+FIELDS = (
+    {"slug": "data", "label": "Data", "type": "date", "question": "Qual dia fica melhor para você?"},
+    {"slug": "periodo", "label": "Período", "type": "period",
+     "question": "Você prefere de manhã, à tarde ou à noite?"},
+    {"slug": "horario", "label": "Horário", "type": "time", "question": "Que horas fica melhor?"},
+)
+
+
+def _seed_fields(conn: Connection, org_id: int) -> None:
+    from engine.flows.conversation.fields import create_field
+
+    for data in FIELDS:
+        create_field(conn, org_id, data)
 
 
 def _seed_flow(conn: Connection, org_id: int, contact_id: int) -> None:

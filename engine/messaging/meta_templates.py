@@ -18,7 +18,6 @@ refused whatever Meta answers.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -27,6 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from engine.words.catalogue import describe, known
+from engine.words.findings import Finding
 from engine.tenants.channels import default_channel
 from engine.store.models import templates
 from engine.store.provider_pool import ProviderPool
@@ -141,20 +141,6 @@ def preview(mapping: MetaMapping | None) -> Mapping[str, Any] | None:
 
 
 # --- findings ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Finding:
-    """Something wrong with a mapping, as a catalogue code; `field` is the part of the mapping it is
-    about (name, language, parameters, buttons; "" for the mapping as a whole)."""
-
-    code: str
-    field: str = ""
-    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def text(self) -> Text:
-        return describe(self.code, **self.params)
-
 
 @dataclass(frozen=True)
 class Review:

@@ -19,7 +19,6 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.messaging.meta_templates import (
     NO_MAPPING,
-    Finding,
     MetaMapping,
     WabaList,
     default_of,
@@ -28,6 +27,7 @@ from engine.messaging.meta_templates import (
     review,
 )
 from engine.store.models import CHANNEL_KINDS, templates
+from engine.words.findings import Finding
 from engine.messaging.render import SAMPLE_VARIABLES, TemplateError, render_html, render_text, validate
 
 #: The purposes a template serves (the console's Modelos offers these).

@@ -286,6 +286,8 @@ class Enrollment(Base):
     #: When the actor began on the current claim (NULL: the claim has not reached a worker);
     #: meaningful while `lease_until` is set, cleared by each claim (engine/flows/runtime.py).
     claim_started_at: Mapped[datetime | None]
+    #: What the run has collected, by conversation field slug (engine/flows/conversation/fields.py).
+    data: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
 
 
 class EnrollmentEvent(Base):
@@ -324,6 +326,24 @@ class Agent(Base):
     handoff_policy: Mapped[str] = mapped_column(Text, default="pause")
     followup_enabled: Mapped[bool] = mapped_column(Boolean, default=False)
     flow_pointer_ids: Mapped[dict[str, Any]] = mapped_column(JSONType, default=list)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ConversationField(Base):
+    """A field an org's flows may ask a patient for (engine/flows/conversation/fields.py)."""
+
+    __tablename__ = "conversation_fields"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    slug: Mapped[str] = mapped_column(Text)
+    label: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(Text)
+    options: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    question: Mapped[str] = mapped_column(Text)
+    template_key: Mapped[str | None] = mapped_column(Text)
+    harvest: Mapped[str] = mapped_column(Text)
+    maps_to: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -466,6 +486,7 @@ flow_versions = FlowVersion.__table__
 enrollments = Enrollment.__table__
 enrollment_events = EnrollmentEvent.__table__
 agents = Agent.__table__
+conversation_fields = ConversationField.__table__
 flow_claims = FlowClaim.__table__
 messages = Message.__table__
 message_events = MessageEvent.__table__

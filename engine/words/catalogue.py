@@ -571,6 +571,21 @@ CATALOGUE: dict[str, Text] = {
     "understand_intents": N_("Use uma lista de intenções entre: %(choices)s."),
     "understand_pending": N_("Use uma lista de campos aguardados entre: %(choices)s."),
     "understand_body": N_("Envie um objeto JSON com o campo text."),
+    # --- conversation fields (engine/flows/conversation/): a field that cannot be saved, a value refused ---------
+    "field_options_only_choice": N_("Só um campo de escolha tem opções. Tire as opções ou mude o tipo para escolha."),
+    "field_option_shape": N_("Cada opção é um texto, ou um objeto com value e label. Corrija as opções."),
+    "field_boolean_when_asked": N_("Um campo sim/não só é lido na resposta à sua própria pergunta, para que um "
+                                   "\"sim\" solto nunca abra um caminho. Use when_asked."),
+    "field_maps_to_type": N_("Só um campo do tipo %(types)s pode ser copiado para %(target)s. Mude o tipo ou o destino."),
+    "field_slug_taken": N_("A clínica já tem um campo %(slug)s. Escolha outro identificador ou mude aquele."),
+    "field_too_many": N_("A clínica já tem %(max)s campos, o limite. Apague um que não use mais."),
+    "field_value_date": N_("Não entendi a data. Pode dizer o dia, por exemplo \"sexta\" ou \"12/12\"?"),
+    "field_value_past": N_("Essa data já passou. Pode dizer um dia a partir de hoje?"),
+    "field_value_horizon": N_("Essa data está longe demais: a agenda vai até %(days)s dias à frente. Pode dizer um "
+                              "dia mais perto?"),
+    "field_value_time": N_("Não entendi o horário. Pode dizer a hora, por exemplo \"15h\" ou \"9:30\"?"),
+    "field_value_phone": N_("Não entendi o telefone. Pode mandar o número com DDD?"),
+    "field_value_email": N_("Não entendi o e-mail. Pode mandar o endereço completo, como nome@exemplo.com?"),
     # --- the built-in agenda and free times (engine/people/agenda/) ------------------------------------------
     "agenda_name": N_("Dê ao profissional um nome de 1 a %(max)s caracteres."),
     "agenda_name_taken": N_("Já existe um profissional com este nome. Use outro nome."),

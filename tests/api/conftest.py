@@ -31,6 +31,9 @@ class Api:
         return self.client.patch(f"/api/v1{path}", json=json, headers=self._headers(kwargs.pop("headers", None)),
                                  **kwargs)
 
+    def delete(self, path: str, **kwargs: Any) -> Any:
+        return self.client.delete(f"/api/v1{path}", headers=self._headers(kwargs.pop("headers", None)), **kwargs)
+
 
 @pytest.fixture
 def app(rt):

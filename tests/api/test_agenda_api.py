@@ -38,7 +38,7 @@ def test_a_refusal_is_422_in_the_catalogues_words_and_writes_nothing(api):
     assert api.get("/professionals").get_json() == {"data": []}
     api.post("/professionals", BEATRIZ)
     taken = api.post("/professionals", BEATRIZ)
-    assert taken.get_json()["details"][0]["code"] == "agenda_name_taken"
+    assert taken.status_code == 409 and taken.get_json()["details"][0]["code"] == "agenda_name_taken"
     backwards = api.get("/slots?date_from=2026-12-05&date_to=2026-12-04")
     assert backwards.status_code == 422 and backwards.get_json()["details"][0]["code"] == "agenda_date_order"
     assert api.get("/slots?period=night").status_code == 422

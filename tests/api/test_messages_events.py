@@ -140,5 +140,6 @@ def test_openapi_document_is_generated_from_the_schemas(client):
                 "/api/v1/flows/{flow_id}/versions", "/api/v1/enrollments", "/api/v1/enrollments/{enrollment_id}",
                 "/api/v1/enrollments/{enrollment_id}/cancel", "/api/v1/templates", "/api/v1/templates/{template_id}",
                 "/api/v1/templates/waba", "/api/v1/understand",
-                "/api/v1/professionals", "/api/v1/professionals/{professional_id}", "/api/v1/slots"}
+                "/api/v1/professionals", "/api/v1/professionals/{professional_id}", "/api/v1/slots",
+                "/api/v1/fields", "/api/v1/fields/{field_id}"}
     assert set(doc["paths"]) == expected

@@ -254,6 +254,8 @@ def _seed(probe_rt: Runtime, app: Any, slug: str, text_of: Any) -> Org:
     _api(client, key, "POST", "/enrollments", {"flow_id": flow["id"], "contact_id": contact["id"]},
          headers={"Idempotency-Key": f"run-{slug}"})
     _api(client, key, "POST", "/events", {"contact_id": contact["id"], "type": "stage_changed", "stage": "lead"})
+    _api(client, key, "POST", "/fields", {"slug": "motivo", "label": text_of("field")[:80], "type": "text",
+                                          "question": text_of("field")})
     with rt.db.begin() as conn:
         create_agent(conn, rt.keyring, oid, name=text_of("agent"), persona=text_of("agent"),
                      llm_base_url="https://llm.example.com/v1", llm_model="m", llm_api_key="sk-probe",
@@ -287,10 +289,11 @@ def _seed(probe_rt: Runtime, app: Any, slug: str, text_of: Any) -> Org:
 
 
 A_TEXT = {"contact": XSS, "contact2": FORMULA, "channel": XSS, "template": XSS, "apikey": FORMULA, "audit": XSS, "professional": XSS,
-          "message": XSS, "flow": XSS, "agent": XSS, "inbox": XSS, "reply": XSS}
+          "message": XSS, "flow": XSS, "agent": XSS, "inbox": XSS, "reply": XSS, "field": XSS}
 B_TEXT = {"contact": "Paciente-Da-B-7f3", "contact2": "Paciente-Da-B-7f3 2", "channel": "Canal-B-7f3", "template": "Modelo-B-7f3",
           "apikey": "Chave-B-7f3", "audit": "Regra-B-7f3", "professional": "Dra-B-7f3", "message": "Mensagem-B-7f3",
-          "flow": "Fluxo-B-7f3", "agent": "Agente-B-7f3", "inbox": "Pendencia-B-7f3", "reply": "Resposta-B-7f3"}
+          "flow": "Fluxo-B-7f3", "agent": "Agente-B-7f3", "inbox": "Pendencia-B-7f3", "reply": "Resposta-B-7f3",
+          "field": "Campo-B-7f3"}
 
 
 #: A public address (documentation says example.com is 93.184.216.34) the probe's public names

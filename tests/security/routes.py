@@ -25,7 +25,8 @@ ARG_TABLES = {
     "flow_id": "flow_pointers", "pointer_id": "flow_pointers", "enrollment_id": "enrollments",
     "agent_id": "agents", "channel_id": "channels", "version_id": "flow_versions", "item_id": "inbox_items",
     "rule_id": "reminder_rules", "template_id": "templates", "user_id": "users", "key_id": "api_keys",
-    "event_id": "contact_events", "inbound_id": "inbound_messages", "professional_id": "professionals",
+    "event_id": "contact_events", "inbound_id": "inbound_messages", "field_id": "conversation_fields",
+    "professional_id": "professionals",
 }
 #: Console views that are not model views and take a bare `<id>` in their path: which table it
 #: names, and what the page is. (Plain views without one need no entry: their query-string ids are

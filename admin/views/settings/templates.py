@@ -30,7 +30,8 @@ from admin.views.base import (
     write_audit,
 )
 from engine.messaging import meta_templates
-from engine.messaging.meta_templates import NO_MAPPING, Finding, MetaMapping, WabaList
+from engine.messaging.meta_templates import NO_MAPPING, MetaMapping, WabaList
+from engine.words.findings import Finding
 from engine.store.models import CHANNEL_KINDS, Template
 from engine.messaging.render import TemplateError, render_html, render_text, validate
 from engine.messaging.template_edits import PREVIEW_VARIABLES, TEMPLATE_KEYS

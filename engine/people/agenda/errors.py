@@ -1,12 +1,12 @@
-"""The agenda's refusals: each one a catalogue code, the field it is about and the sentence a
-person reads (pt-BR; the console and the API translate it)."""
+"""The agenda's refusals: each one a `Finding` (a catalogue code on the field it is about), said as
+the catalogue's sentence (pt-BR; the console and the API translate it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from engine.core.errors import DomainError
-from engine.words.catalogue import describe
+from engine.words.findings import Finding
 from engine.words.texts import Text
 
 
@@ -14,11 +14,23 @@ class AgendaError(DomainError):
     """Bad input to the agenda (a professional, their hours or a slot query); nothing was written."""
 
     def __init__(self, code: str, field: str = "", **params: Any) -> None:
-        self.code = code
-        self.field = field
-        self.params = params
-        self.text: Text = describe(code, **params)
-        super().__init__(str(self.text))
+        self.finding = Finding(code, field, params)
+        super().__init__(str(self.finding.text))
+
+    @property
+    def code(self) -> str:
+        """The catalogue code."""
+        return self.finding.code
+
+    @property
+    def field(self) -> str:
+        """The part of the input it is about ("" for the whole)."""
+        return self.finding.field
+
+    @property
+    def text(self) -> Text:
+        """The sentence, translatable."""
+        return self.finding.text
 
 
 class ProfessionalNotFound(AgendaError):
