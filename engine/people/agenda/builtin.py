@@ -83,7 +83,7 @@ def _booked(conn: Connection, org_id: int, chosen: list[Professional], limits: B
 def builtin_slots(conn: Connection, org: Any, query: SlotQuery, chosen: list[Professional],
                   limits: Bounds) -> list[Slot]:
     """Up to `query.limit` free slots of the `chosen` professionals within `limits`, spread
-    (`query.spread`). Only as many days are read as the spread can use."""
+    (`query.spread`: one a day first). Only as many days are read as the spread can use."""
     chosen = [p for p in chosen if p.hours]
     if not chosen:
         return []
