@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from admin.cli import (
+    agenda,
     apikeys,
     channels,
     db,
@@ -45,6 +46,6 @@ def main() -> None:
 for _command in (serve.up, serve.web, serve.worker, serve.scheduler, db.db, demo.demo, orgs.orgs, users.users,
                  messages.messages, channels.channels, keys.keys, apikeys.apikeys, flows.flows, flows.enrollments,
                  privacy.contacts_group, privacy.retention_group, templates.templates_group,
-                 understand.understand, fields.fields_group, webhooks.webhooks):
+                 understand.understand, fields.fields_group, webhooks.webhooks, agenda.agenda):
     main.add_command(_command)
 

@@ -11,6 +11,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
+from engine.people.agenda import create_professional, link_appointments
 from engine.people.appointments import create_appointment
 from engine.tenants.channels import create_channel
 from engine.people.contacts import create_contact
@@ -38,6 +39,13 @@ PATIENTS = (
     ("Carla Mendes", "(11) 99876-1003", None, ("whatsapp", "sms"), timedelta(days=1, hours=5)),
     ("Daniel Rocha", None, "daniel@example.com", ("email",), timedelta(hours=24, seconds=50)),
     ("Eduarda Alves", "(11) 99876-1005", "eduarda@example.com", ("sms",), timedelta(days=3, hours=2)),
+)
+
+#: The built-in agenda's professionals: name, slot minutes, weekly hours (Monday to Friday, with a
+#: lunch break), so that a rebooking in the sandbox finds free times without any setup.
+PROFESSIONALS = (
+    ("Dra. Beatriz Costa", 30, (("08:00", "12:00"), ("13:00", "18:00"))),
+    ("Dr. Carlos Nunes", 60, (("09:00", "12:00"), ("14:00", "19:00"))),
 )
 
 FLOW_NAME = "Retomar contato"
@@ -117,6 +125,9 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
         for position, kind in enumerate(kinds):
             conn.execute(insert(reminder_rule_kinds).values(org_id=org_id, rule_id=rule_id, kind=kind,
                                                             position=position))
+    for name, minutes, intervals in PROFESSIONALS:
+        create_professional(conn, org_id, name=name, slot_minutes=minutes, hours=[
+            {"weekday": day, "starts": starts, "ends": ends} for day in range(5) for starts, ends in intervals])
     contact_ids = []
     for index, (name, phone, email, kinds, starts_in) in enumerate(PATIENTS, start=1):
         contact_id = create_contact(conn, org_id=org_id, name=name, phone=phone, email=email,
@@ -130,6 +141,7 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
         )
         refresh_appointment(conn, org_id, appointment_id)
         contact_ids.append(contact_id)
+    link_appointments(conn, org_id)  # the appointments name Dra. Beatriz Costa: they are hers
     _seed_flow(conn, org_id, contact_ids[FOLLOWED_UP])
     _seed_fields(conn, org_id)
     return DemoSeed(org_id=org_id, created=True)

@@ -63,6 +63,9 @@ class Org(Base):
     retention_events_days: Mapped[int] = mapped_column(Integer, default=730)
     #: A patient's messages this close together are one turn of a conversation (engine/flows/replies.py).
     reply_debounce_seconds: Mapped[int] = mapped_column(Integer, default=8)
+    #: The clinic's availability webhook (engine/people/agenda/webhook.py): free times come from it
+    #: instead of the built-in agenda when set.
+    availability_url: Mapped[str | None] = mapped_column(Text)
 
     def __str__(self) -> str:
         return self.name
@@ -149,6 +152,8 @@ class Appointment(Base):
     cancel_source: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    #: Who the appointment is with in the built-in agenda; `professional` keeps the text shown.
+    professional_id: Mapped[int | None] = _fk("professionals.id", nullable=True)
 
 
 class Channel(Base):
@@ -634,3 +639,32 @@ class WebhookDelivery(Base):
 
 webhook_endpoints = WebhookEndpoint.__table__
 webhook_deliveries = WebhookDelivery.__table__
+
+
+class Professional(Base):
+    """A professional of the built-in agenda (engine/people/agenda/): weekly hours make free times."""
+
+    __tablename__ = "professionals"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    name: Mapped[str] = mapped_column(Text)
+    slot_minutes: Mapped[int] = mapped_column(Integer, default=30)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ProfessionalHours(Base):
+    """One interval of a weekday (0 = Monday) of a professional, 'HH:MM' in the org's wall clock."""
+
+    __tablename__ = "professional_hours"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    professional_id: Mapped[int] = _fk("professionals.id")
+    weekday: Mapped[int] = mapped_column(Integer)
+    starts: Mapped[str] = mapped_column(Text)
+    ends: Mapped[str] = mapped_column(Text)
+
+
+professionals = Professional.__table__
+professional_hours = ProfessionalHours.__table__

@@ -611,6 +611,31 @@ CATALOGUE: dict[str, Text] = {
     "field_value_time": N_("Não entendi o horário. Pode dizer a hora, por exemplo \"15h\" ou \"9:30\"?"),
     "field_value_phone": N_("Não entendi o telefone. Pode mandar o número com DDD?"),
     "field_value_email": N_("Não entendi o e-mail. Pode mandar o endereço completo, como nome@exemplo.com?"),
+    # --- the built-in agenda and free times (engine/people/agenda/) ------------------------------------------
+    "agenda_name": N_("Dê ao profissional um nome de 1 a %(max)s caracteres."),
+    "agenda_name_taken": N_("Já existe um profissional com este nome. Use outro nome."),
+    "agenda_slot_minutes": N_("A duração do horário deve ser um número inteiro de %(min)s a %(max)s minutos."),
+    "agenda_weekday": N_("Use um dia da semana de 0 (segunda) a 6 (domingo)."),
+    "agenda_time": N_("Use um horário HH:MM, como 08:00 ou 13:30."),
+    "agenda_interval_order": N_("O fim do expediente (%(ends)s) deve ser depois do início (%(starts)s)."),
+    "agenda_overlap": N_("Dois intervalos do mesmo dia se sobrepõem (%(first)s e %(second)s). Ajuste-os para que um "
+                         "termine antes de o outro começar."),
+    "agenda_too_many_hours": N_("Use no máximo %(max)s intervalos por semana."),
+    "agenda_no_professional": N_("Este profissional não existe nesta clínica."),
+    "agenda_date": N_("Use uma data AAAA-MM-DD, como 2026-12-11."),
+    "agenda_date_order": N_("A data final (%(date_to)s) não pode ser antes da inicial (%(date_from)s)."),
+    "agenda_period": N_("Use um período do dia entre: %(choices)s."),
+    "agenda_limit": N_("Peça de %(min)s a %(max)s horários."),
+    "agenda_exclude_weekdays": N_("Use dias da semana de 0 (segunda) a 6 (domingo), separados por vírgula."),
+    "agenda_url": N_("Use um endereço http(s) que a clínica consiga receber, sem usuário nem senha."),
+    "agenda_url_refused": N_("O endereço %(host)s não é permitido: ele aponta para a rede interna."),
+    "availability_timeout": N_("O sistema da clínica não respondeu a tempo (%(seconds)s s) ao pedido de horários livres."),
+    "availability_unreachable": N_("Não foi possível falar com o sistema da clínica para buscar horários livres."),
+    "availability_http": N_("O sistema da clínica recusou o pedido de horários livres (HTTP %(status)s)."),
+    "availability_bad_answer": N_("O sistema da clínica respondeu ao pedido de horários livres num formato inválido "
+                                  "(%(detail)s)."),
+    "availability_refused": N_("O endereço de horários livres da clínica (%(host)s) não é permitido: ele aponta para "
+                               "a rede interna."),
 }
 
 

@@ -1,7 +1,7 @@
 -- Outbound webhooks (issue 32): the clinic's own system hears about appointments confirmed,
 -- cancelled, booked and moved, contacts that opted out and follow-up runs that ended
 -- (engine/tenants/webhooks, docs/webhooks.md).
--- depends: 0020.enrollment-claim-started
+-- depends: 0021.agenda
 
 -- Where an org's events go. `secret` is the endpoint's signing secret (`whsec_…`), sealed with the
 -- credential keyring for this row like a channel's credentials (gateway/crypto.py): shown once

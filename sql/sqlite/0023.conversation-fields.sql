@@ -2,7 +2,7 @@
 -- for (a date, a period of the day, a choice…), declared once per org. `harvest` says whether a
 -- value is taken from any reply or only from the answer to the field's own question (a boolean's
 -- stray "sim" must never open a gate). The values a run collects live on the run (enrollments.data).
--- depends: 0020.enrollment-claim-started
+-- depends: 0022.outbound-webhooks
 
 CREATE TABLE conversation_fields (
     id              INTEGER PRIMARY KEY,

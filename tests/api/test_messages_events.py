@@ -139,7 +139,7 @@ def test_openapi_document_is_generated_from_the_schemas(client):
                 "/api/v1/flows/{flow_id}/disable", "/api/v1/flows/{flow_id}/rollback",
                 "/api/v1/flows/{flow_id}/versions", "/api/v1/enrollments", "/api/v1/enrollments/{enrollment_id}",
                 "/api/v1/enrollments/{enrollment_id}/cancel", "/api/v1/templates", "/api/v1/templates/{template_id}",
-                "/api/v1/templates/waba", "/api/v1/understand", "/api/v1/fields", "/api/v1/fields/{field_id}", "/api/v1/webhook-endpoints",
+                "/api/v1/templates/waba", "/api/v1/understand", "/api/v1/professionals", "/api/v1/professionals/{professional_id}", "/api/v1/slots", "/api/v1/fields", "/api/v1/fields/{field_id}", "/api/v1/webhook-endpoints",
                 "/api/v1/webhook-endpoints/{endpoint_id}", "/api/v1/webhook-endpoints/{endpoint_id}/rotate-secret",
                 "/api/v1/webhook-endpoints/{endpoint_id}/test", "/api/v1/webhook-endpoints/{endpoint_id}/deliveries"}
     assert set(doc["paths"]) == expected

@@ -241,6 +241,9 @@ def _seed(probe_rt: Runtime, app: Any, slug: str, text_of: Any) -> Org:
         "external_id": f"apt-{slug}", "contact_external_id": f"ext-{slug}",
         "starts_at": (now + timedelta(hours=5)).isoformat(), "professional": text_of("professional"),
         "location": text_of("professional")})
+    # The built-in agenda: a professional named like the appointment's, so its slots could leak it.
+    _api(client, key, "POST", "/professionals", {"name": text_of("professional"), "hours": [
+        {"weekday": d, "starts": "08:00", "ends": "12:00"} for d in range(7)]})
     _api(client, key, "POST", "/messages", {"contact_id": contact["id"], "channel_kind": "whatsapp",
                                             "text": text_of("message"), "send_now": True},
          headers={"Idempotency-Key": f"probe-{slug}"})

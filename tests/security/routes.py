@@ -27,6 +27,7 @@ ARG_TABLES = {
     "rule_id": "reminder_rules", "template_id": "templates", "user_id": "users", "key_id": "api_keys",
     "event_id": "contact_events", "inbound_id": "inbound_messages", "endpoint_id": "webhook_endpoints",
     "field_id": "conversation_fields",
+    "professional_id": "professionals",
 }
 #: Console views that are not model views and take a bare `<id>` in their path: which table it
 #: names, and what the page is. (Plain views without one need no entry: their query-string ids are
