@@ -61,11 +61,11 @@ class Org(Base):
     #: Retention (engine/privacy/retention.py): texts go after the first, rows after the second.
     retention_queue_days: Mapped[int] = mapped_column(Integer, default=90)
     retention_events_days: Mapped[int] = mapped_column(Integer, default=730)
-    #: A patient's messages this close together are one turn of a conversation (engine/flows/replies.py).
-    reply_debounce_seconds: Mapped[int] = mapped_column(Integer, default=8)
     #: The clinic's availability webhook (engine/people/agenda/webhook.py): free times come from it
     #: instead of the built-in agenda when set.
     availability_url: Mapped[str | None] = mapped_column(Text)
+    #: A patient's messages this close together are one turn of a conversation (engine/flows/replies.py).
+    reply_debounce_seconds: Mapped[int] = mapped_column(Integer, default=8)
 
     def __str__(self) -> str:
         return self.name

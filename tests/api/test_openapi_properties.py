@@ -67,6 +67,12 @@ def test_api_conforms_to_its_openapi_document(app, served, method, path, mode):
     @settings(max_examples=40, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     def run(case):
-        case.call_and_validate(headers=auth, checks=CHECKS)
+        response = case.call(headers=auth)
+        if mode == GenerationMode.NEGATIVE and response.status_code == 413 and "413" in operation.definition.raw.get(
+                "responses", {}):
+            # An invalid body big enough to pass the size limit is refused before it is read: a
+            # documented refusal, which the negative-data check does not count among its statuses.
+            return
+        case.validate_response(response, checks=CHECKS)
 
     run()
