@@ -288,6 +288,14 @@ class EgressPolicy:
 # -------------------------------------------------------------------------------- endpoints
 
 
+def check_saved_url(url: str, policy: EgressPolicy | None) -> Endpoint:
+    """A URL a tenant typed, as it is saved: one the HTTP clients can use (`endpoint`, else
+    InvalidAddress) and, with the process's `policy`, whose host does not resolve inside the
+    network now (EgressRefused). Without a policy only the connect-time guard applies, which
+    refuses the address again at every call: that is the check that holds."""
+    return endpoint(url) if policy is None else policy.check_url(url)
+
+
 class InvalidAddress(ValueError):
     """A tenant-set URL that Lembra will not use; `code` is the catalogue's: url_invalid (not an
     http(s) URL with a host it can read), url_credentials (a user or password in it), url_ip_spelling

@@ -18,7 +18,7 @@ from engine.core.errors import DomainError
 from engine.flows.ai.factory import seal_api_key
 from engine.store.models import agents, flow_pointers
 from gateway.crypto import Keyring
-from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, endpoint, secrets_follow
+from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, check_saved_url, secrets_follow
 
 HANDOFF_POLICIES = ("pause", "cancel", "allow")
 
@@ -33,10 +33,7 @@ def check_llm_base_url(url: str | None, egress: EgressPolicy | None) -> None:
     if not url:
         return
     try:
-        if egress is None:
-            endpoint(url)
-        else:
-            egress.check_url(url)
+        check_saved_url(url, egress)
     except InvalidAddress as exc:
         raise DomainError(f"llm_base_url: {exc.code}") from None
     except EgressRefused as exc:

@@ -20,7 +20,7 @@ from engine.people.agenda.errors import AgendaError
 from engine.people.agenda.query import Bounds, Slot, SlotQuery, fits, spread
 from engine.words.catalogue import describe
 from engine.words.texts import Text
-from gateway.egress import STRICT, EgressPolicy, EgressRefused, InvalidAddress, endpoint
+from gateway.egress import STRICT, EgressPolicy, EgressRefused, InvalidAddress, check_saved_url
 from gateway.errors import ProviderError
 from gateway.http import Client, call
 
@@ -53,10 +53,7 @@ def check_url(url: str | None, egress: EgressPolicy | None) -> str | None:
         return None
     url = url.strip()
     try:
-        if egress is None:
-            endpoint(url)
-        else:
-            egress.check_url(url)
+        check_saved_url(url, egress)
     except InvalidAddress:
         raise AgendaError("agenda_url", "availability_url") from None
     except EgressRefused as exc:

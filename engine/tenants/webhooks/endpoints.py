@@ -22,7 +22,7 @@ from engine.core.errors import DomainError
 from engine.store.models import webhook_deliveries, webhook_endpoints
 from engine.tenants.webhooks.events import EVENT_TYPES
 from gateway.crypto import Keyring
-from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, endpoint
+from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, check_saved_url
 
 #: Bytes of a new secret (the specification asks for 24 to 64).
 SECRET_BYTES = 32
@@ -68,10 +68,7 @@ def check_url(url: Any, egress: EgressPolicy | None) -> str:
         raise EndpointRefused("url", "url_invalid")
     url = url.strip()
     try:
-        if egress is None:
-            endpoint(url)
-        else:
-            egress.check_url(url)
+        check_saved_url(url, egress)
     except InvalidAddress as exc:
         raise EndpointRefused("url", exc.code) from None
     except EgressRefused:
