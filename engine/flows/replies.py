@@ -49,6 +49,7 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
     `replied`, or only counted it."""
     now = clock.now()
     result = {"routed": 0, "ended": 0, "counted": 0}
+    debounce: timedelta | None = None  # read once, when an `ask` is among the readers
     for row in lifecycle.live_ids(conn, org_id, contact_ids):
         counters = {"replies": enrollments.c.replies + 1, "last_reply_at": now, "updated_at": now}
         base = (enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision)
@@ -57,7 +58,9 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
             # The node reads it when it runs: due now, and any claim taken before is now stale. An
             # `ask` reads a turn: it waits the org's debounce, which each fragment starts again,
             # and then reads every message from the first one on (nodes._fragments).
-            due = now + _debounce(conn, org_id) if reader == "ask" else now
+            if reader == "ask" and debounce is None:
+                debounce = _debounce(conn, org_id)
+            due = now + debounce if reader == "ask" and debounce is not None else now
             first = inbound_id if row.pending_inbound_id is None else row.pending_inbound_id
             moved = conn.execute(update(enrollments).where(*base).values(
                 **counters, pending_inbound_id=first, next_eval_at=due, lease_until=None,

@@ -3,7 +3,7 @@ horizon, a choice among the options…), a boolean only when asked, one thing sa
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -110,4 +110,4 @@ def test_today_is_the_orgs_day_not_the_servers():
     late = datetime(2026, 12, 7, 23, 30, tzinfo=SAO_PAULO)  # already the 8th in UTC
     reading = understand("hoje", Context(now=late))
     assert harvest([DAY], "hoje", reading, asked=None, today=late.date()).values == {"dia": "2026-12-07"}
-    assert date(2026, 12, 7) == late.date()
+    assert late.astimezone(UTC).date() == date(2026, 12, 8), "the premise: UTC is already on the next day"

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
@@ -213,7 +213,8 @@ def check(conn: Connection, org_id: int, data: Mapping[str, Any], *, field_id: i
 
 def create_field(conn: Connection, org_id: int, data: Mapping[str, Any]) -> Field:
     """Declare a field; FieldRejected (nothing written) when `data` is not a whole, valid field."""
-    count = len(conn.execute(select(conversation_fields.c.id).where(conversation_fields.c.org_id == org_id)).all())
+    count = conn.execute(select(func.count()).select_from(conversation_fields)
+                         .where(conversation_fields.c.org_id == org_id)).scalar_one()
     if count >= MAX_FIELDS:
         raise FieldRejected([Finding("field_too_many", "", {"max": MAX_FIELDS})])
     values = check(conn, org_id, data)
