@@ -8,6 +8,8 @@ from flask import Flask, redirect, url_for
 from flask_wtf import CSRFProtect
 from prometheus_client import CollectorRegistry
 
+import engine.flows.receivers  # noqa: F401  (appointment changes and opt-outs reach the flows)
+
 from admin import api, auth, health, optout, webhooks
 from admin.errors import init_error_pages
 from admin.ids import AsciiIntegerConverter

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
+import engine.flows.receivers  # noqa: F401  (as every process that runs Lembra does)
 from engine.core import clock as engine_clock
 from engine.core.config import Settings
 from engine.store.migrate import upgrade

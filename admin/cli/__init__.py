@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+import engine.flows.receivers  # noqa: F401  (appointment changes and opt-outs reach the flows)
+
 from admin.cli import (
     agenda,
     apikeys,

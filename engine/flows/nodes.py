@@ -11,105 +11,29 @@ means zero LLM calls (the deterministic built-in answers instead).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 from zoneinfo import ZoneInfo
 
 from sqlalchemy.engine import Connection
 
-from sqlalchemy import select
 
 from engine.flows import conditions, facts, triggers
-from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, Turn, clamp
+from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, clamp
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.conversation.ask import AskState, TurnResult, take_turn
 from engine.flows.conversation.fields import fields_by_slug
 from engine.flows.graph import GraphIndex
-from engine.queue import address_optouts as addresses
+from engine.flows.actions import node as do_node
+from engine.flows.step import Ask, Decision, Send, Snapshot
+from engine.flows.turns import DEFAULT_KINDS, ai_context, turn_fragments, usable_kind
 from engine.queue.conversation_window import conversation_open
-from engine.store.models import inbound_messages, preferences
-from engine.tenants.channels import default_channel
 from engine.tenants.orgs import reply_reading
-from engine.words.keywords import parse_keywords
 from engine.words.understanding import Context
 
-#: The kinds tried, in order, when a node does not say.
-DEFAULT_KINDS = ("whatsapp", "sms", "email")
 #: An AI-written message is plain text: control characters out, at most this long.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-@dataclass
-class Snapshot:
-    """Everything a node reads, loaded once per step."""
-
-    enrollment: Any
-    graph: GraphIndex
-    pointer: Any
-    org: Any
-    contact: Any
-    appointment: Any
-    reply: Any
-    agent: Any
-    now: datetime
-    human: bool
-
-    @property
-    def node_id(self) -> str:
-        return str(self.enrollment.current_node_id)
-
-
-@dataclass(frozen=True)
-class Send:
-    """A follow-up to put in the outbox: a template, or AI text with an optional template
-    (the approved one Meta sends when its 24 h window has closed by send time)."""
-
-    channel_kind: str
-    template_key: str | None
-    text: str | None = None
-
-
-@dataclass
-class Decision:
-    """The outcome of one step, as the run timeline shows it, and what to write."""
-
-    status: str
-    reason: str
-    next_node: str | None = None
-    end: tuple[str, str | None] | None = None
-    send: Send | None = None
-    failed: bool = False
-    consumed_reply: bool = False
-    llm_calls: int = 0
-    values: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
-    #: The run stays on its node and waits for the next reply (an `ask` that asked again).
-    stay: bool = False
-    #: The patient asked for a person: the conversation goes to staff (the flow's hand-off policy).
-    handoff: bool = False
-    #: Replies read besides `Snapshot.reply`: the fragments of one turn.
-    also_read: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Ask:
-    """A node that needs the AI, its reads done: `run()` makes the call and says the `Decision`.
-    It touches no database, so the runtime runs it with no connection (nor transaction) held."""
-
-    run: Callable[[], Decision]
-
-
-def _context(conn: Connection, snap: Snapshot) -> AIContext:
-    org = snap.org
-    first = (snap.contact.name or "").split()
-    history = tuple(Turn(role, text, at) for role, text, at in
-                    facts.conversation(conn, org.id, snap.contact.id) if text)
-    return AIContext(
-        org_name=org.name, persona=getattr(snap.agent, "persona", None), contact_first_name=first[0] if first else None,
-        locale=snap.contact.locale or org.locale, timezone=org.timezone, now=snap.now, history=history,
-        org_keywords={"confirm": parse_keywords(org.confirm_keywords), "cancel": parse_keywords(org.cancel_keywords)},
-    )
 
 
 def _ai_error(exc: AIError) -> Decision:
@@ -135,7 +59,7 @@ def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     if not waits or snap.enrollment.timing_plan is not None:
         return decision
     planner = BuiltinAI() if snap.human else ai
-    context = _context(conn, snap)
+    context = ai_context(conn, snap)
 
     def plan_waits() -> Decision:
         try:
@@ -181,7 +105,7 @@ def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     config = snap.graph.config(node)
     text = snap.reply.text or snap.reply.button_payload or ""
     classifier = BuiltinAI() if snap.human else ai
-    context = _context(conn, snap)
+    context = ai_context(conn, snap)
 
     def classify() -> Decision:
         try:
@@ -199,28 +123,11 @@ def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     return Ask(classify)
 
 
-def _usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
-    """The first kind the contact consented to, has an address for and the org can send on."""
-    org_id = snap.org.id
-    consented = {row.kind for row in conn.execute(select(preferences.c.kind).where(
-        preferences.c.org_id == org_id, preferences.c.contact_id == snap.contact.id,
-        preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None)))}
-    consented -= addresses.refused_kinds(conn, org_id, snap.contact)  # refusals follow the address
-    for kind in kinds:
-        address = snap.contact.email if kind == "email" else snap.contact.phone
-        if kind not in consented or not address:
-            continue
-        channel = default_channel(conn, org_id, kind)
-        if channel is not None:
-            return kind, channel
-    return None
-
-
 def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     node = snap.node_id
     config = snap.graph.config(node)
     after = snap.graph.target(node, "always")
-    usable = _usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
+    usable = usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
     if usable is None:
         return Decision("skipped", "no_usable_channel", next_node=after)
     kind, channel = usable
@@ -238,7 +145,7 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
         if fallback:
             return Decision("ok", "human_holds_template", next_node=after, send=Send(kind, fallback))
         return Decision("skipped", "human_holds", next_node=after)
-    context = _context(conn, snap)
+    context = ai_context(conn, snap)
 
     def write() -> Decision:
         try:
@@ -259,6 +166,10 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     return Ask(write)
 
 
+#: An AI-phrased question is at most this long.
+QUESTION_CHARS = 300
+
+
 def clean_text(text: str, max_chars: int) -> str | None:
     """AI text as it may be sent: plain, without control characters, within the node's length."""
     cleaned = _CONTROL.sub("", text).strip()
@@ -266,22 +177,6 @@ def clean_text(text: str, max_chars: int) -> str | None:
     if not cleaned or len(cleaned) > max_chars:
         return None
     return cleaned
-
-
-#: The fragments of one turn read at most (a patient who sends twenty lines in a row is still read).
-MAX_FRAGMENTS = 10
-#: An AI-phrased question is at most this long.
-QUESTION_CHARS = 300
-
-
-def _fragments(conn: Connection, snap: Snapshot) -> list[tuple[int, str]]:
-    """The turn's messages: the reply the run holds and what the patient wrote after it, in order."""
-    rows = conn.execute(select(inbound_messages.c.id, inbound_messages.c.text, inbound_messages.c.button_payload)
-                        .where(inbound_messages.c.org_id == snap.org.id,
-                               inbound_messages.c.contact_id == snap.contact.id,
-                               inbound_messages.c.id >= snap.reply.id)
-                        .order_by(inbound_messages.c.id).limit(MAX_FRAGMENTS)).all()
-    return [(row.id, row.text or row.button_payload or "") for row in rows] or [(snap.reply.id, snap.reply.text or "")]
 
 
 def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
@@ -298,19 +193,19 @@ def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     data = dict(snap.enrollment.data or {})
     zone, keywords = reply_reading(snap.org)
     today = snap.now.astimezone(ZoneInfo(zone)).date()
-    usable = _usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
+    usable = usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
     window_closed = usable is not None and usable[1].provider == "meta" and not conversation_open(
         conn, snap.org.id, usable[1].id, snap.contact.id, snap.now)
     phrase = config.get("phrasing") == "ai" and not snap.human
-    ai_context = _context(conn, snap) if phrase else None
+    phrasing_context = ai_context(conn, snap) if phrase else None
     if snap.reply is None:
         if snap.enrollment.status == "waiting_reply":
             return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"), values={"ask_state": None})
         first = take_turn(specs, data, state, text=None, reading=None, max_asks=config["max_asks"], today=today)
         if not phrase or first.outcome != "ask":
             return _ask_decision(snap, first, usable, window_closed, None, None, llm_calls=0, read=())
-        return Ask(lambda: _ask_decision(snap, first, usable, window_closed, ai, ai_context, llm_calls=0, read=()))
-    fragments = _fragments(conn, snap)
+        return Ask(lambda: _ask_decision(snap, first, usable, window_closed, ai, phrasing_context, llm_calls=0, read=()))
+    fragments = turn_fragments(conn, snap)
     text = "\n".join(t for _, t in fragments if t)
     read = tuple(i for i, _ in fragments if i != snap.reply.id)
     asked = found.get(state.asked) if state.asked else None
@@ -330,14 +225,14 @@ def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
             return Decision("ok", "ask_wants_person", stay=True, handoff=True, consumed_reply=True, llm_calls=calls,
                             also_read=read, values={"ask_state": state.as_json()})
         result = take_turn(specs, data, state, text=text, reading=reading, max_asks=config["max_asks"], today=today)
-        return _ask_decision(snap, result, usable, window_closed, ai if phrase else None, ai_context,
+        return _ask_decision(snap, result, usable, window_closed, ai if phrase else None, phrasing_context,
                              llm_calls=calls, read=read)
 
     return Ask(turn)
 
 
 def _ask_decision(snap: Snapshot, turn: TurnResult, usable: tuple[str, Any] | None, window_closed: bool,
-                  phraser: AI | None, ai_context: AIContext | None, *, llm_calls: int,
+                  phraser: AI | None, phrasing_context: AIContext | None, *, llm_calls: int,
                   read: tuple[int, ...]) -> Decision:
     """The step of an `ask` turn: its exit, or the question to send (phrased by the AI when asked to)."""
     node, replied = snap.node_id, snap.reply is not None
@@ -368,10 +263,10 @@ def _ask_decision(snap: Snapshot, turn: TurnResult, usable: tuple[str, Any] | No
                             llm_calls=llm_calls, also_read=read, values=values, params=params)
         return Decision("failed", "window_closed", failed=True, llm_calls=llm_calls)
     question = str(turn.refusal.text) if turn.refusal is not None else spec.question
-    if phraser is not None and ai_context is not None:
+    if phraser is not None and phrasing_context is not None:
         try:
             written = phraser.write(prompt_hint=f"Pergunte ao paciente, numa frase curta e cordial: {question}",
-                                    max_chars=QUESTION_CHARS, context=ai_context)
+                                    max_chars=QUESTION_CHARS, context=phrasing_context)
             llm_calls += written.llm_calls
             question = (clean_text(written.text, QUESTION_CHARS) if written.text else None) or question
         except AIError as exc:  # the plain question still goes out
@@ -385,7 +280,7 @@ def _end(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
 
 
 _HANDLERS = {"trigger": _trigger, "wait": _wait, "condition": _condition, "ai_classify": _classify,
-             "ask": _ask, "action": _action, "end": _end}
+             "ask": _ask, "action": _action, "do": do_node.decide, "end": _end}
 
 
 @dataclass(frozen=True)

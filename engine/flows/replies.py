@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.flows import lifecycle
+from engine.people.contacts import opted_out_everywhere
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
 from engine.store.models import enrollments, flow_pointers, inbound_messages, messages, orgs
@@ -34,7 +35,7 @@ def _reader(conn: Connection, org_id: int, row: Any) -> str | None:
     ask, or a wait with a `replied` edge), else None."""
     graph = graph_of(conn, org_id, row.version_id)
     node_type = graph.type(row.current_node_id)
-    if node_type in ("ai_classify", "ask"):
+    if node_type in ("ai_classify", "ask", "do"):  # a `do` waits only for the pick of an offer
         return node_type if row.status == "waiting_reply" else None
     return node_type if node_type == "wait" and graph.target(row.current_node_id, "replied") is not None else None
 
@@ -46,21 +47,23 @@ def _debounce(conn: Connection, org_id: int) -> timedelta:
 
 def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_id: int) -> dict[str, int]:
     """A contact wrote (not an opt-out). Returns how many enrollments took the reply, ended
-    `replied`, or only counted it."""
+    `replied`, or only counted it, and how many of those that took it hold a conversation with
+    the patient (an `ask`, or a `do` waiting for a pick): the reply is theirs to read."""
     now = clock.now()
-    result = {"routed": 0, "ended": 0, "counted": 0}
+    result = {"routed": 0, "ended": 0, "counted": 0, "conversing": 0}
     debounce: timedelta | None = None  # read once, when an `ask` is among the readers
     for row in lifecycle.live_ids(conn, org_id, contact_ids):
         counters = {"replies": enrollments.c.replies + 1, "last_reply_at": now, "updated_at": now}
         base = (enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision)
         reader = _reader(conn, org_id, row) if row.status != "paused_handoff" else None
-        if reader is not None and (row.pending_inbound_id is None or reader == "ask"):
+        turn = reader in ("ask", "do")  # read as a turn: fragments within the debounce together
+        if reader is not None and (row.pending_inbound_id is None or turn):
             # The node reads it when it runs: due now, and any claim taken before is now stale. An
             # `ask` reads a turn: it waits the org's debounce, which each fragment starts again,
-            # and then reads every message from the first one on (nodes._fragments).
-            if reader == "ask" and debounce is None:
+            # and then reads every message from the first one on (turns.turn_fragments).
+            if turn and debounce is None:
                 debounce = _debounce(conn, org_id)
-            due = now + debounce if reader == "ask" and debounce is not None else now
+            due = now + debounce if turn and debounce is not None else now
             first = inbound_id if row.pending_inbound_id is None else row.pending_inbound_id
             moved = conn.execute(update(enrollments).where(*base).values(
                 **counters, pending_inbound_id=first, next_eval_at=due, lease_until=None,
@@ -74,6 +77,7 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
                     inbound_messages.c.org_id == org_id, inbound_messages.c.id == inbound_id,
                     inbound_messages.c.flow_enrollment_id.is_(None)).values(flow_enrollment_id=row.id))
                 result["routed"] += 1
+                result["conversing"] += turn
             continue
         if row.status != "paused_handoff" and _pointer(conn, org_id, row.pointer_id).cancel_on_reply:
             conn.execute(update(enrollments).where(*base).values(**counters))
@@ -90,7 +94,8 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
 #: The reasons of a step that read a reply and understood it: a class matched, or a wait's
 #: `replied` edge. Any other reading (the fallback edge, a run ended at its step limit) leaves
 #: the reply to a person.
-UNDERSTOOD = ("classified", "wait_replied", "ask_question", "ask_value_refused", "ask_complete")
+UNDERSTOOD = ("classified", "wait_replied", "ask_question", "ask_value_refused", "ask_complete", "do_slots_offered",
+              "do_slot_picked")
 
 
 def reply_read(conn: Connection, row: Any, inbound_id: int, *, reason: str, label: str | None,
@@ -112,6 +117,7 @@ def reply_read(conn: Connection, row: Any, inbound_id: int, *, reason: str, labe
         inbound_messages.c.flow_handled_at.is_(None)).values(**values))
 
 
+@opted_out_everywhere.connect
 def on_opt_out(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[int]:
     """The contact refused every message: every live enrollment ends `opted_out`."""
     return lifecycle.end_live(conn, org_id, enrollments.c.contact_id.in_(list(contact_ids)), status="cancelled",

@@ -205,7 +205,7 @@ def _by_key(conn: Connection, table: Any, keys: Iterable[tuple[int, int]]) -> di
     return {(row.org_id, row.id): row for row in rows}
 
 
-def _snapshots(conn: Connection, rows: Sequence[Any], now: datetime) -> dict[int, nodes.Snapshot]:
+def _snapshots(conn: Connection, rows: Sequence[Any], now: datetime, egress: Any = None) -> dict[int, nodes.Snapshot]:
     """What the nodes read for each claimed enrollment: one query per table for all of them, not
     five per enrollment (the round trips were most of a step's cost, see docs/benchmarks.md)."""
     def keys(column: str) -> list[tuple[int, int]]:
@@ -225,7 +225,7 @@ def _snapshots(conn: Connection, rows: Sequence[Any], now: datetime) -> dict[int
             enrollment=row, graph=graph_of(conn, org_id, row.version_id), pointer=pointers[(org_id, row.pointer_id)],
             org=org_rows[org_id], contact=people[(org_id, row.contact_id)],
             appointment=booked.get((org_id, row.appointment_id)), reply=replies.get((org_id, row.pending_inbound_id)),
-            agent=staff.get((org_id, row.agent_id)), now=now, human=(org_id, row.contact_id) in held)
+            agent=staff.get((org_id, row.agent_id)), now=now, human=(org_id, row.contact_id) in held, egress=egress)
     return out
 
 
@@ -257,7 +257,7 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
                 stale.append((row, revision))
             else:
                 live.append((row, revision))
-        snaps = _snapshots(conn, [row for row, _ in live], now) if live else {}
+        snaps = _snapshots(conn, [row for row, _ in live], now, rt.settings.egress) if live else {}
         for row, revision in live:
             snap = snaps[row.id]
             try:
@@ -330,10 +330,25 @@ def _cas(row: Any, revision: int) -> tuple[Any, ...]:
             enrollments.c.status == row.status, enrollments.c.current_node_id == row.current_node_id)
 
 
+def _hold(conn: Connection, row: Any, revision: int) -> bool:
+    """Whether this claim still holds the run, locking its row (PostgreSQL) until the step commits."""
+    query = select(enrollments.c.id).where(*_cas(row, revision))
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    return conn.execute(query).first() is not None
+
+
 def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: nodes.Snapshot, revision: int,
            decision: nodes.Decision, now: datetime) -> Step:
     row = snap.enrollment
     kind = snap.graph.type(row.current_node_id)
+    if decision.act is not None:
+        # The effect (a booking, a confirmation…) and the step commit together or not at all, and
+        # only the claim that still holds the run makes it: a second actor finds a stale wake.
+        if not _hold(conn, row, revision):
+            _record_stale(conn, journal, row, revision, llm_calls=decision.llm_calls)
+            return Step("stale", "stale_wake")
+        decision = decision.act(conn)
     if decision.failed:
         if not _fail(conn, journal, row, now, reason=decision.reason, kind=kind, llm_calls=decision.llm_calls,
                      params=decision.params, revision=revision):

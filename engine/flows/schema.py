@@ -51,8 +51,14 @@ MAX_ASK_FIELDS = 10
 MAX_ASKS = 5
 ASK_PHRASINGS = ("question", "ai")
 
-NODE_TYPES = ("trigger", "wait", "condition", "ai_classify", "ask", "action", "end")
-EDGE_CONDITIONS = ("always", "class_match", "cond_result", "no_reply", "replied", "complete", "gave_up")
+NODE_TYPES = ("trigger", "wait", "condition", "ai_classify", "ask", "action", "do", "end")
+EDGE_CONDITIONS = ("always", "class_match", "cond_result", "no_reply", "replied", "complete", "gave_up", "ok",
+                   "failed", "unavailable")
+#: What a `do` node does (engine/flows/actions/node.py).
+DO_ACTIONS = ("confirm", "cancel", "move", "book", "offer_slots", "notify_staff", "handoff")
+#: An `offer_slots` list: how many free times it may offer, how many times it may be sent.
+MAX_OFFERED = 10
+MAX_OFFERS = 5
 CHANNEL_KINDS = ("whatsapp", "sms", "email")  # also the default order of `channel_kinds`
 OUTCOMES = ("converted", "exhausted", "custom")
 TRIGGER_KINDS = ("manual", "appointment", "event", "silence", "reminder_no_reply", "handoff_ended")
@@ -69,7 +75,7 @@ TEMPLATE_KEY = r"^[a-z][a-z0-9_]{0,63}$"
 #: What an edge condition's `value` must be: None means "no value".
 EDGE_VALUE_TYPES: Mapping[str, type | None] = {
     "always": None, "class_match": str, "cond_result": bool, "no_reply": None, "replied": None,
-    "complete": None, "gave_up": None,
+    "complete": None, "gave_up": None, "ok": None, "failed": None, "unavailable": None,
 }
 
 # The messages of the rules marshmallow has no words for. They stay English for developers;
@@ -248,6 +254,57 @@ class AiMessageActionConfig(_Strict):
     channel_kinds = _channel_kinds()
 
 
+def _field_slug() -> PlainText:
+    """A conversation field the action reads its value from (optional)."""
+    return PlainText(validate=FullMatch(CLASS_SLUG), load_default=None, allow_none=True,
+                     metadata={"detail": ("detail_slug", {"max": 40})})
+
+
+class DoAppointmentConfig(_Strict):
+    """`confirm` or `cancel` the run's appointment."""
+
+    action = fields.String(required=True, validate=validate.OneOf(("confirm", "cancel")))
+
+
+class DoTakeSlotConfig(_Strict):
+    """`move` the run's appointment or `book` a new one: to the slot picked from an offer, else to
+    the collected `date_field` and `time_field`."""
+
+    action = fields.String(required=True, validate=validate.OneOf(("move", "book")))
+    date_field = _field_slug()
+    time_field = _field_slug()
+
+
+class DoOfferSlotsConfig(_Strict):
+    """Offer up to `limit` free times matching the collected date, period and time; the reply
+    picks one. The list is sent at most `max_asks` times; each waits `grace_minutes`."""
+
+    action = _const("offer_slots")
+    limit = WholeNumber(load_default=3, validate=validate.Range(1, MAX_OFFERED))
+    date_field = _field_slug()
+    period_field = _field_slug()
+    time_field = _field_slug()
+    same_professional = fields.Boolean(load_default=True)
+    intro = _text(300, load_default="Tenho estes horários livres:")
+    outro = _text(300, load_default="Responda com o número do horário que preferir.")
+    max_asks = WholeNumber(load_default=2, validate=validate.Range(1, MAX_OFFERS))
+    grace_minutes = _minutes(MIN_GRACE_MINUTES, required=False, load_default=240)
+    channel_kinds = _channel_kinds()
+
+
+class DoNotifyStaffConfig(_Strict):
+    """A Pendências item for the clinic's staff, with the node's `note` (no patient data)."""
+
+    action = _const("notify_staff")
+    note = _text(200, required=True)
+
+
+class DoHandoffConfig(_Strict):
+    """The conversation goes to a person (the flow's hand-off policy)."""
+
+    action = _const("handoff")
+
+
 class EndConfig(_Strict):
     outcome = fields.String(required=True, validate=validate.OneOf(OUTCOMES))
     note = _text(200, load_default="")
@@ -261,8 +318,13 @@ NODE_CONFIGS: Mapping[str, Mapping[str | None, type[Schema]]] = {
     "ai_classify": {None: ClassifyConfig},
     "ask": {None: AskConfig},
     "action": {"template": TemplateActionConfig, "ai_message": AiMessageActionConfig},
+    "do": {"confirm": DoAppointmentConfig, "cancel": DoAppointmentConfig, "move": DoTakeSlotConfig,
+           "book": DoTakeSlotConfig, "offer_slots": DoOfferSlotsConfig, "notify_staff": DoNotifyStaffConfig,
+           "handoff": DoHandoffConfig},
     "end": {None: EndConfig},
 }
+#: The field that picks a node's config shape, where the type has several.
+NODE_SELECTORS: Mapping[str, str] = {"do": "action"}
 
 
 # --- trigger config -----------------------------------------------------------------------------
@@ -565,7 +627,7 @@ def normalize_node_config(node_type: str, config: Mapping[str, Any]) -> dict[str
         raise ValueError(f"unknown node type {node_type!r}")
     _storable(config)
     shapes = NODE_CONFIGS[node_type]
-    return _load(_pick(shapes, config, "mode"), config)
+    return _load(_pick(shapes, config, NODE_SELECTORS.get(node_type, "mode")), config)
 
 
 def load_trigger_config(data: Any) -> dict[str, Any]:
@@ -797,7 +859,8 @@ def json_schema() -> dict[str, Any]:
     wait's min ≤ max, keywords only for declared classes, no NUL characters in texts."""
     converter = _converter()
     defs: dict[str, Any] = {
-        f"config_{node_type}": _shapes(converter, list(shapes.values())) for node_type, shapes in NODE_CONFIGS.items()
+        f"config_{node_type}": _shapes(converter, list(dict.fromkeys(shapes.values())))
+        for node_type, shapes in NODE_CONFIGS.items()
     }
     defs.update({
         "trigger_config": _trigger_json_schema(converter),

@@ -20,6 +20,7 @@ from engine.core import clock
 from engine.flows import conditions, facts, lifecycle
 from engine.flows.schema import load_trigger_config
 from engine.flows.versions import graph_of
+from engine.people.appointments import appointment_event
 from engine.store.models import (
     CHANNEL_KINDS,
     agents,
@@ -203,6 +204,7 @@ def _active_flows(conn: Connection, org_id: int | None, kinds: Iterable[str]) ->
     return found
 
 
+@appointment_event.connect
 def on_appointment_event(conn: Connection, org_id: int, appointment_id: int, event: str) -> list[Enrolled]:
     """An appointment was created, confirmed, cancelled, completed or missed: start the flows
     that wait for that, in the caller's transaction."""

@@ -43,7 +43,14 @@ ALLOWED_EDGES: Mapping[str, frozenset[str]] = {
     "ai_classify": frozenset({"class_match", "no_reply", "always"}),
     "ask": frozenset({"complete", "gave_up", "no_reply"}),
     "action": frozenset({"always"}),
+    "do": frozenset({"ok", "failed", "unavailable", "no_reply"}),
     "end": frozenset(),
+}
+#: The exits a `do` node must have, by action (the others may not be drawn).
+DO_EXITS: Mapping[str, tuple[str, ...]] = {
+    "confirm": ("ok", "failed"), "cancel": ("ok", "failed"), "move": ("ok", "failed", "unavailable"),
+    "book": ("ok", "failed", "unavailable"), "offer_slots": ("ok", "failed", "unavailable", "no_reply"),
+    "notify_staff": ("ok",), "handoff": ("ok",),
 }
 _ALWAYS = edge_key("always")
 _CONDITION_RESULTS = ((edge_key("cond_result", True), "true"), (edge_key("cond_result", False), "false"))
@@ -171,6 +178,9 @@ def _sort_edges(flow: _Flow, edges: Sequence[Mapping[str, Any]]) -> None:
             flow.issues.append(FlowIssue(source, "edge_not_allowed", {"condition": condition_type}))
             continue
         config = flow.configs[source]
+        if flow.types[source] == "do" and config is not None and condition_type not in DO_EXITS[config["action"]]:
+            flow.issues.append(FlowIssue(source, "edge_not_allowed", {"condition": condition_type}))
+            continue
         if condition_type == "class_match" and config is not None and value not in config["classes"]:
             flow.issues.append(FlowIssue(source, "unknown_class", {"class": value}))
             continue
@@ -227,6 +237,9 @@ def _missing_edges(node_id: str, node_type: str, keys: Mapping[EdgeKey, str],
     if node_type == "ask":
         return [FlowIssue(node_id, "missing_edge", {"which": which}) for which in ("complete", "gave_up", "no_reply")
                 if edge_key(which) not in keys]
+    if node_type == "do":
+        exits = DO_EXITS.get(config["action"], ()) if config is not None else ()
+        return [FlowIssue(node_id, "missing_edge", {"which": which}) for which in exits if edge_key(which) not in keys]
     issues = []  # ai_classify
     if edge_key("no_reply") not in keys:
         issues.append(FlowIssue(node_id, "missing_no_reply"))
@@ -289,8 +302,15 @@ def _ai_after_24h(flow: _Flow) -> list[FlowIssue]:
 def _unknown_fields(flow: _Flow, field_exists: Callable[[str], bool] | None) -> list[FlowIssue]:
     if field_exists is None:
         return []
-    return [FlowIssue(node_id, "unknown_field", {"field": slug}) for node_id in flow.of_type("ask")
-            if flow.configs[node_id] is not None for slug in flow.configs[node_id]["fields"] if not field_exists(slug)]
+    issues = [FlowIssue(node_id, "unknown_field", {"field": slug}) for node_id in flow.of_type("ask")
+              if flow.configs[node_id] is not None for slug in flow.configs[node_id]["fields"]
+              if not field_exists(slug)]
+    for node_id in flow.of_type("do"):  # the fields an action reads the patient's wishes from
+        config = flow.configs[node_id] or {}
+        issues += [FlowIssue(node_id, "unknown_field", {"field": config[key]})
+                   for key in ("date_field", "period_field", "time_field") if config.get(key)
+                   and not field_exists(config[key])]
+    return issues
 
 
 def _unknown_templates(flow: _Flow, template_exists: Callable[[str], bool] | None) -> list[FlowIssue]:
@@ -339,6 +359,8 @@ def _weight(flow: _Flow, node_id: str) -> float:
         return config["minutes"] if config["mode"] == "fixed" else config["max_minutes"]
     if node_type == "ask":  # every field asked its most times, each question waiting its grace
         return config["grace_minutes"] * config["max_asks"] * len(config["fields"])
+    if node_type == "do":  # an offer waits for its pick, each list its grace
+        return config["grace_minutes"] * config["max_asks"] if config["action"] == "offer_slots" else 0
     return config["grace_minutes"] if node_type == "ai_classify" else 0
 
 

@@ -228,10 +228,13 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
         return "unknown_contact", None, None
     contact_id = contact_ids[0]
     intent, button_appointment = _intent(org, inbound)
+    conversing = 0
     if intent != "optout":
         # Every reply reaches the follow-up engine (a waiting classify, cancel-on-reply).
-        on_reply(conn, org_id, contact_ids, inbound.id)
-    if intent is None:
+        conversing = on_reply(conn, org_id, contact_ids, inbound.id)["conversing"]
+    if intent is None or conversing:
+        # A run that is talking with the patient reads the reply as part of its conversation: "2"
+        # picks the second time offered, it does not cancel the appointment as it would a reminder.
         return "free_text", None, contact_id
     if intent == "optout":
         already = _fully_opted_out(conn, org_id, contact_ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import insert, select, update
@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.core.errors import DomainError
+from engine.core.hooks import Hook
 from engine.store.models import (
     APPOINTMENT_STATUSES,
     appointments,
@@ -44,6 +45,7 @@ def create_appointment(
     contact_id: int,
     starts_at: datetime,
     professional: str | None = None,
+    professional_id: int | None = None,
     timezone: str | None = None,
     mode: str | None = None,
     location: str | None = None,
@@ -64,7 +66,7 @@ def create_appointment(
     appointment_id = int(conn.execute(
         insert(appointments).values(
             org_id=org_id, contact_id=contact_id, starts_at=starts_at, professional=professional,
-            timezone=timezone, mode=mode, location=location, external_id=external_id, status=status,
+            professional_id=professional_id, timezone=timezone, mode=mode, location=location, external_id=external_id, status=status,
             created_at=now, updated_at=now,
         ).returning(appointments.c.id)
     ).scalar_one())
@@ -72,11 +74,15 @@ def create_appointment(
     return appointment_id
 
 
+#: An appointment was created, confirmed, cancelled, completed or missed: (conn, org_id,
+#: appointment_id, event). The flows that wait for it start in the caller's transaction.
+appointment_event: Hook[Callable[[Connection, int, int, str], Any]] = Hook(
+    "appointment_event", "engine.flows.triggers")
+
+
 def _event(conn: Connection, org_id: int, appointment_id: int, event: str) -> None:
     """Start the follow-up flows that wait for this appointment event (same transaction)."""
-    from engine.flows.triggers import on_appointment_event
-
-    on_appointment_event(conn, org_id, appointment_id, event)
+    appointment_event.fire(conn, org_id, appointment_id, event)
 
 
 def get(conn: Connection, org_id: int, appointment_id: int) -> Any:
@@ -89,16 +95,22 @@ def get(conn: Connection, org_id: int, appointment_id: int) -> Any:
     return row
 
 
-def reschedule(conn: Connection, org_id: int, appointment_id: int, starts_at: datetime) -> bool:
-    """Move an appointment; its reminders for the old time are cancelled on the next populate."""
+def reschedule(conn: Connection, org_id: int, appointment_id: int, starts_at: datetime, *,
+               professional: tuple[int | None, str | None] | None = None) -> bool:
+    """Move an appointment (with `professional`, (id, name), to that professional too); its
+    reminders for the old time are cancelled on the next populate."""
     if starts_at.tzinfo is None:
         raise DomainError("starts_at needs a timezone offset")
     get(conn, org_id, appointment_id)
+    values: dict[str, Any] = {"starts_at": starts_at, "status": "scheduled", "confirmed_at": None,
+                              "updated_at": clock.now()}
+    if professional is not None:
+        values.update(professional_id=professional[0], professional=professional[1])
     result = conn.execute(
         update(appointments)
         .where(appointments.c.org_id == org_id, appointments.c.id == appointment_id,
                appointments.c.status.in_(LIVE), appointments.c.starts_at != starts_at)
-        .values(starts_at=starts_at, status="scheduled", confirmed_at=None, updated_at=clock.now())
+        .values(**values)
     )
     return result.rowcount == 1
 

@@ -4,7 +4,7 @@ kind blocks that kind; SAIR opts out of every kind and stops every flow."""
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.engine import Connection
@@ -13,6 +13,7 @@ from sqlalchemy.sql import Select
 from engine.core import clock
 from engine.store.dialect import insert_ignore
 from engine.core.errors import DomainError
+from engine.core.hooks import Hook
 from engine.store.models import CHANNEL_KINDS, contacts, messages, preferences
 from engine.queue.outbox import cancel_open
 from engine.queue import address_optouts as addresses
@@ -25,6 +26,10 @@ from gateway.phones import InvalidPhone, normalize_phone
 CONSENT_METHODS = ("reception_verbal", "signed_form", "whatsapp", "phone_call")
 #: Shortest run of digits in a search term that is also looked for in phone numbers.
 PHONE_DIGITS_MIN = 2
+#: A contact refused every channel kind: (conn, org_id, contact_ids). Their live follow-up runs
+#: end, in the caller's transaction (engine.flows.replies).
+opted_out_everywhere: Hook[Callable[[Connection, int, Sequence[int]], Any]] = Hook(
+    "opted_out_everywhere", "engine.flows.replies")
 
 
 class ExternalIdTaken(DomainError):
@@ -138,9 +143,7 @@ def opt_out(
         "opted_out",
     )
     if set(kinds) >= set(CHANNEL_KINDS):
-        from engine.flows.replies import on_opt_out
-
-        on_opt_out(conn, org_id, [contact_id])
+        opted_out_everywhere.fire(conn, org_id, [contact_id])
     return cancelled
 
 

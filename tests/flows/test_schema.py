@@ -446,7 +446,7 @@ def test_draft_details_are_sentences() -> None:
     g = {"nodes": [{"id": "n", "type": "sleep", "config": {}}], "edges": []}
     issue = check_draft(g)[0]
     assert str(issue.message) == ("Uma etapa está malformada (nodes.0.type: use um destes valores: trigger, wait, "
-                                  "condition, ai_classify, ask, action, end). Corrija a etapa ou apague-a e crie de novo.")
+                                  "condition, ai_classify, ask, action, do, end). Corrija a etapa ou apague-a e crie de novo.")
     assert issue.as_dict()["params"]["detail"].startswith("use um destes valores")
 
 

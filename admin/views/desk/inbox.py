@@ -48,6 +48,7 @@ KIND_LABELS = {
     "appointment_cancelled_by_patient": _l("Cancelado pelo paciente"),
     "enrollment_dead": _l("Follow-up parado"),
     "handoff_requested": _l("Paciente pediu uma pessoa"),
+    "flow_notification": _l("Aviso de um fluxo"),
 }
 #: What to do about each kind (the engine's `detail` is a short technical note, in English).
 KIND_HINTS = {
@@ -66,6 +67,8 @@ KIND_HINTS = {
                           "novo."),
     "handoff_requested": _l("O paciente pediu para falar com alguém da clínica no meio de uma conversa do "
                             "follow-up. Responda em Conversas e, ao terminar, devolva a conversa ao Lembra."),
+    "flow_notification": _l("Uma etapa de um fluxo pediu para avisar a equipe; o texto é o que a clínica escreveu "
+                            "nessa etapa. Abra a execução para ver o paciente e a conversa."),
 }
 
 

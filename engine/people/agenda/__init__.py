@@ -27,15 +27,15 @@ from engine.people.agenda.professionals import (
     list_professionals,
     update_professional,
 )
-from engine.people.agenda.query import Slot, SlotQuery, bounds
+from engine.people.agenda.query import MAX_LIMIT, Slot, SlotQuery, bounds
 from engine.people.agenda.webhook import DEFAULT_TIMEOUT, AvailabilityUnavailable, check_url, webhook_slots
-from engine.store.models import orgs
+from engine.store.models import orgs, professionals
 from gateway.egress import STRICT, EgressPolicy
 
 __all__ = [
     "AgendaError", "AvailabilityUnavailable", "Interval", "Professional", "ProfessionalNotFound", "Slot", "SlotQuery",
     "create_professional", "delete_professional", "free_slots", "get_professional", "link_appointments",
-    "list_professionals", "org_row", "set_availability_url", "update_professional",
+    "list_professionals", "org_row", "set_availability_url", "slot_still_free", "update_professional",
 ]
 
 
@@ -76,3 +76,28 @@ def free_slots(conn: Connection | None, org: Any, query: SlotQuery, now: datetim
         raise ValueError("the built-in agenda needs a connection")
     chosen = professionals_for(conn, org.id, query)  # ProfessionalNotFound even when the range is empty
     return [] if limits is None else builtin_slots(conn, org, query, chosen, limits)
+
+
+def slot_still_free(conn: Connection, org: Any, starts_at: datetime, now: datetime, *,
+                    professional_id: int | None) -> Slot | None:
+    """The built-in agenda's free slot starting at `starts_at` (of that professional, or of any
+    when None), or None when it is taken, past, outside the hours or on a holiday. Called in the
+    transaction that books it: on PostgreSQL the professionals' rows stay locked until it commits,
+    so two bookings of one time cannot both see it free."""
+    if conn.dialect.name == "postgresql":
+        lock = select(professionals.c.id).where(professionals.c.org_id == org.id)
+        if professional_id is not None:
+            lock = lock.where(professionals.c.id == professional_id)
+        conn.execute(lock.order_by(professionals.c.id).with_for_update()).all()
+    local = starts_at.astimezone(ZoneInfo(org.timezone))
+    query = SlotQuery(date_from=local.date(), date_to=local.date(), time=local.strftime("%H:%M"),
+                      professional_id=professional_id, limit=MAX_LIMIT, lead_minutes=0).checked()
+    limits = bounds(query, ZoneInfo(org.timezone), now)
+    if limits is None:
+        return None
+    try:
+        chosen = professionals_for(conn, org.id, query)
+    except ProfessionalNotFound:
+        return None
+    by_start = [slot for slot in builtin_slots(conn, org, query, chosen, limits) if slot.starts_at == starts_at]
+    return by_start[0] if by_start else None

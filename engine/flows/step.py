@@ -1,0 +1,80 @@
+"""One step of a run, as the nodes decide it and the runtime writes it: what a node reads
+(`Snapshot`), what it decided (`Decision`, with the message to `Send` and the effect to `act`
+in the step's own transaction), and the AI call a node hands back to be made with no
+connection held (`Ask`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
+
+from sqlalchemy.engine import Connection
+
+from engine.flows.graph import GraphIndex
+
+
+@dataclass
+class Snapshot:
+    """Everything a node reads, loaded once per step."""
+
+    enrollment: Any
+    graph: GraphIndex
+    pointer: Any
+    org: Any
+    contact: Any
+    appointment: Any
+    reply: Any
+    agent: Any
+    now: datetime
+    human: bool
+    #: Where a tenant-set address may lead (the clinic's availability webhook); None: public only.
+    egress: Any = None
+
+    @property
+    def node_id(self) -> str:
+        return str(self.enrollment.current_node_id)
+
+
+@dataclass(frozen=True)
+class Send:
+    """A follow-up to put in the outbox: a template, or AI text with an optional template
+    (the approved one Meta sends when its 24 h window has closed by send time)."""
+
+    channel_kind: str
+    template_key: str | None
+    text: str | None = None
+
+
+@dataclass
+class Decision:
+    """The outcome of one step, as the run timeline shows it, and what to write."""
+
+    status: str
+    reason: str
+    next_node: str | None = None
+    end: tuple[str, str | None] | None = None
+    send: Send | None = None
+    failed: bool = False
+    consumed_reply: bool = False
+    llm_calls: int = 0
+    values: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    #: The run stays on its node and waits for the next reply (an `ask` that asked again).
+    stay: bool = False
+    #: The patient asked for a person: the conversation goes to staff (the flow's hand-off policy).
+    handoff: bool = False
+    #: Replies read besides `Snapshot.reply`: the fragments of one turn.
+    also_read: tuple[int, ...] = ()
+    #: An effect on the clinic's records (a `do` node: confirm, move, book…), run in the step's
+    #: transaction once the run is held for this claim; it says the step's final `Decision`
+    #: (its exit may change: a time taken meanwhile is `unavailable`). Run at most once per claim.
+    act: Callable[[Connection], "Decision"] | None = None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A node that needs the AI, its reads done: `run()` makes the call and says the `Decision`.
+    It touches no database, so the runtime runs it with no connection (nor transaction) held."""
+
+    run: Callable[[], Decision]

@@ -1,0 +1,64 @@
+"""What a node that talks with the patient reads: the channel it can reach them on, the
+messages of the turn it answers, and what the AI knows of the conversation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from engine.flows import facts
+from engine.flows.ai.base import AIContext, Turn
+from engine.flows.step import Snapshot
+from engine.queue import address_optouts as addresses
+from engine.store.models import inbound_messages, preferences
+from engine.tenants.channels import default_channel
+from engine.words.keywords import parse_keywords
+
+#: The kinds tried, in order, when a node does not say.
+DEFAULT_KINDS = ("whatsapp", "sms", "email")
+#: The fragments of one turn read at most (a patient who sends twenty lines in a row is still read).
+MAX_FRAGMENTS = 10
+
+
+def ai_context(conn: Connection, snap: Snapshot) -> AIContext:
+    """What the AI knows of the conversation: the org, the patient's first name, the history."""
+    org = snap.org
+    first = (snap.contact.name or "").split()
+    history = tuple(Turn(role, text, at) for role, text, at in
+                    facts.conversation(conn, org.id, snap.contact.id) if text)
+    return AIContext(
+        org_name=org.name, persona=getattr(snap.agent, "persona", None), contact_first_name=first[0] if first else None,
+        locale=snap.contact.locale or org.locale, timezone=org.timezone, now=snap.now, history=history,
+        org_keywords={"confirm": parse_keywords(org.confirm_keywords), "cancel": parse_keywords(org.cancel_keywords)},
+    )
+
+
+def usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
+    """The first kind the contact consented to, has an address for and the org can send on."""
+    org_id = snap.org.id
+    consented = {row.kind for row in conn.execute(select(preferences.c.kind).where(
+        preferences.c.org_id == org_id, preferences.c.contact_id == snap.contact.id,
+        preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None)))}
+    consented -= addresses.refused_kinds(conn, org_id, snap.contact)  # refusals follow the address
+    for kind in kinds:
+        address = snap.contact.email if kind == "email" else snap.contact.phone
+        if kind not in consented or not address:
+            continue
+        channel = default_channel(conn, org_id, kind)
+        if channel is not None:
+            return kind, channel
+    return None
+
+
+
+
+def turn_fragments(conn: Connection, snap: Snapshot) -> list[tuple[int, str]]:
+    """The turn's messages: the reply the run holds and what the patient wrote after it, in order."""
+    rows = conn.execute(select(inbound_messages.c.id, inbound_messages.c.text, inbound_messages.c.button_payload)
+                        .where(inbound_messages.c.org_id == snap.org.id,
+                               inbound_messages.c.contact_id == snap.contact.id,
+                               inbound_messages.c.id >= snap.reply.id)
+                        .order_by(inbound_messages.c.id).limit(MAX_FRAGMENTS)).all()
+    return [(row.id, row.text or row.button_payload or "") for row in rows] or [(snap.reply.id, snap.reply.text or "")]
