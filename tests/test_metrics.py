@@ -277,7 +277,7 @@ def test_the_metrics_page_has_the_queue_the_counters_and_no_personal_data(rt, wo
     assert "99887766" not in text and "Ana" not in text and "clinica" not in text
     allowed = {
         "provider": set(PROVIDERS) | {"other"}, "outcome": set(metrics.SEND_OUTCOMES) | {"other"},
-        "kind": {"whatsapp", "email", "sms", "trigger", "wait", "condition", "ai_classify", "ask", "action", "end",
+        "kind": {"whatsapp", "email", "sms", "trigger", "wait", "condition", "ai_classify", "ask", "action", "do", "end",
                  "wake", "other"},
         "event": set(metrics.MESSAGE_EVENTS) | {"other"}, "result": set(metrics.WEBHOOK_RESULTS) | {"ok", "error"},
         "status": {"new", "pending", "claimed", "sending", "sent", "delivered", "read", "failed", "cancelled",

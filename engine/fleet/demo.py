@@ -1,5 +1,7 @@
 """The demo clinic seeded on first start of the embedded default, so that reminders visibly go
-out within a minute: sandbox channels, rules, five patients with appointments, a follow-up flow.
+out within a minute: sandbox channels, rules, five patients with appointments, a follow-up flow,
+and the conversations that rebook: "Remarcar" (a patient who writes that they want another time)
+and "Remarcar falta" (an appointment marked "não compareceu").
 """
 
 from __future__ import annotations
@@ -90,6 +92,65 @@ FLOW_GRAPH = {
         {"source": "lembrar", "target": "fim", "condition": {"type": "always"}},
     ],
 }
+
+def _n(node_id: str, node_type: str, label: str, x: int, y: int, **config: object) -> dict:
+    return {"id": node_id, "type": node_type, "label": label, "position": {"x": x, "y": y}, "config": config}
+
+
+def _e(source: str, target: str, condition: str = "always") -> dict:
+    return {"source": source, "target": target, "condition": {"type": condition}}
+
+
+#: When the patient cannot find a time, the reception takes over: told, and the patient told so.
+_TO_RECEPTION = (
+    _n("avisar", "action", "Avisar que a recepção vai falar", 420, 480, mode="template", template="followup_reply_ack"),
+    _n("recepcao", "do", "Avisar a equipe", 420, 600, action="notify_staff",
+       note="Paciente quer outro horário e não encontrou um livre; fale com ele em Conversas."),
+    _n("com_recepcao", "end", "Com a recepção", 420, 720, outcome="custom"),
+)
+_ASK_AND_OFFER = (
+    _n("quando", "ask", "Perguntar dia e período", 0, 240, fields=["data", "periodo"], max_asks=2,
+       grace_minutes=240),
+    _n("oferta", "do", "Oferecer horários livres", 0, 360, action="offer_slots", date_field="data",
+       period_field="periodo", limit=3),
+)
+
+RESCHEDULE_FLOW = "Remarcar"
+#: Started by a patient who writes that they want another time ("posso remarcar para sexta de
+#: manhã?"): asks what is missing, offers free times, moves the appointment, confirms it.
+RESCHEDULE_GRAPH = {
+    "nodes": [_n("inicio", "trigger", "Paciente quer remarcar", 0, 120), *_ASK_AND_OFFER,
+              _n("remarca", "do", "Remarcar a consulta", 0, 480, action="move"),
+              _n("confirma", "action", "Confirmar o novo horário", 0, 600, mode="template",
+                 template="session_confirmation"),
+              _n("remarcado", "end", "Remarcado", 0, 720, outcome="converted"), *_TO_RECEPTION],
+    "edges": [_e("inicio", "quando"), _e("quando", "oferta", "complete"), _e("quando", "avisar", "gave_up"),
+              _e("quando", "avisar", "no_reply"), _e("oferta", "remarca", "ok"), _e("oferta", "avisar", "unavailable"),
+              _e("oferta", "avisar", "failed"), _e("oferta", "avisar", "no_reply"), _e("remarca", "confirma", "ok"),
+              _e("remarca", "avisar", "unavailable"), _e("remarca", "avisar", "failed"), _e("confirma", "remarcado"),
+              _e("avisar", "recepcao"), _e("recepcao", "com_recepcao", "ok")],
+}
+
+NO_SHOW_FLOW = "Remarcar falta"
+#: Started when an appointment is marked "não compareceu": invites the patient to rebook, reads the
+#: answer as the day and period, offers free times and books a new appointment (the demo's
+#: "Confirmação ao agendar" rule confirms it).
+NO_SHOW_GRAPH = {
+    "nodes": [_n("inicio", "trigger", "Paciente faltou", 0, 0),
+              _n("convite", "action", "Convidar para remarcar", 0, 120, mode="template", template="followup_rebook"),
+              _n("espera", "wait", "Esperar a resposta", 0, 180, mode="fixed", minutes=2880),
+              *_ASK_AND_OFFER,
+              _n("marca", "do", "Marcar nova consulta", 0, 480, action="book"),
+              _n("remarcado", "end", "Remarcado", 0, 600, outcome="converted"),
+              _n("sem_resposta", "end", "Sem resposta", -300, 300, outcome="exhausted"), *_TO_RECEPTION],
+    "edges": [_e("inicio", "convite"), _e("convite", "espera"), _e("espera", "quando", "replied"),
+              _e("espera", "sem_resposta"), _e("quando", "oferta", "complete"), _e("quando", "avisar", "gave_up"),
+              _e("quando", "avisar", "no_reply"), _e("oferta", "marca", "ok"), _e("oferta", "avisar", "unavailable"),
+              _e("oferta", "avisar", "failed"), _e("oferta", "avisar", "no_reply"), _e("marca", "remarcado", "ok"),
+              _e("marca", "avisar", "unavailable"), _e("marca", "avisar", "failed"), _e("avisar", "recepcao"),
+              _e("recepcao", "com_recepcao", "ok")],
+}
+
 #: The demo patient the flow starts with (index in PATIENTS).
 FOLLOWED_UP = 2
 
@@ -142,8 +203,8 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
         refresh_appointment(conn, org_id, appointment_id)
         contact_ids.append(contact_id)
     link_appointments(conn, org_id)  # the appointments name Dra. Beatriz Costa: they are hers
+    _seed_fields(conn, org_id)  # before the flows: their `ask` steps name the fields
     _seed_flow(conn, org_id, contact_ids[FOLLOWED_UP])
-    _seed_fields(conn, org_id)
     return DemoSeed(org_id=org_id, created=True)
 
 
@@ -167,13 +228,21 @@ def _seed_flow(conn: Connection, org_id: int, contact_id: int) -> None:
     """Publish the demo follow-up flow, let the demo assistant start it, and enroll one patient."""
     from engine.flows import triggers, versions
 
-    pointer_id = versions.create_flow(conn, org_id, name=FLOW_NAME, draft_graph=FLOW_GRAPH,
-                                      trigger_config={"kind": "manual"}, handoff_policy="pause")
-    versions.publish(conn, org_id, pointer_id)
+    published = []
+    for name, graph, trigger in ((FLOW_NAME, FLOW_GRAPH, {"kind": "manual"}),
+                                 (RESCHEDULE_FLOW, RESCHEDULE_GRAPH,
+                                  {"kind": "intent", "intent": "reschedule", "repeat": "always"}),
+                                 (NO_SHOW_FLOW, NO_SHOW_GRAPH,
+                                  {"kind": "appointment", "appointment_event": "no_show", "repeat": "always"})):
+        flow_id = versions.create_flow(conn, org_id, name=name, draft_graph=graph, trigger_config=trigger,
+                                       handoff_policy="pause")
+        versions.publish(conn, org_id, flow_id)
+        published.append(flow_id)
+    pointer_id = published[0]
     now = clock.now()
     conn.execute(insert(agents).values(
         org_id=org_id, name="Assistente da Clínica Demo", persona="Recepcionista cordial e objetiva.",
-        handoff_policy="pause", followup_enabled=True, flow_pointer_ids=[pointer_id], created_at=now, updated_at=now,
+        handoff_policy="pause", followup_enabled=True, flow_pointer_ids=published, created_at=now, updated_at=now,
     ))
     triggers.enroll(conn, org_id, pointer_id, contact_id, trigger_kind="manual", trigger_key="demo",
                     caller_key="demo", automatic=False)

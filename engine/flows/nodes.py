@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 
@@ -28,7 +29,9 @@ from engine.flows.graph import GraphIndex
 from engine.flows.actions import node as do_node
 from engine.flows.step import Ask, Decision, Send, Snapshot
 from engine.flows.turns import DEFAULT_KINDS, ai_context, turn_fragments, usable_kind
+from engine.people.appointments import GOING
 from engine.queue.conversation_window import conversation_open
+from engine.store.models import messages
 from engine.tenants.orgs import reply_reading
 from engine.words.understanding import Context
 
@@ -52,7 +55,10 @@ def decide(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
 def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     if not triggers.premise_holds(conn, snap.enrollment):
         return Decision("skipped", "silence_broken", end=("cancelled", None))
-    decision = Decision("ok", "trigger_fired", next_node=snap.graph.target(snap.node_id, "always"))
+    after = snap.graph.target(snap.node_id, "always")
+    # The message that started the run (an intent trigger) is the first reply of a node that reads one.
+    decision = Decision("ok", "trigger_fired", next_node=after,
+                        keep_reply=snap.reply is not None and after is not None and reads_first_reply(snap.graph, after))
     waits = [SmartWait(node_id, snap.graph.config(node_id)["min_minutes"], snap.graph.config(node_id)["max_minutes"],
                        snap.graph.config(node_id).get("guidance"))
              for node_id in snap.graph.smart_waits()]
@@ -81,10 +87,17 @@ def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     return Ask(plan_waits)
 
 
+def reads_first_reply(graph: GraphIndex, node_id: str) -> bool:
+    """Whether the node, entered with a reply in hand, reads it as its first answer."""
+    return graph.type(node_id) in ("ask", "ai_classify")
+
+
 def _wait(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
     replied = snap.graph.target(snap.node_id, "replied")
     if snap.reply is not None and replied is not None:
-        return Decision("ok", "wait_replied", next_node=replied, consumed_reply=True)
+        # An `ask` after the wait reads the reply itself ("segunda de tarde" answers its question).
+        passed_on = reads_first_reply(snap.graph, replied)
+        return Decision("ok", "wait_replied", next_node=replied, consumed_reply=not passed_on, keep_reply=passed_on)
     return Decision("ok", "wait_elapsed", next_node=snap.graph.target(snap.node_id, "always"))
 
 
@@ -132,6 +145,8 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
         return Decision("skipped", "no_usable_channel", next_node=after)
     kind, channel = usable
     if config["mode"] == "template":
+        if _already_told(conn, snap, config["template"]):
+            return Decision("skipped", "message_already_queued", next_node=after)
         return Decision("ok", "message_queued", next_node=after, send=Send(kind, config["template"]))
     fallback = config.get("fallback_template")
     closed = channel.provider == "meta" and not conversation_open(
@@ -168,6 +183,18 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
 
 #: An AI-phrased question is at most this long.
 QUESTION_CHARS = 300
+
+
+def _already_told(conn: Connection, snap: Snapshot, template_key: str) -> bool:
+    """Whether this template about the appointment's current time is already going out (a reminder
+    rule confirming a time the flow just moved the appointment to): the patient hears it once."""
+    appointment = snap.appointment
+    if appointment is None:
+        return False
+    return conn.execute(select(messages.c.id).where(
+        messages.c.org_id == snap.org.id, messages.c.appointment_id == appointment.id,
+        messages.c.template_key == template_key, messages.c.appointment_starts_at == appointment.starts_at,
+        messages.c.status.in_(GOING)).limit(1)).first() is not None
 
 
 def clean_text(text: str, max_chars: int) -> str | None:

@@ -382,7 +382,14 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
         plan = decision.values.get("timing_plan", row.timing_plan)
         start = nodes.entry(snap.graph, target, now, plan)
         values.update(current_node_id=target, node_entered_at=now, steps=enrollments.c.steps + 1,
-                      status=start.status, next_eval_at=start.next_eval_at, pending_inbound_id=None)
+                      status=start.status, next_eval_at=start.next_eval_at)
+        if decision.keep_reply and snap.reply is not None:
+            # The next node reads the reply the run holds: a node that waits for one reads it now.
+            start = nodes.Entry(start.status, now if start.status == "waiting_reply" else start.next_eval_at,
+                                start.outcome, start.reason)
+            values.update(next_eval_at=start.next_eval_at)
+        else:
+            values.update(pending_inbound_id=None)
         if start.status == "completed":
             values.update(outcome=start.outcome, ended_at=now, lease_until=None)
         elif start.next_eval_at is not None and start.next_eval_at <= now:

@@ -61,7 +61,9 @@ MAX_OFFERED = 10
 MAX_OFFERS = 5
 CHANNEL_KINDS = ("whatsapp", "sms", "email")  # also the default order of `channel_kinds`
 OUTCOMES = ("converted", "exhausted", "custom")
-TRIGGER_KINDS = ("manual", "appointment", "event", "silence", "reminder_no_reply", "handoff_ended")
+TRIGGER_KINDS = ("manual", "appointment", "event", "silence", "reminder_no_reply", "handoff_ended", "intent")
+#: The intents of a patient's free text that may start a flow (engine.words.understanding).
+TRIGGER_INTENTS = ("reschedule", "cancel", "confirm", "question", "human")
 APPOINTMENT_EVENTS = ("created", "confirmed", "cancelled", "completed", "no_show")
 CONTACT_EVENTS = ("stage_changed",)
 REPEAT_POLICIES = ("once", "always", "cooldown")
@@ -354,6 +356,14 @@ class AppointmentTrigger(_TriggerConfig):
     appointment_event = fields.String(required=True, validate=validate.OneOf(APPOINTMENT_EVENTS))
 
 
+class IntentTrigger(_TriggerConfig):
+    """A patient's free text read (by the built-in reader) as this intent, when no run is talking
+    with them: "posso remarcar para sexta?" starts the org's `reschedule` flow."""
+
+    kind = _const("intent")
+    intent = fields.String(required=True, validate=validate.OneOf(TRIGGER_INTENTS))
+
+
 class EventTrigger(_TriggerConfig):
     kind = _const("event")
     event = fields.String(required=True, validate=validate.OneOf(CONTACT_EVENTS))
@@ -378,6 +388,7 @@ class HandoffEndedTrigger(_TriggerConfig):
 TRIGGER_CONFIGS: Mapping[str, type[Schema]] = {
     "manual": ManualTrigger, "appointment": AppointmentTrigger, "event": EventTrigger,
     "silence": SilenceTrigger, "reminder_no_reply": ReminderNoReplyTrigger, "handoff_ended": HandoffEndedTrigger,
+    "intent": IntentTrigger,
 }
 
 

@@ -64,6 +64,9 @@ class Decision:
     stay: bool = False
     #: The patient asked for a person: the conversation goes to staff (the flow's hand-off policy).
     handoff: bool = False
+    #: The reply the run holds goes on to the next node (a trigger passes on the message that
+    #: started the run, for its first `ask` to read).
+    keep_reply: bool = False
     #: Replies read besides `Snapshot.reply`: the fragments of one turn.
     also_read: tuple[int, ...] = ()
     #: An effect on the clinic's records (a `do` node: confirm, move, book…), run in the step's

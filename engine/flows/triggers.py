@@ -35,6 +35,8 @@ from engine.store.models import (
     preferences,
 )
 from engine.queue import address_optouts as addresses
+from engine.tenants.orgs import reply_reading
+from engine.words.understanding import Context, understand
 
 log = logging.getLogger(__name__)
 
@@ -320,3 +322,39 @@ def premise_holds(conn: Connection, enrollment: Any) -> bool:
         return newer is None
     return True
 
+
+
+def on_free_text(conn: Connection, org: Any, contact_id: int, inbound: Any, appointment_id: int | None) -> list[Enrolled]:
+    """A contact wrote free text no run took (no run is talking with them, no person holds the
+    conversation): start the org's flows
+    bound to what it means (an `intent` trigger), read by the built-in reader (no model call on the
+    inbound path). The run reads this message as its first reply: "posso remarcar para sexta de
+    manhã?" already says the day and the period its `ask` would ask for."""
+    bound = _active_flows(conn, org.id, ("intent",))
+    if not bound or facts.humans_holding(conn, [(org.id, contact_id)]):
+        return []  # a person holding the conversation answers it, not a new run
+    zone, keywords = reply_reading(org)
+    appointment_at = None
+    if appointment_id is not None:
+        appointment_at = conn.execute(select(appointments.c.starts_at).where(
+            appointments.c.org_id == org.id, appointments.c.id == appointment_id)).scalar()
+    reading = understand(inbound.text or "", Context(now=clock.now(), timezone=zone, appointment_at=appointment_at,
+                                                     keywords=keywords or None))
+    started = []
+    for pointer, trigger in bound:
+        if trigger["intent"] != reading.intent:
+            continue
+        result = enroll(conn, org.id, pointer.id, contact_id, trigger_kind="intent",
+                        trigger_key=f"intent:{inbound.id}", payload={"intent": reading.intent},
+                        appointment_id=appointment_id)
+        if result.created and result.enrollment_id is not None:
+            conn.execute(update(enrollments).where(enrollments.c.org_id == org.id,
+                                                   enrollments.c.id == result.enrollment_id)
+                         .values(pending_inbound_id=inbound.id))
+            conn.execute(update(inbound_messages).where(
+                inbound_messages.c.org_id == org.id, inbound_messages.c.id == inbound.id,
+                inbound_messages.c.flow_enrollment_id.is_(None)).values(flow_enrollment_id=result.enrollment_id))
+            lifecycle.record_event(conn, org.id, result.enrollment_id, "reply", f"reply:{inbound.id}",
+                                   payload={"inbound_id": inbound.id, "taken": True})
+        started.append(result)
+    return started

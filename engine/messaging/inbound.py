@@ -24,6 +24,7 @@ from engine.core import clock
 from engine.people.contacts import find_all_by_address, opt_out
 from engine.store.dialect import insert_ignore
 from engine.flows.replies import on_reply
+from engine.flows.triggers import on_free_text
 from engine.core.ids import valid_id
 from engine.queue.inbox import open_inbox_item
 from engine.words.keywords import classify, parse_keywords
@@ -228,11 +229,16 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
         return "unknown_contact", None, None
     contact_id = contact_ids[0]
     intent, button_appointment = _intent(org, inbound)
-    conversing = 0
+    taken = {"routed": 0, "conversing": 0}
     if intent != "optout":
         # Every reply reaches the follow-up engine (a waiting classify, cancel-on-reply).
-        conversing = on_reply(conn, org_id, contact_ids, inbound.id)["conversing"]
-    if intent is None or conversing:
+        taken = on_reply(conn, org_id, contact_ids, inbound.id)
+    if intent is None and not taken["routed"]:
+        # Free text no run took may start the org's flow for what it means ("posso remarcar?").
+        about = _target_appointment(conn, org_id, contact_ids, inbound, None)
+        on_free_text(conn, org, int(about.contact_id) if about is not None else contact_id, inbound,
+                     about.id if about is not None else None)
+    if intent is None or taken["conversing"]:
         # A run that is talking with the patient reads the reply as part of its conversation: "2"
         # picks the second time offered, it does not cancel the appointment as it would a reminder.
         return "free_text", None, contact_id

@@ -172,7 +172,7 @@ def set_status(conn: Connection, org_id: int, appointment_id: int, current: str,
 #: cancellation notices are about later events).
 _BOOKING_TRIGGERS = ("before_start", "on_create")
 #: Messages of a rule that mean "this reminder goes (or went)".
-_GOING = ("new", "pending", "claimed", "sending", "sent", "delivered", "read", "unknown")
+GOING = ("new", "pending", "claimed", "sending", "sent", "delivered", "read", "unknown")
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,7 @@ def reminder_outlook(conn: Connection, org_id: int, appointment_id: int, *, hori
         messages.c.org_id == org_id, messages.c.appointment_id == appointment_id,
         messages.c.appointment_starts_at == appt.starts_at, messages.c.rule_id.is_not(None))
         .order_by(messages.c.id)).all()
-    going = {m.rule_id for m in sent if m.status in _GOING}
+    going = {m.rule_id for m in sent if m.status in GOING}
     skip_reason = {m.rule_id: m.skip_reason for m in sent if m.status == "skipped" and m.skip_reason}
     why_not = _WhyNot(conn, org_id, appt)
     skipped: list[SkippedReminder] = []

@@ -79,6 +79,7 @@ CATALOGUE: dict[str, Text] = {
     "not_classified": N_("A resposta do paciente não se encaixou em nenhuma classe; o fluxo seguiu pela saída padrão."),
     "no_usable_channel": N_("Nenhum canal pôde ser usado: o paciente não autorizou, não tem endereço ou a clínica não tem esse canal. A etapa foi pulada."),
     "message_queued": N_("A mensagem foi para a fila de envio."),
+    "message_already_queued": N_("Esta mensagem sobre o horário da consulta já vai (ou já foi) para o paciente por uma regra de lembrete; o fluxo não a repetiu."),
     "window_closed_template": N_("A janela de 24 horas do WhatsApp estava fechada; foi para a fila o modelo aprovado."),
     "window_closed": N_("A janela de 24 horas do WhatsApp está fechada e a etapa não tem modelo reserva. Escolha um modelo reserva para esta etapa."),
     "human_holds_template": N_("Uma pessoa da equipe está na conversa; foi para a fila o modelo, sem usar a IA."),
@@ -88,6 +89,9 @@ CATALOGUE: dict[str, Text] = {
     "ai_no_text": N_("A IA não escreveu uma mensagem utilizável e a etapa não tem modelo reserva. Escolha um modelo reserva ou confira o agente."),
     "ai_unavailable": N_("O serviço de IA não respondeu (%(code)s). O Lembra tenta de novo mais tarde; confira as configurações do agente se continuar."),
     # A `do` node's actions (engine/flows/actions/).
+    "do": N_("O fluxo executou a ação desta etapa."),
+    "flow_moved": N_("Remarcada por um fluxo, na conversa com o paciente."),
+    "flow_booked": N_("Marcada por um fluxo, na conversa com o paciente."),
     "do_confirmed": N_("O fluxo confirmou a consulta."),
     "do_already_confirmed": N_("A consulta já estava confirmada; o fluxo seguiu pela saída ok."),
     "do_cancelled": N_("O fluxo cancelou a consulta a pedido do paciente."),
