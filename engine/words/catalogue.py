@@ -461,7 +461,7 @@ CATALOGUE: dict[str, Text] = {
     "sandbox_reply_channel": N_("O canal %(channel)s não é um canal do sandbox desta clínica."),
     "sandbox_reply_email": N_("E-mails não recebem resposta pelo sandbox: só mensagens de WhatsApp e SMS."),
     "sandbox_reply_phone": N_("Use o telefone no formato E.164: + e o código do país, sem espaços, como "
-                              "+5516999887766."),
+                              "+5511987654321."),
     "sandbox_reply_empty": N_("Escreva a resposta do paciente."),
     "sandbox_reply_too_long": N_("A resposta passa de %(max)s caracteres. Encurte o texto."),
     "sandbox_reply_button": N_("A última mensagem enviada a este telefone não tem esse botão (botões: %(buttons)s)."),
