@@ -143,8 +143,8 @@ def appointment_query(org_id: int) -> Any:
 
 def appointment_out(row: Any) -> dict[str, Any]:
     fields = ("id", "external_id", "contact_id", "contact_external_id", "starts_at", "timezone", "professional",
-              "professional_id", "mode", "location", "status", "confirmed_at", "cancelled_at", "cancel_source", "created_at",
-              "updated_at")
+              "professional_id", "mode", "location", "status", "confirmed_at", "cancelled_at", "cancel_source",
+              "created_at", "updated_at")
     return {f: getattr(row, f) for f in fields}
 
 

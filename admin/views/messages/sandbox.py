@@ -9,8 +9,8 @@ e-mail they went to, or form a conversation of their own under the bare address.
 A reply goes through `admin.sandbox_chat.reply_as_patient` (the path `lembra sandbox reply` takes
 too): in-process, as the sandbox provider's own webhook body with the channel's secret, to
 `admin.webhooks.deliver`, so it travels the same inbound path as a real provider's: verified,
-stored, then matched to OK / CANCELAR / SAIR by the engine. Agents read and reply (answering as the patient changes
-nothing a real patient could not). Every query is scoped to the signed-in user's org.
+stored, then matched to OK / CANCELAR / SAIR by the engine. Agents read and reply (answering as
+the patient changes nothing a real patient could not). Every query is scoped to the signed-in user's org.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 
 from admin.i18n import _, _l, current_locale
 from admin.ids import valid_id
+from admin.sandbox_chat import MAX_REPLY, reply_as_patient
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -38,7 +39,6 @@ from admin.views.base import (
 )
 from admin.views.followup.handoff import handoff_state
 from admin.views.words import reply_outcome_text
-from admin.sandbox_chat import MAX_REPLY, reply_as_patient
 from engine.core import clock
 from engine.store.models import channels, contacts, inbound_messages, messages, sandbox_messages
 from engine.store.runtime import Runtime
