@@ -7,6 +7,7 @@ exact bytes). Bad signature → 401, malformed → 400, unknown channel → 404,
 from __future__ import annotations
 
 import logging
+from typing import Callable, Sequence
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
@@ -20,11 +21,13 @@ log = logging.getLogger(__name__)
 bp = Blueprint("webhooks", __name__)
 
 
-def deliver(rt: Runtime, provider: str, channel_id: int, req: WebhookRequest) -> inbound.Received:
-    """Store a webhook delivery and hand its new patient messages to the workers."""
+def deliver(rt: Runtime, provider: str, channel_id: int, req: WebhookRequest, *,
+            enqueue: Callable[[Sequence[int]], None] | None = None) -> inbound.Received:
+    """Store a webhook delivery and hand its new patient messages to the workers: the app's
+    (`LEMBRA_ENQUEUE_INBOUND`), or `enqueue` for a caller outside a request (`lembra sandbox reply`)."""
     received = inbound.receive(rt, provider, channel_id, req)
     if received.inbound_ids:
-        current_app.config["LEMBRA_ENQUEUE_INBOUND"](received.inbound_ids)
+        (enqueue or current_app.config["LEMBRA_ENQUEUE_INBOUND"])(received.inbound_ids)
     return received
 
 

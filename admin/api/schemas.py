@@ -173,7 +173,12 @@ class AppointmentIn(Schema):
                                                                  "2026-12-03T14:30:00-03:00"})
     timezone = Text(allow_none=True, validate=[validate.Length(max=64), _timezone],
                     metadata={"description": "IANA timezone for the reminder text; the org's by default."})
-    professional = Text(allow_none=True, validate=validate.Length(max=200))
+    professional = Text(allow_none=True, validate=validate.Length(max=200), metadata={
+        "description": "The professional's name. With `professional_id` it is that professional's name, whatever "
+                       "is given here; a new name without `professional_id` drops the link to a professional."})
+    professional_id = Id(allow_none=True, metadata={
+        "description": "One of the org's professionals (GET /professionals): the built-in agenda counts the "
+                       "appointment as their busy time. Null unlinks."})
     mode = Text(allow_none=True, validate=validate.Length(max=40), metadata={"example": "in_person"})
     location = Text(allow_none=True, validate=validate.Length(max=500))
     status = fields.String(validate=validate.OneOf(APPOINTMENT_STATUSES),
@@ -367,6 +372,8 @@ class AppointmentOut(Schema):
     starts_at = _out_dt(required=True)
     timezone = fields.String(required=True)
     professional = fields.String(required=True, allow_none=True)
+    professional_id = fields.Integer(required=True, allow_none=True,
+                                     metadata={"description": "The org's professional it is linked to, if any."})
     mode = fields.String(required=True, allow_none=True)
     location = fields.String(required=True, allow_none=True)
     status = fields.String(required=True, validate=validate.OneOf(APPOINTMENT_STATUSES))

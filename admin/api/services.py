@@ -13,8 +13,9 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from admin.api.core import ApiError
+from admin.api.core import ApiError, finding_detail
 from admin.i18n import translate_to
+from engine.people import agenda
 from engine.people import appointments as appointment_ops
 from engine.core import clock
 from engine.people.contacts import ExternalIdTaken, create_contact, set_consent
@@ -142,8 +143,8 @@ def appointment_query(org_id: int) -> Any:
 
 def appointment_out(row: Any) -> dict[str, Any]:
     fields = ("id", "external_id", "contact_id", "contact_external_id", "starts_at", "timezone", "professional",
-              "mode", "location", "status", "confirmed_at", "cancelled_at", "cancel_source", "created_at",
-              "updated_at")
+              "professional_id", "mode", "location", "status", "confirmed_at", "cancelled_at", "cancel_source",
+              "created_at", "updated_at")
     return {f: getattr(row, f) for f in fields}
 
 
@@ -158,6 +159,7 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
         contacts.c.erased_at.is_(None))).first()
     if contact is None:
         raise ValidationError({"contact_external_id": ["No contact with this external_id."]})
+    data = _with_professional(conn, org_id, data)
     existing = conn.execute(select(appointments).where(appointments.c.org_id == org_id,
                                                        appointments.c.external_id == data["external_id"])).first()
     if existing is None:
@@ -167,7 +169,7 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
                     conn, org_id=org_id, contact_id=contact.id, starts_at=data["starts_at"],
                     professional=data.get("professional"), timezone=data.get("timezone"), mode=data.get("mode"),
                     location=data.get("location"), external_id=data["external_id"],
-                    status=data.get("status") or "scheduled",
+                    status=data.get("status") or "scheduled", professional_id=data.get("professional_id"),
                 )
         except IntegrityError:
             existing = conn.execute(select(appointments).where(
@@ -180,7 +182,12 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
     if existing.contact_id != contact.id:
         raise ValidationError({"contact_external_id": ["An appointment cannot move to another contact."]})
     changes: dict[str, Any] = {}
-    plain = {f: data[f] for f in ("professional", "mode", "location") if f in data and data[f] != getattr(existing, f)}
+    plain = {f: data[f] for f in ("professional", "professional_id", "mode", "location")
+             if f in data and data[f] != getattr(existing, f)}
+    if "professional" in plain and "professional_id" not in data and existing.professional_id is not None:
+        # A new name without an id names someone else: the old link would keep the agenda counting
+        # the appointment as the old professional's, so it goes and the name counts (docs/agenda.md).
+        plain["professional_id"] = None
     if data.get("timezone") and data["timezone"] != existing.timezone:
         plain["timezone"] = data["timezone"]
     now = clock.now()
@@ -204,6 +211,20 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
     if changes:
         refresh_appointment(conn, org_id, existing.id)
     return find_appointment(conn, org_id, existing.id), False, changes
+
+
+def _with_professional(conn: Connection, org_id: int, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with `professional` set to the name of the professional `professional_id` names, so
+    the agenda's busy-time rule and the reminder's text see them; another org's (or no such)
+    professional is a 422 on `professional_id`, raised before anything is written."""
+    professional_id = data.get("professional_id")
+    if professional_id is None:
+        return data
+    try:
+        found = agenda.get_professional(conn, org_id, professional_id)
+    except agenda.ProfessionalNotFound as exc:
+        raise ApiError(422, "no such professional", [finding_detail(exc.finding)]) from None
+    return {**data, "professional": found.name}
 
 
 # --- messages ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from admin.cli import (
     messages,
     orgs,
     privacy,
+    sandbox,
     serve,
     templates,
     understand,
@@ -48,6 +49,7 @@ def main() -> None:
 for _command in (serve.up, serve.web, serve.worker, serve.scheduler, db.db, demo.demo, orgs.orgs, users.users,
                  messages.messages, channels.channels, keys.keys, apikeys.apikeys, flows.flows, flows.enrollments,
                  privacy.contacts_group, privacy.retention_group, templates.templates_group,
-                 understand.understand, fields.fields_group, webhooks.webhooks, agenda.agenda):
+                 understand.understand, fields.fields_group, webhooks.webhooks, agenda.agenda,
+                 sandbox.sandbox):
     main.add_command(_command)
 

@@ -52,7 +52,9 @@ def create_appointment(
     external_id: str | None = None,
     status: str = "scheduled",
 ) -> int:
-    """Create an appointment (its reminders follow on the next populate of this appointment)."""
+    """Create an appointment (its reminders follow on the next populate of this appointment).
+    `professional_id` links it to one of the org's professionals; the caller checks it is the org's
+    and gives their name as `professional` (engine/people/agenda reads both)."""
     if starts_at.tzinfo is None:
         raise DomainError("starts_at needs a timezone offset")
     if status not in APPOINTMENT_STATUSES:
@@ -66,8 +68,8 @@ def create_appointment(
     appointment_id = int(conn.execute(
         insert(appointments).values(
             org_id=org_id, contact_id=contact_id, starts_at=starts_at, professional=professional,
-            professional_id=professional_id, timezone=timezone, mode=mode, location=location, external_id=external_id, status=status,
-            created_at=now, updated_at=now,
+            professional_id=professional_id, timezone=timezone, mode=mode, location=location,
+            external_id=external_id, status=status, created_at=now, updated_at=now,
         ).returning(appointments.c.id)
     ).scalar_one())
     _event(conn, org_id, appointment_id, "created")

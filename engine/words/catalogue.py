@@ -477,6 +477,18 @@ CATALOGUE: dict[str, Text] = {
                                     "mudou."),
     "reply_other": N_("O Lembra recebeu a mensagem, mas não sabe descrever o que fez com ela (código interno "
                       "%(code)s)."),
+    # --- answering as the patient on the sandbox (admin/sandbox_chat.py, `lembra sandbox reply`) ------------
+    "sandbox_reply_org": N_("Não há clínica com o identificador %(slug)s."),
+    "sandbox_reply_no_channel": N_("A clínica não tem um canal de WhatsApp do sandbox. Crie um em Configuração → "
+                                   "Canais, com o provedor sandbox."),
+    "sandbox_reply_channel": N_("O canal %(channel)s não é um canal do sandbox desta clínica."),
+    "sandbox_reply_email": N_("E-mails não recebem resposta pelo sandbox: só mensagens de WhatsApp e SMS."),
+    "sandbox_reply_phone": N_("Use o telefone no formato E.164: + e o código do país, sem espaços, como "
+                              "+5511987654321."),
+    "sandbox_reply_empty": N_("Escreva a resposta do paciente."),
+    "sandbox_reply_too_long": N_("A resposta passa de %(max)s caracteres. Encurte o texto."),
+    "sandbox_reply_button": N_("A última mensagem enviada a este telefone não tem esse botão (botões: %(buttons)s)."),
+    "sandbox_reply_refused": N_("Resposta recusada: %(motivo)s"),
     # --- what a follow-up flow made of a reply its waiting step took (engine/messaging/conversations.py
     # FlowReading, shown in Conversas)
     "flow_reply_reading": N_("O fluxo %(flow)s está lendo esta resposta; ela só fica para responder se o fluxo "

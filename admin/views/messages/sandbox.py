@@ -6,17 +6,15 @@ channel and provider id says which contact it was for and how far it got (sent, 
 A few sandbox rows have no such row (a channel's test send): they join the contact whose phone or
 e-mail they went to, or form a conversation of their own under the bare address.
 
-A reply goes in-process (never through the public URL) as the sandbox provider's own webhook body,
-with the channel's secret, to `admin.webhooks.deliver` (`engine.messaging.inbound.receive`, then the inbound
-workers), so it travels the same inbound path as a real provider's: verified, stored, then matched
-to OK / CANCELAR / SAIR by the engine. Agents read and reply (answering as the patient changes
-nothing a real patient could not). Every query is scoped to the signed-in user's org.
+A reply goes through `admin.sandbox_chat.reply_as_patient` (the path `lembra sandbox reply` takes
+too): in-process, as the sandbox provider's own webhook body with the channel's secret, to
+`admin.webhooks.deliver`, so it travels the same inbound path as a real provider's: verified,
+stored, then matched to OK / CANCELAR / SAIR by the engine. Agents read and reply (answering as
+the patient changes nothing a real patient could not). Every query is scoped to the signed-in user's org.
 """
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +26,7 @@ from sqlalchemy.engine import Connection
 
 from admin.i18n import _, _l, current_locale
 from admin.ids import valid_id
+from admin.sandbox_chat import MAX_REPLY, reply_as_patient
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -40,22 +39,16 @@ from admin.views.base import (
 )
 from admin.views.followup.handoff import handoff_state
 from admin.views.words import reply_outcome_text
-from admin.webhooks import deliver
 from engine.core import clock
-from engine.tenants.channels import sandbox_webhook_secret
 from engine.store.models import channels, contacts, inbound_messages, messages, sandbox_messages
 from engine.store.runtime import Runtime
-from gateway.contract import WebhookRequest
 from gateway.errors import WebhookError
-from providers.sandbox.provider import SECRET_HEADER
 
 #: Recent rows of each direction scanned to build the contact list (the sandbox is for trying things
 #: out; a busier org still sees its latest conversations).
 LIST_ROWS = 500
 #: Messages of each direction shown in one conversation, the latest ones.
 THREAD_ROWS = 200
-#: The same limit the old reply form had; a WhatsApp message is at most 4096 characters.
-MAX_REPLY = 1000
 #: Messages the engine sends because of a patient's reply: on a tie in time (a frozen test clock, or
 #: the same millisecond) they come after the reply that caused them.
 REPLY_PURPOSES = ("confirm_ack", "cancel_ack", "optout_confirmation")
@@ -234,29 +227,6 @@ def thread(conn: Connection, oid: int, *, contact: Any = None, address: str | No
     return sorted(entries, key=lambda e: (e.at, e.tie, e.row_id))
 
 
-def reply_as_patient(rt: Runtime, original: Any, *, text: str | None = None, button: str | None = None) -> Any:
-    """Answer a sandbox message as its recipient, in-process: the sandbox provider's webhook body,
-    with the channel's secret, through `admin.webhooks.deliver` (verify, store, hand to the inbound
-    actor). Raises a `WebhookError` when the webhook path refuses it (e.g. the channel is no longer
-    a sandbox)."""
-    headers = {"Content-Type": "application/json"}
-    with rt.db.begin() as conn:
-        channel = conn.execute(select(channels).where(channels.c.org_id == original.org_id,
-                                                      channels.c.id == original.channel_id)).one()
-        if channel.provider == "sandbox":
-            # The console vouches for the reply with the secret the public webhook requires (a
-            # channel from before every sandbox had one gets it now).
-            headers[SECRET_HEADER] = sandbox_webhook_secret(conn, rt.keyring, rt.providers, channel)
-    body: dict[str, Any] = {"type": "message", "id": f"sbx-in-{uuid.uuid4().hex}", "from": original.to_address,
-                            "in_reply_to": original.provider_message_id}
-    if text:
-        body["text"] = text
-    if button:
-        body["button"] = button
-    req = WebhookRequest(method="POST", url=request.url, headers=headers, body=json.dumps(body).encode())
-    return deliver(rt, "sandbox", original.channel_id, req)
-
-
 class SandboxView(TenantPageView):
     """Caixa do sandbox (endpoint `sandbox`, /admin/sandbox/): read by every role, replies too."""
 
@@ -336,7 +306,8 @@ class SandboxView(TenantPageView):
             return redirect(back)
         rt: Runtime = current_app.config["LEMBRA_RUNTIME"]
         try:
-            reply_as_patient(rt, original, text=text or None, button=button)
+            reply_as_patient(rt, org_id=oid, channel_id=original.channel_id, from_address=original.to_address,
+                             text=text or None, button=button, in_reply_to=original.provider_message_id)
         except WebhookError as exc:
             flash(_("Resposta recusada: %(motivo)s", motivo=exc.reason), "error")
         else:
