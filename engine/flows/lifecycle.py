@@ -122,10 +122,12 @@ def end_live(
 
 
 def live_ids(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[Any]:
-    """The live enrollments of these contacts (id, pointer, version, node, status)."""
+    """The live enrollments of these contacts (id, pointer, version, node, status, revision, the
+    reply held, the place in a conversation)."""
     return conn.execute(
         select(enrollments.c.id, enrollments.c.pointer_id, enrollments.c.version_id, enrollments.c.current_node_id,
-               enrollments.c.status, enrollments.c.revision, enrollments.c.pending_inbound_id)
+               enrollments.c.status, enrollments.c.revision, enrollments.c.pending_inbound_id,
+               enrollments.c.ask_state)
         .where(enrollments.c.org_id == org_id, enrollments.c.contact_id.in_(list(contact_ids)),
                enrollments.c.status.in_(LIVE))
         .order_by(enrollments.c.id)

@@ -23,12 +23,13 @@ from sqlalchemy.engine import Connection
 from engine.flows import conditions, facts, triggers
 from engine.flows.ai.base import AI, AIContext, AIError, SmartWait, clamp
 from engine.flows.ai.builtin import BuiltinAI
+from engine.flows.conversation import floor
 from engine.flows.conversation.ask import AskState, TurnResult, take_turn
 from engine.flows.conversation.fields import fields_by_slug
 from engine.flows.graph import GraphIndex
 from engine.flows.actions import node as do_node
 from engine.flows.step import Ask, Decision, Send, Snapshot
-from engine.flows.turns import DEFAULT_KINDS, ai_context, turn_fragments, usable_kind
+from engine.flows.turns import DEFAULT_KINDS, ai_context, opted_out_in_words, turn_fragments, usable_kind
 from engine.people.appointments import GOING
 from engine.queue.conversation_window import conversation_open
 from engine.store.models import messages
@@ -228,6 +229,8 @@ def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     if snap.reply is None:
         if snap.enrollment.status == "waiting_reply":
             return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"), values={"ask_state": None})
+        if floor.taken_by_other(conn, snap.org.id, snap.contact.id, snap.enrollment.id) is not None:
+            return Decision("waiting", "floor_busy", wait_floor=True)
         first = take_turn(specs, data, state, text=None, reading=None, max_asks=config["max_asks"], today=today)
         if not phrase or first.outcome != "ask":
             return _ask_decision(snap, first, usable, window_closed, None, None, llm_calls=0, read=())
@@ -247,7 +250,8 @@ def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
         calls = reading.llm_calls
         if reading.intent == "opt_out":
             return Decision("ok", "ask_opted_out", end=("cancelled", "opted_out"), consumed_reply=True,
-                            llm_calls=calls, also_read=read)
+                            llm_calls=calls, also_read=read,
+                            then=opted_out_in_words(snap, usable[0] if usable is not None else None))
         if reading.intent == "human":
             return Decision("ok", "ask_wants_person", stay=True, handoff=True, consumed_reply=True, llm_calls=calls,
                             also_read=read, values={"ask_state": state.as_json()})

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.flows import lifecycle
+from engine.flows.conversation import floor
 from engine.people.contacts import opted_out_everywhere
 from engine.flows.nodes import entry
 from engine.flows.versions import graph_of
@@ -52,10 +53,14 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
     now = clock.now()
     result = {"routed": 0, "ended": 0, "counted": 0, "conversing": 0}
     debounce: timedelta | None = None  # read once, when an `ask` is among the readers
-    for row in lifecycle.live_ids(conn, org_id, contact_ids):
+    live = lifecycle.live_ids(conn, org_id, contact_ids)
+    asking = floor.holder(live)
+    for row in live:
         counters = {"replies": enrollments.c.replies + 1, "last_reply_at": now, "updated_at": now}
         base = (enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision)
         reader = _reader(conn, org_id, row) if row.status != "paused_handoff" else None
+        if asking is not None and row.id != asking.id:
+            reader = None  # the run that asked has the floor: the answer is its alone
         turn = reader in ("ask", "do")  # read as a turn: fragments within the debounce together
         if reader is not None and (row.pending_inbound_id is None or turn):
             # The node reads it when it runs: due now, and any claim taken before is now stale. An

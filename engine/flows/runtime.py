@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.flows import lifecycle, nodes, replies
 from engine.flows.contact_events import record_contact_event
+from engine.flows.conversation import floor
 from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for
 from engine.flows.facts import humans_holding
@@ -365,13 +366,20 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
     until = None
     continue_with = None
     ended = decision.end
-    if ended is None and target is None and not decision.stay:
+    if ended is None and target is None and not (decision.stay or decision.wait_floor):
         ended = ("dead", None)  # a published graph always has the edge; an old one may not
         decision = nodes.Decision("failed", "missing_edge", llm_calls=decision.llm_calls)
     if ended is None and row.steps + 1 > snap.pointer.max_steps:
         ended, decision = ("completed", "exhausted"), nodes.Decision("skipped", "max_steps",
                                                                      llm_calls=decision.llm_calls)
-    if ended is None and decision.stay:
+    step_key = f"step:{revision}"
+    if ended is None and decision.wait_floor:
+        # The floor is another run's: stay, look again soon, and say so once per visit.
+        target = row.current_node_id
+        until = now + floor.RECHECK
+        values.update(next_eval_at=until, lease_until=None)
+        step_key = f"floor:{row.node_entered_at.isoformat() if row.node_entered_at else revision}"
+    elif ended is None and decision.stay:
         # The node asked again: the run stays on it and waits its grace for the next reply.
         target = row.current_node_id
         until = now + timedelta(minutes=snap.graph.config(target)["grace_minutes"])
@@ -414,6 +422,8 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
                            reason=values.get("cancel_reason") or (decision.reason if ended else "ended"))
     if decision.send is not None:
         _enqueue(conn, snap, decision.send, now)
+    if decision.then is not None:
+        decision.then(conn)
     if snap.reply is not None and "pending_inbound_id" in values:  # the run let go of the reply it held
         for inbound_id in (snap.reply.id, *decision.also_read):
             replies.reply_read(conn, row, inbound_id, reason=decision.reason, label=decision.params.get("class"),
@@ -423,7 +433,7 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
         record_contact_event(conn, org_id=row.org_id, contact_id=row.contact_id, type="handoff_started")
         open_inbox_item(conn, row.org_id, "handoff_requested", f"enrollment:{row.id}:handoff:{revision}",
                         enrollment_id=row.id, detail="the patient asked for a person")
-    journal.add(row.org_id, row.id, "step", f"step:{revision}", node_id=row.current_node_id, at=now,
+    journal.add(row.org_id, row.id, "step", step_key, node_id=row.current_node_id, at=now,
                 payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
                                                next_node=target if ended is None else None, until=until,
                                                llm_calls=decision.llm_calls, params=decision.params))

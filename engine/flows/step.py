@@ -64,6 +64,9 @@ class Decision:
     stay: bool = False
     #: The patient asked for a person: the conversation goes to staff (the flow's hand-off policy).
     handoff: bool = False
+    #: Another run of the contact is asking them something: this one stays on its node and looks
+    #: again later (engine/flows/conversation/floor.py), without counting a step.
+    wait_floor: bool = False
     #: The reply the run holds goes on to the next node (a trigger passes on the message that
     #: started the run, for its first `ask` to read).
     keep_reply: bool = False
@@ -73,6 +76,9 @@ class Decision:
     #: transaction once the run is held for this claim; it says the step's final `Decision`
     #: (its exit may change: a time taken meanwhile is `unavailable`). Run at most once per claim.
     act: Callable[[Connection], "Decision"] | None = None
+    #: What follows the step in its transaction once it is written (the patient's opt-out in words:
+    #: recorded for the contact, which ends their other runs too).
+    then: Callable[[Connection], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ messages of the turn it answers, and what the AI knows of the conversation."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -11,7 +11,9 @@ from sqlalchemy.engine import Connection
 from engine.flows import facts
 from engine.flows.ai.base import AIContext, Turn
 from engine.flows.step import Snapshot
+from engine.people.contacts import opt_out
 from engine.queue import address_optouts as addresses
+from engine.queue.outbox import answer_inbound
 from engine.store.models import inbound_messages, preferences
 from engine.tenants.channels import default_channel
 from engine.words.keywords import parse_keywords
@@ -62,3 +64,18 @@ def turn_fragments(conn: Connection, snap: Snapshot) -> list[tuple[int, str]]:
                                inbound_messages.c.id >= snap.reply.id)
                         .order_by(inbound_messages.c.id).limit(MAX_FRAGMENTS)).all()
     return [(row.id, row.text or row.button_payload or "") for row in rows] or [(snap.reply.id, snap.reply.text or "")]
+
+
+def opted_out_in_words(snap: Snapshot, kind: str | None) -> Callable[[Connection], None]:
+    """The patient refused every message in words ("não quero mais receber mensagens") in the middle
+    of a conversation: as SAIR would, every channel is refused for the contact (their other runs end,
+    queued messages are cancelled, the clinic's system hears of it) and the refusal is acknowledged
+    on the channel they wrote on."""
+    org_id, contact_id, inbound_id = snap.org.id, snap.contact.id, snap.reply.id
+
+    def record(conn: Connection) -> None:
+        opt_out(conn, org_id, contact_id, source="flow_reply", evidence=f"inbound:{inbound_id}")
+        if kind is not None:
+            answer_inbound(conn, org_id, contact_id, kind, inbound_id, "optout_confirmation")
+
+    return record

@@ -39,7 +39,7 @@ from engine.store.models import (
     preferences,
     webhook_events,
 )
-from engine.queue.outbox import enqueue
+from engine.queue.outbox import answer_inbound
 from engine.reminders.populate import refresh_appointment
 from engine.queue.address_optouts import block_sender
 from engine.core.redact import redact
@@ -247,7 +247,7 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
         for cid in contact_ids:
             opt_out(conn, org_id, cid, source=f"reply:{channel.kind}", evidence=f"inbound:{inbound.id}")
         if not already:  # one goodbye, not one per repeated SAIR
-            _reply(conn, org_id, contact_id, channel.kind, inbound.id, "optout_confirmation", None)
+            answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "optout_confirmation")
         return ("already_opted_out" if already else "opted_out"), intent, contact_id
     appointment = _target_appointment(conn, org_id, contact_ids, inbound, button_appointment)
     if appointment is None:
@@ -256,14 +256,14 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     if intent == "confirm":
         if not appts.confirm(conn, org_id, appointment.id):
             return f"appointment_{appointment.status}", intent, contact_id
-        _reply(conn, org_id, contact_id, channel.kind, inbound.id, "confirm_ack", appointment)
+        answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "confirm_ack", appointment.id)
         return "confirmed", intent, contact_id
     if not appts.cancel(conn, org_id, appointment.id, source="patient"):
         return f"appointment_{appointment.status}", intent, contact_id
     refresh_appointment(conn, org_id, appointment.id)
     open_inbox_item(conn, org_id, "appointment_cancelled_by_patient", f"appointment:{appointment.id}:patient_cancel",
                     appointment_id=appointment.id, detail="the patient cancelled by replying to a reminder")
-    _reply(conn, org_id, contact_id, channel.kind, inbound.id, "cancel_ack", appointment)
+    answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "cancel_ack", appointment.id)
     return "cancelled", intent, contact_id
 
 
@@ -320,13 +320,3 @@ def _target_appointment(conn: Connection, org_id: int, contact_ids: list[int], i
         select(appointments).where(live, appointments.c.starts_at > now, appointments.c.status.in_(appts.LIVE))
         .order_by(appointments.c.starts_at).limit(1)
     ).first()
-
-
-def _reply(conn: Connection, org_id: int, contact_id: int, kind: str, inbound_id: int, template_key: str,
-           appointment: Any) -> None:
-    """Answer the patient on the channel kind they wrote on, right away (they just wrote)."""
-    enqueue(
-        conn, org_id=org_id, contact_id=contact_id, channel_kind=kind, purpose=template_key,
-        idempotency_key=f"inbound:{inbound_id}:{template_key}", template_key=template_key,
-        appointment_id=appointment.id if appointment is not None else None, respect_window=False,
-    )

@@ -182,3 +182,14 @@ def find_id(conn: Connection, org_id: int, idempotency_key: str) -> int | None:
     return conn.execute(
         select(messages.c.id).where(messages.c.org_id == org_id, messages.c.idempotency_key == idempotency_key)
     ).scalar()
+
+
+def answer_inbound(conn: Connection, org_id: int, contact_id: int, kind: str, inbound_id: int, template_key: str,
+                   appointment_id: int | None = None) -> None:
+    """Answer a patient's message on the channel kind they wrote on, right away (they just wrote):
+    a confirmation, a cancellation or an opt-out acknowledged, once per message and template."""
+    enqueue(
+        conn, org_id=org_id, contact_id=contact_id, channel_kind=kind, purpose=template_key,
+        idempotency_key=f"inbound:{inbound_id}:{template_key}", template_key=template_key,
+        appointment_id=appointment_id, respect_window=False,
+    )

@@ -88,6 +88,7 @@ CATALOGUE: dict[str, Text] = {
     "ai_fallback_template": N_("A IA não escreveu uma mensagem utilizável; foi para a fila o modelo reserva."),
     "ai_no_text": N_("A IA não escreveu uma mensagem utilizável e a etapa não tem modelo reserva. Escolha um modelo reserva ou confira o agente."),
     "ai_unavailable": N_("O serviço de IA não respondeu (%(code)s). O Lembra tenta de novo mais tarde; confira as configurações do agente se continuar."),
+    "floor_busy": N_("Outro fluxo está fazendo uma pergunta a este paciente; este espera a vez para perguntar."),
     # A `do` node's actions (engine/flows/actions/).
     "do": N_("O fluxo executou a ação desta etapa."),
     "flow_moved": N_("Remarcada por um fluxo, na conversa com o paciente."),

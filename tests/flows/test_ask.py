@@ -12,9 +12,9 @@ from sqlalchemy import select
 from engine.flows import versions
 from engine.flows.conversation.fields import create_field
 from engine.flows.versions import FlowRejected
-from engine.store.models import inbox_items
+from engine.store.models import inbox_items, messages, preferences
 from tests.factories import World
-from tests.flows.helpers import Flows, edge, node
+from tests.flows.helpers import Flows, edge, linear, node
 
 DEBOUNCE = timedelta(seconds=9)  # the org's default debounce is 8 s
 
@@ -144,12 +144,26 @@ def test_asking_for_a_person_hands_the_conversation_to_staff(world, flows, clock
     assert "handoff_requested" in kinds
 
 
-def test_an_opt_out_in_words_ends_the_run(world, flows, clock):
-    run = flows.enroll(flows.flow(ask_graph(["data"])), world.contact())
+def test_an_opt_out_in_words_ends_the_run_and_opts_the_contact_out_as_sair_would(world, flows, clock, rt):
+    contact = world.contact()
+    run = flows.enroll(flows.flow(ask_graph(["data"])), contact)
+    flows.run()
+    waiting = flows.enroll(flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed",
+                                                                            minutes=60),
+                                              node("fim", "end", outcome="custom"))), contact)
     flows.run()
     turn(flows, clock, "não quero mais receber mensagens de vocês")
     done = flows.enrollment(run)
     assert (done.status, done.outcome) == ("cancelled", "opted_out")
+    assert (flows.enrollment(waiting).status, flows.enrollment(waiting).outcome) == ("cancelled", "opted_out")
+    with rt.db.connect() as conn:
+        refused = conn.execute(select(preferences.c.kind, preferences.c.source).where(
+            preferences.c.org_id == world.org_id, preferences.c.contact_id == contact,
+            preferences.c.opted_out_at.is_not(None))).all()
+        goodbye = conn.execute(select(messages.c.template_key).where(
+            messages.c.org_id == world.org_id, messages.c.purpose == "optout_confirmation")).scalars().all()
+    assert sorted(refused) == [("email", "flow_reply"), ("sms", "flow_reply"), ("whatsapp", "flow_reply")]
+    assert goodbye == ["optout_confirmation"]
 
 
 def test_a_flow_that_asks_for_an_unknown_field_is_not_published(world, flows, rt):
@@ -168,3 +182,29 @@ def test_another_orgs_fields_do_not_exist_for_a_flow(world, rt):
                                        trigger_config={"kind": "manual"})
     with pytest.raises(FlowRejected), rt.db.begin() as conn:
         versions.publish(conn, other.org_id, pointer)
+
+
+def test_the_floor_one_run_asks_at_a_time_the_answer_is_its_alone_and_the_next_asks_after(world, flows, clock):
+    contact = world.contact()
+    first = flows.enroll(flows.flow(ask_graph(["data"])), contact)
+    flows.run()
+    second = flows.enroll(flows.flow(ask_graph(["periodo"])), contact)
+    other = flows.enroll(flows.flow({"nodes": [node("inicio", "trigger"),
+                                               node("msg", "action", mode="template", template="followup_checkin"),
+                                               node("fim", "end", outcome="custom")],
+                                     "edges": [edge("inicio", "msg"), edge("msg", "fim")]}), contact)
+    flows.run()
+    assert sent(flows, second) == [] and flows.enrollment(second).status == "active"
+    assert [s["reason"] for s in flows.steps(second) if s["node"] == "pergunta"] == ["floor_busy"]
+    assert flows.enrollment(other).status == "completed", "a run that asks nothing goes on beside it"
+    clock.advance(timedelta(minutes=3))
+    flows.run()
+    assert sent(flows, second) == [], "still waiting"
+    assert [s["reason"] for s in flows.steps(second) if s["node"] == "pergunta"] == ["floor_busy"], "said once"
+    turn(flows, clock, "quinta de manhã")  # answers the run that asked; "de manhã" is not taken by the other
+    assert flows.enrollment(first).current_node_id == "pronto"
+    assert flows.enrollment(second).data == {} and flows.enrollment(second).pending_inbound_id is None
+    clock.advance(timedelta(minutes=1, seconds=1))
+    flows.run()
+    assert sent(flows, second) == ["De manhã, à tarde ou à noite?"]
+    assert flows.enrollment(second).status == "waiting_reply"

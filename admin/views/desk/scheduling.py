@@ -488,6 +488,7 @@ CONSENT_SOURCE_LABELS = {
     "whatsapp": _l("pelo WhatsApp"), "phone_call": _l("por telefone"),
     "clinic": _l("pela clínica"), "api": _l("pela API (sistema da clínica)"), "console": _l("no console"),
     "demo": _l("dados de demonstração"), "provider": _l("pelo provedor"),
+    "flow_reply": _l("por mensagem, numa conversa de um fluxo"),
 }
 #: The methods a receptionist picks from when recording consent (engine.people.contacts.CONSENT_METHODS).
 CONSENT_METHOD_CHOICES = [(m, CONSENT_SOURCE_LABELS[m]) for m in CONSENT_METHODS]

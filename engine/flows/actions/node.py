@@ -25,8 +25,9 @@ from engine.flows.actions import appointment as effects
 from engine.flows.actions.offer import OfferState, offer_text, pick, query_for, slot_of
 from engine.flows.ai.base import AI
 from engine.flows.ai.builtin import BuiltinAI
+from engine.flows.conversation import floor
 from engine.flows.step import Ask, Decision, Send, Snapshot
-from engine.flows.turns import DEFAULT_KINDS, turn_fragments, usable_kind
+from engine.flows.turns import DEFAULT_KINDS, opted_out_in_words, turn_fragments, usable_kind
 from engine.people.agenda import AgendaError, AvailabilityUnavailable, Slot, SlotQuery, free_slots
 from engine.queue.conversation_window import conversation_open
 from engine.queue.inbox import open_inbox_item
@@ -152,6 +153,8 @@ def _offer(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) 
     professional_id = appointment.professional_id if config["same_professional"] and appointment is not None else None
     search = _Search(conn, snap, config, usable[0], leave)
     if snap.reply is None:
+        if floor.taken_by_other(conn, snap.org.id, snap.contact.id, snap.enrollment.id) is not None:
+            return Decision("waiting", "floor_busy", wait_floor=True)
         return search.offer(query_for(config, data, professional_id=professional_id), state, reading=None,
                             llm_calls=0, read=())
     fragments = turn_fragments(conn, snap)
@@ -171,7 +174,7 @@ def _offer(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) 
         calls = reading.llm_calls
         if reading.intent == "opt_out":
             return Decision("ok", "ask_opted_out", end=("cancelled", "opted_out"), consumed_reply=True,
-                            llm_calls=calls, also_read=read)
+                            llm_calls=calls, also_read=read, then=opted_out_in_words(snap, usable[0]))
         if reading.intent == "human":
             return Decision("ok", "ask_wants_person", stay=True, handoff=True, consumed_reply=True, llm_calls=calls,
                             also_read=read, values={"ask_state": state.as_json()})
