@@ -12,6 +12,7 @@ import re
 import pytest
 from sqlalchemy import func, select
 
+from engine.flows.conversation.fields import create_field
 from engine.tenants.channels import create_channel
 from engine.flows import versions
 from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
@@ -390,3 +391,86 @@ def test_a_manager_edits_flows_too(app, rt, tenants, flows):
     token = _token(manager, mine)
     assert _post(manager, mine, "draft", {"name": "Do gestor"}, token).status_code == 200
     assert _pointer(rt, mine).name == "Do gestor"
+
+
+# --- ask and do steps ------------------------------------------------------------------------------------
+
+ASK_AND_DO = {
+    "nodes": [
+        {"id": "inicio", "type": "trigger", "position": {"x": 0, "y": 0}, "config": {}},
+        {"id": "quando", "type": "ask", "label": "Dia", "position": {"x": 240, "y": 0},
+         "config": {"fields": ["data"], "max_asks": 2, "grace_minutes": 120, "phrasing": "ai",
+                    "channel_kinds": ["whatsapp"]}},
+        {"id": "confirma", "type": "do", "position": {"x": 480, "y": 0}, "config": {"action": "confirm"}},
+        {"id": "marca", "type": "do", "config": {"action": "book", "date_field": "data", "time_field": None}},
+        {"id": "fim", "type": "end", "position": {"x": 960, "y": 0}, "config": {"outcome": "converted"}},
+    ],
+    "edges": [
+        {"id": "a", "source": "inicio", "target": "quando", "condition": {"type": "always"}},
+        {"id": "b", "source": "quando", "target": "confirma", "condition": {"type": "complete"}},
+        {"id": "c", "source": "quando", "target": "fim", "condition": {"type": "gave_up"}},
+        {"source": "quando", "target": "fim", "condition": {"type": "no_reply", "value": None}, "priority": 3},
+        {"id": "e", "source": "confirma", "target": "marca", "condition": {"type": "ok"}},
+        {"id": "f", "source": "confirma", "target": "fim", "condition": {"type": "failed"}},
+        {"id": "g", "source": "marca", "target": "fim", "condition": {"type": "ok"}},
+        {"id": "h", "source": "marca", "target": "fim", "condition": {"type": "failed"}},
+        {"id": "i", "source": "marca", "target": "fim", "condition": {"type": "unavailable"}},
+    ],
+}
+
+
+def test_ask_and_do_steps_get_their_words_in_both_languages(owner, rt, flows):
+    mine, _ = flows
+    boot = _boot(owner.get(_url(mine)).text)
+    strings = boot["strings"]
+    assert {"config_ask", "config_do"} <= set(boot["schema"]["$defs"])
+    assert (strings["node_types"]["ask"]["name"], strings["node_types"]["do"]["name"]) == ("Perguntar", "Agir")
+    assert {key: strings["edges"][key] for key in ("complete", "gave_up", "no_reply", "ok", "failed", "unavailable")} \
+        == {"complete": "Completo", "gave_up": "Desistiu", "no_reply": "Sem resposta", "ok": "Feito",
+            "failed": "Falhou", "unavailable": "Sem horário"}
+    assert strings["choices"]["action"] == {
+        "confirm": "Confirmar", "cancel": "Cancelar", "move": "Remarcar", "book": "Marcar consulta",
+        "offer_slots": "Oferecer horários", "notify_staff": "Avisar a equipe", "handoff": "Passar para uma pessoa"}
+    # Every action the engine knows has its words (a new one would show as its bare code).
+    do_actions = {v for branch in boot["schema"]["$defs"]["config_do"]["oneOf"]
+                  for v in branch["properties"]["action"]["enum"]}
+    assert do_actions == set(strings["choices"]["action"])
+    assert "pela API" in strings["ui"]["config_api_only"]
+
+    with rt.db.begin() as conn:
+        conn.execute(users.update().where(users.c.email == "owner@a.com.br").values(locale="en"))
+    english = _boot(owner.get(_url(mine)).text)["strings"]
+    assert (english["node_types"]["ask"]["name"], english["node_types"]["do"]["name"]) == ("Ask", "Act")
+    assert (english["edges"]["complete"], english["edges"]["gave_up"], english["edges"]["unavailable"]) == \
+        ("Complete", "Gave up", "No free time")
+    assert english["choices"]["action"]["offer_slots"] == "Offer free times"
+    assert english["ui"]["config_read_only"] == "Settings (read-only)"
+
+
+def test_a_draft_with_ask_and_do_steps_reloads_exactly_and_a_wrong_exit_is_flagged_on_its_step(owner, rt, tenants,
+                                                                                               flows):
+    a, _ = tenants
+    mine, _ = flows
+    with rt.db.begin() as conn:
+        create_field(conn, a.world.org_id, {"slug": "data", "label": "Data", "type": "date", "question": "Que dia?"})
+    token = _token(owner, mine)
+    saved = _post(owner, mine, "draft", {"draft_graph": ASK_AND_DO}, token)
+    assert saved.status_code == 200, saved.text
+    reloaded = owner.get(_url(mine, "data")).get_json()["flow"]["draft_graph"]
+    assert json.dumps(reloaded, sort_keys=True) == json.dumps(ASK_AND_DO, sort_keys=True)
+    assert _boot(owner.get(_url(mine)).text)["flow"]["draft_graph"] == ASK_AND_DO
+
+    # A confirm step has no "Sem horário" exit: publishing says so on that step, and nothing is published.
+    wrong = copy.deepcopy(ASK_AND_DO)
+    wrong["edges"].append({"id": "x", "source": "confirma", "target": "fim", "condition": {"type": "unavailable"}})
+    assert _post(owner, mine, "draft", {"draft_graph": wrong}, token).status_code == 200
+    refused = _post(owner, mine, "publish", {}, token)
+    assert refused.status_code == 422
+    issues = refused.get_json()["issues"]
+    assert {(i["node_id"], i["code"]) for i in issues} == {("confirma", "edge_not_allowed")}
+    assert _pointer(rt, mine).status == "draft"
+    # Without that edge it publishes.
+    assert _post(owner, mine, "draft", {"draft_graph": ASK_AND_DO}, token).status_code == 200
+    published = _post(owner, mine, "publish", {}, token)
+    assert published.status_code == 200, published.text
+    assert published.get_json()["flow"]["draft_graph"] == ASK_AND_DO

@@ -21,6 +21,7 @@ Runs on both backends: `pytest tests/e2e/test_flow_builder_browser.py` (SQLite) 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ from sqlalchemy import insert, select
 
 from admin.app import create_app
 from engine.core import clock as engine_clock
+from engine.flows.conversation.fields import create_field
 from engine.store.models import enrollments, flow_pointers, templates
 from engine.tenants.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
@@ -466,3 +468,151 @@ def test_the_side_panel_edits_each_step_with_real_controls_and_an_agent_only_rea
     expect(page.locator(".react-flow__node")).to_have_count(6)
     steps.shot("somente-leitura")
     assert _draft(rt, flow_id) == stored
+
+
+#: A published flow with `ask` and `do` steps (made through the API, not the palette): every exit of
+#: each, a node stored without a position, an edge without an id and one with a priority and a null
+#: value, configs with defaults spelled out and keys set to null. The builder must draw it whole
+#: and write it back key for key.
+ASK_AND_DO = {
+    "nodes": [
+        {"id": "inicio", "type": "trigger", "position": {"x": 0, "y": 200}, "config": {}},
+        {"id": "quando", "type": "ask", "label": "Dia e período", "position": {"x": 230, "y": 200},
+         "config": {"fields": ["data", "periodo"], "max_asks": 2, "grace_minutes": 120, "phrasing": "question",
+                    "channel_kinds": ["whatsapp"]}},
+        {"id": "oferta", "type": "do", "position": {"x": 480, "y": 120},
+         "config": {"action": "offer_slots", "limit": 4, "date_field": "data", "period_field": "periodo",
+                    "time_field": None, "same_professional": False, "intro": "Tenho estes horários:",
+                    "max_asks": 2, "grace_minutes": 240}},
+        {"id": "remarca", "type": "do", "position": {"x": 730, "y": 40.5},
+         "config": {"action": "move", "date_field": None}},
+        {"id": "confirma", "type": "do", "position": {"x": 980, "y": 0}, "config": {"action": "confirm"}},
+        {"id": "avisa", "type": "do", "label": "Avisar a recepção", "position": {"x": 980, "y": 380},
+         "config": {"action": "notify_staff", "note": "Paciente não conseguiu remarcar."}},
+        {"id": "pessoa", "type": "do", "config": {"action": "handoff"}},
+        {"id": "fim_ok", "type": "end", "position": {"x": 1230, "y": 0}, "config": {"outcome": "converted"}},
+        {"id": "fim_sem", "type": "end", "position": {"x": 1230, "y": 380},
+         "config": {"outcome": "exhausted", "note": ""}},
+    ],
+    "edges": [
+        {"id": "a", "source": "inicio", "target": "quando", "condition": {"type": "always"}},
+        {"id": "b", "source": "quando", "target": "oferta", "condition": {"type": "complete"}},
+        {"id": "c", "source": "quando", "target": "avisa", "condition": {"type": "gave_up"}},
+        {"id": "d", "source": "quando", "target": "fim_sem", "condition": {"type": "no_reply"}},
+        {"id": "e", "source": "oferta", "target": "remarca", "condition": {"type": "ok", "value": None}},
+        {"id": "f", "source": "oferta", "target": "pessoa", "condition": {"type": "unavailable"}},
+        {"id": "g", "source": "oferta", "target": "avisa", "condition": {"type": "failed"}},
+        {"id": "h", "source": "oferta", "target": "fim_sem", "condition": {"type": "no_reply"}},
+        {"id": "i", "source": "remarca", "target": "confirma", "condition": {"type": "ok"}, "priority": 1},
+        {"id": "j", "source": "remarca", "target": "pessoa", "condition": {"type": "unavailable"}},
+        {"id": "k", "source": "remarca", "target": "avisa", "condition": {"type": "failed"}},
+        {"source": "confirma", "target": "fim_ok", "condition": {"type": "ok"}},
+        {"id": "m", "source": "confirma", "target": "avisa", "condition": {"type": "failed"}},
+        {"id": "n", "source": "avisa", "target": "fim_sem", "condition": {"type": "ok"}},
+        {"id": "o", "source": "pessoa", "target": "fim_sem", "condition": {"type": "ok"}},
+    ],
+}
+#: What each exit reads on the canvas (pt-BR).
+EXIT_WORDS = {"always": "Sempre", "complete": "Completo", "gave_up": "Desistiu", "no_reply": "Sem resposta",
+              "ok": "Feito", "failed": "Falhou", "unavailable": "Sem horário"}
+
+
+def _outputs(page, node_id: str) -> list[str]:
+    return _node(page, node_id).locator("[data-output]").evaluate_all("outs => outs.map(o => o.dataset.output)")
+
+
+def test_ask_and_do_steps_open_with_every_exit_and_save_back_unchanged(rt, clock, server, page, artifacts) -> None:
+    steps = Steps(page, artifacts)
+    world = World(rt, slug="bem-viver")
+    world.channel("whatsapp")
+    with rt.db.begin() as conn:
+        create_user(conn, org_id=world.org_id, email=EMAIL, role="owner", password=PASSWORD)
+        create_field(conn, world.org_id, {"slug": "data", "label": "Data", "type": "date",
+                                          "question": "Qual dia fica melhor para você?"})
+        create_field(conn, world.org_id, {"slug": "periodo", "label": "Período", "type": "period",
+                                          "question": "De manhã ou à tarde?"})
+    flow_id = Flows(world).flow(ASK_AND_DO, name=FLOW, publish=True, agent=False)  # the engine takes it whole
+    assert _draft(rt, flow_id) == ASK_AND_DO
+
+    _sign_in(page, server, EMAIL, PASSWORD)
+    page.goto(f"{server}/admin/followup/builder/{flow_id}/")
+    expect(page.locator(".lf-status")).to_have_text("Publicado · v1")
+
+    # Every edge is drawn from its exit, labelled with the exit's meaning.
+    expect(page.locator(".react-flow__edge")).to_have_count(len(ASK_AND_DO["edges"]))
+    for edge in ASK_AND_DO["edges"]:
+        drawn = page.locator(f'[data-testid="rf__edge-{edge.get("id", "ligacao_1")}"]')
+        expect(drawn.locator(".react-flow__edge-path")).to_have_count(1)
+        expect(drawn.locator(".react-flow__edge-text")).to_have_text(EXIT_WORDS[edge["condition"]["type"]])
+
+    # Each step shows its type, a summary and one labelled output per exit its action has.
+    expect(_node(page, "quando").locator(".lf-node-type")).to_have_text("Perguntar")
+    expect(_node(page, "quando").locator(".lf-node-summary")).to_have_text("data, periodo")
+    assert _outputs(page, "quando") == ["complete", "gave_up", "no_reply"]
+    expect(_node(page, "quando").locator(".lf-outputs")).to_have_text(re.compile("Completo.*Desistiu.*Sem resposta"))
+    summaries = {"oferta": "Oferecer horários", "remarca": "Remarcar", "confirma": "Confirmar",
+                 "avisa": "Avisar a equipe", "pessoa": "Passar para uma pessoa"}
+    exits = {"oferta": ["ok", "failed", "unavailable", "no_reply"], "remarca": ["ok", "failed", "unavailable"],
+             "confirma": ["ok", "failed"], "avisa": ["ok"], "pessoa": ["ok"]}
+    for node_id, text in summaries.items():
+        expect(_node(page, node_id).locator(".lf-node-type")).to_have_text("Agir")
+        expect(_node(page, node_id).locator(".lf-node-summary")).to_have_text(text)
+        assert _outputs(page, node_id) == exits[node_id], node_id
+    expect(_node(page, "oferta").locator(".lf-outputs")).to_have_text(
+        re.compile("Feito.*Falhou.*Sem horário.*Sem resposta"))
+    # Not in the palette yet (the console issue adds their forms).
+    expect(page.locator(".lf-palette [data-palette]")).to_have_count(6)
+    expect(page.locator('[data-palette="ask"], [data-palette="do"]')).to_have_count(0)
+    page.get_by_role("button", name="Ajustar à tela").click()
+    page.wait_for_timeout(400)  # the fit's animation
+    steps.shot("aberto")
+
+    # Their config shows read-only in the side panel, exactly as stored.
+    configs = {n["id"]: n["config"] for n in ASK_AND_DO["nodes"]}
+    for node_id in ("quando", "oferta"):
+        _select(page, node_id)
+        panel = page.locator('[data-panel="node"]')
+        expect(panel.locator('[data-field="config"]')).to_contain_text("Configuração (somente leitura)")
+        expect(panel.locator('[data-field="config"]')).to_contain_text("pela API")
+        assert json.loads(panel.locator(".lf-config-json").inner_text()) == configs[node_id]
+        expect(panel.locator("select, input:not([id$='-label'])")).to_have_count(0)
+    steps.shot("painel-somente-leitura")
+    page.wait_for_timeout(2000)  # longer than the auto-save's delay: opening and selecting save nothing
+    expect(page.locator(".lf-builder")).to_have_attribute("data-dirty", "false")
+    assert _draft(rt, flow_id) == ASK_AND_DO
+
+    # A save that changes only the flow's name writes the graph back key for key.
+    page.locator(".react-flow__pane").click(position={"x": 10, "y": 10})
+    with page.expect_request(lambda r: r.url.endswith(f"/builder/{flow_id}/draft")) as sent:
+        page.locator('[data-panel="settings"] #lf-flow-name').fill("Remarcar pelo WhatsApp")
+    assert sent.value.post_data_json["draft_graph"] == ASK_AND_DO
+    saved = _saved(rt, flow_id, page)
+    assert saved.name == "Remarcar pelo WhatsApp"
+    assert json.dumps(saved.draft_graph, sort_keys=True) == json.dumps(ASK_AND_DO, sort_keys=True)
+
+    # Moving a step changes its position and nothing else.
+    label = _node(page, "avisa").locator(".lf-node-label")
+    x, y = _center(label.bounding_box())
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + 40, y + 30, steps=8)
+    page.mouse.up()
+    expect(page.locator(".lf-builder")).to_have_attribute("data-dirty", "true")
+    moved = _saved(rt, flow_id, page).draft_graph
+    assert moved["edges"] == ASK_AND_DO["edges"]
+    for before, after in zip(ASK_AND_DO["nodes"], moved["nodes"], strict=True):
+        if before["id"] == "avisa":
+            assert after["position"] != before["position"]
+            assert {k: v for k, v in after.items() if k != "position"} == \
+                {k: v for k, v in before.items() if k != "position"}
+        else:
+            assert after == before, before["id"]  # "pessoa" still has no position
+    steps.shot("movido")
+
+    # It still publishes, and a reload draws the same graph.
+    page.get_by_role("button", name="Publicar").click()
+    expect(page.locator(".lf-notice")).to_contain_text("Versão 2 publicada.")
+    page.reload()
+    expect(page.locator(".react-flow__edge")).to_have_count(len(ASK_AND_DO["edges"]))
+    expect(page.locator(".react-flow__edge-text").filter(has_text="Sem horário")).to_have_count(2)
+    assert _draft(rt, flow_id) == moved

@@ -1,6 +1,7 @@
 // The builder: a toolbar (save state, Salvar rascunho, Publicar, Desativar), the palette of the six
-// step types, the React Flow canvas and a side panel (the selected step's or the flow's settings,
-// the publish problems, the version history, "Testar").
+// step types that have forms, the React Flow canvas (ask and do steps too, their config shown
+// read-only in the panel) and a side panel (the selected step's or the flow's settings, the
+// publish problems, the version history, "Testar").
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import {
   Background, MiniMap, ReactFlow, applyEdgeChanges, applyNodeChanges, useReactFlow,
@@ -8,7 +9,7 @@ import {
 import { RequestFailed, postJSON } from './api.js';
 import { Duration, Field, SchemaForm } from './forms.jsx';
 import {
-  NODE_TYPES, decorateEdge, defaultConfig, edgeText, fromFlow, newEdgeId, newNodeId, outputsOf, toFlow,
+  PALETTE_TYPES, decorateEdge, defaultConfig, edgeText, fromFlow, newEdgeId, newNodeId, outputsOf, toFlow,
 } from './graph.js';
 import { BuilderContext, FlowNode } from './nodes.jsx';
 
@@ -189,7 +190,7 @@ export function App({ boot }) {
   const onDrop = useCallback((event) => {
     event.preventDefault();
     const type = event.dataTransfer.getData('application/x-lembra-node');
-    if (!canEdit || !NODE_TYPES.includes(type)) return;
+    if (!canEdit || !PALETTE_TYPES.includes(type)) return;
     const point = screenToFlowPosition({ x: event.clientX, y: event.clientY });
     addNode(type, { x: Math.round(point.x - 90), y: Math.round(point.y - 30) });
   }, [canEdit, screenToFlowPosition, addNode]);
@@ -393,7 +394,7 @@ export function App({ boot }) {
             <aside className="lf-palette" aria-label={ui.palette}>
               <h6>{ui.palette}</h6>
               <p className="lf-help">{ui.palette_help}</p>
-              {NODE_TYPES.map((type) => (
+              {PALETTE_TYPES.map((type) => (
                 <div key={type} className={`lf-palette-item lf-node-${type}`} draggable data-palette={type}
                      onDragStart={(event) => {
                        event.dataTransfer.setData('application/x-lembra-node', type);
@@ -476,8 +477,11 @@ export function App({ boot }) {
 }
 
 function NodePanel({ node, ctx, strings, canEdit, issues, onConfig, onLabel, onDelete }) {
-  const kind = strings.node_types[node.data.type];
+  const kind = strings.node_types[node.data.type] || { name: node.data.type, help: '' };
   const schema = { $ref: `#/$defs/config_${node.data.type}` };
+  // Only the palette's types have forms; another type's config is shown as it is stored and never
+  // rewritten here (its `do` shapes share an `action` enum the generic oneOf form cannot pick by).
+  const editable = PALETTE_TYPES.includes(node.data.type);
   return (
     <div className="lf-panel" data-panel="node" data-node-id={node.id}>
       <h6>{kind.name}</h6>
@@ -489,8 +493,16 @@ function NodePanel({ node, ctx, strings, canEdit, issues, onConfig, onLabel, onD
       )}
       <Field name="label" schema={{ type: 'string', maxLength: 120 }} value={node.data.label} ctx={ctx}
              onChange={(value) => onLabel(value || '')} />
-      <SchemaForm schema={schema} value={node.data.config} onChange={onConfig}
-                  ctx={{ ...ctx, idPrefix: `lf-${node.id}` }} />
+      {editable ? (
+        <SchemaForm schema={schema} value={node.data.config} onChange={onConfig}
+                    ctx={{ ...ctx, idPrefix: `lf-${node.id}` }} />
+      ) : (
+        <div className="lf-field" data-field="config" data-read-only="true">
+          <label>{strings.ui.config_read_only}</label>
+          <p className="lf-help">{strings.ui.config_api_only}</p>
+          <pre className="lf-config-json">{JSON.stringify(node.data.config, null, 2)}</pre>
+        </div>
+      )}
       <small className="text-muted d-block mt-2">{fill(strings.ui.node_id, { id: node.id })}</small>
       {canEdit && (
         <button type="button" className="btn btn-sm btn-outline-danger mt-2" onClick={onDelete}>{strings.ui.delete_node}</button>

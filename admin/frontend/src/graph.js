@@ -4,7 +4,23 @@
 // own keys only (id, type, label, position, config; id, source, target, condition, priority) and
 // never carries React Flow's bookkeeping (selected, measured, dragging, width …).
 
-export const NODE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'action', 'end'];
+/** Every node type the engine knows (engine/flows/schema.py NODE_TYPES): each one is drawn with its outputs. */
+export const NODE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'ask', 'action', 'do', 'end'];
+/** The types the palette offers and the side panel edits with a form. `ask` and `do` are drawn,
+ * connected and saved back as they are, but their config is changed through the API until the
+ * console issue gives them forms (the panel shows it read-only). */
+export const PALETTE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'action', 'end'];
+
+/** A `do` node's exits by its action (engine/flows/validate.py DO_EXITS). */
+export const DO_EXITS = {
+  confirm: ['ok', 'failed'], cancel: ['ok', 'failed'], move: ['ok', 'failed', 'unavailable'],
+  book: ['ok', 'failed', 'unavailable'], offer_slots: ['ok', 'failed', 'unavailable', 'no_reply'],
+  notify_staff: ['ok'], handoff: ['ok'],
+};
+/** Every exit a `do` node may have (validate.py ALLOWED_EDGES["do"]): shown while its action is unknown. */
+const DO_ANY = ['ok', 'failed', 'unavailable', 'no_reply'];
+/** Edge conditions without a value whose handle is the condition type itself. */
+const PLAIN_EXITS = new Set(['no_reply', 'replied', 'complete', 'gave_up', 'ok', 'failed', 'unavailable']);
 
 /** A new node's config: a valid shape where one is obvious, left for the person where not. */
 export function defaultConfig(type) {
@@ -14,13 +30,15 @@ export function defaultConfig(type) {
     case 'ai_classify': return { classes: [], grace_minutes: 60 };
     case 'action': return { mode: 'template' };
     case 'end': return { outcome: 'converted' };
+    case 'ask': return { fields: [] };
+    case 'do': return { action: 'handoff' };
     default: return {};
   }
 }
 
 const ID_PREFIX = {
-  trigger: 'gatilho', wait: 'espera', condition: 'condicao', ai_classify: 'classificar', action: 'mensagem',
-  end: 'fim',
+  trigger: 'gatilho', wait: 'espera', condition: 'condicao', ai_classify: 'classificar', ask: 'pergunta',
+  action: 'mensagem', do: 'acao', end: 'fim',
 };
 
 /** A node id the graph does not use yet ("espera_2"), within the schema's [A-Za-z0-9_-]{1,64}. */
@@ -64,9 +82,19 @@ export function outputsOf(type, config) {
         { handle: 'always', condition: { type: 'always' }, labelKey: 'fallback' },
       ];
     }
+    case 'ask':
+      return ['complete', 'gave_up', 'no_reply'].map(plainOutput);
+    case 'do': {
+      const action = config && typeof config.action === 'string' ? config.action : null;
+      return (Object.prototype.hasOwnProperty.call(DO_EXITS, action) ? DO_EXITS[action] : DO_ANY).map(plainOutput);
+    }
     default:
       return [];
   }
+}
+
+function plainOutput(type) {
+  return { handle: type, condition: { type }, labelKey: type };
 }
 
 /** The source handle an edge condition leaves from. */
@@ -75,9 +103,7 @@ export function handleOf(condition) {
   switch (condition.type) {
     case 'cond_result': return condition.value === false ? 'false' : 'true';
     case 'class_match': return `class:${condition.value}`;
-    case 'no_reply': return 'no_reply';
-    case 'replied': return 'replied';
-    default: return 'always';
+    default: return PLAIN_EXITS.has(condition.type) ? condition.type : 'always';
   }
 }
 
@@ -88,9 +114,9 @@ export function edgeText(condition, sourceType, strings) {
   switch (condition.type) {
     case 'cond_result': return condition.value === false ? words.cond_false : words.cond_true;
     case 'class_match': return String(condition.value);
-    case 'no_reply': return words.no_reply;
-    case 'replied': return words.replied;
-    default: return sourceType === 'ai_classify' ? words.fallback : words.always;
+    default:
+      if (PLAIN_EXITS.has(condition.type)) return words[condition.type] || condition.type;
+      return sourceType === 'ai_classify' ? words.fallback : words.always;
   }
 }
 
@@ -100,12 +126,22 @@ function copy(value) {
 
 /** The engine's graph as React Flow state. Keeps what it needs to write the same graph back. */
 export function toFlow(graph, strings) {
-  const nodes = (graph.nodes || []).map((node, index) => ({
-    id: node.id,
-    type: 'lembra',
-    position: node.position ? { x: node.position.x, y: node.position.y } : { x: 40 + 240 * index, y: 80 },
-    data: { type: node.type, config: copy(node.config) || {}, ...(node.label !== undefined ? { label: node.label } : {}) },
-  }));
+  const nodes = (graph.nodes || []).map((node, index) => {
+    const placed = node.position ? { x: node.position.x, y: node.position.y } : { x: 40 + 240 * index, y: 80 };
+    return {
+      id: node.id,
+      type: 'lembra',
+      position: placed,
+      data: {
+        type: node.type,
+        config: copy(node.config) || {},
+        ...(node.label !== undefined ? { label: node.label } : {}),
+        // A node stored without a position (one written through the API) is laid out here and
+        // saved back without one while it stays where it was put: opening a flow adds no key.
+        ...(node.position ? {} : { laidOut: { ...placed } }),
+      },
+    };
+  });
   const typeOf = new Map(nodes.map((n) => [n.id, n.data.type]));
   const taken = new Set((graph.edges || []).map((e) => e.id).filter(Boolean));
   const edges = (graph.edges || []).map((edge) => {
@@ -143,7 +179,10 @@ export function fromFlow(nodes, edges) {
     nodes: nodes.map((n) => {
       const out = { id: n.id, type: n.data.type };
       if (n.data.label !== undefined) out.label = n.data.label;
-      out.position = { x: n.position.x, y: n.position.y };
+      const laidOut = n.data.laidOut;
+      if (!(laidOut && laidOut.x === n.position.x && laidOut.y === n.position.y)) {
+        out.position = { x: n.position.x, y: n.position.y };
+      }
       out.config = copy(n.data.config) || {};
       return out;
     }),

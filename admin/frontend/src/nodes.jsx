@@ -1,6 +1,6 @@
 // The one node component of the canvas: the step's type and name, a short summary of its config,
 // a badge with its publish problems, and one source handle per output, each labelled with its
-// meaning (Sim / Não, a class, Sem resposta, Sempre …).
+// meaning (Sim / Não, a class, Sem resposta, Sempre, Completo, Feito …).
 import { createContext, memo, useContext } from 'react';
 import { Handle, Position } from '@xyflow/react';
 import { outputsOf, splitMinutes } from './graph.js';
@@ -34,6 +34,10 @@ function summary(type, config, strings) {
       return duration(config.grace_minutes, ui);
     case 'action':
       return config.mode === 'ai_message' ? choices.mode.ai_message : (config.template || '');
+    case 'ask':
+      return Array.isArray(config.fields) ? config.fields.join(', ') : '';
+    case 'do':
+      return (choices.action && choices.action[config.action]) || (config.action ? String(config.action) : '');
     case 'end':
       return choices.outcome[config.outcome] || '';
     default:

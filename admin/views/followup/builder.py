@@ -85,12 +85,18 @@ def ui_strings() -> dict[str, Any]:
             "ai_classify": {"name": _("Classificar resposta (IA)"),
                             "help": _("Espera a resposta do paciente e a classifica; cada classe tem uma saída, "
                                       "além de Sem resposta e Outra resposta.")},
+            "ask": {"name": _("Perguntar"), "help": _("Pergunta ao paciente o que o fluxo precisa saber (os campos "
+                                                      "da conversa) e segue por Completo, Desistiu ou Sem resposta.")},
             "action": {"name": _("Enviar mensagem"), "help": _("Envia um modelo aprovado ou uma mensagem escrita "
                                                                "pela IA, com um modelo reserva.")},
+            "do": {"name": _("Agir"), "help": _("Confirma, cancela, remarca ou marca a consulta, oferece horários "
+                                                "livres, avisa a equipe ou passa a conversa para uma pessoa.")},
             "end": {"name": _("Fim"), "help": _("Encerra o acompanhamento com um resultado.")},
         },
         "edges": {"always": _("Sempre"), "cond_true": _("Sim"), "cond_false": _("Não"),
-                  "no_reply": _("Sem resposta"), "replied": _("Respondeu"), "fallback": _("Outra resposta")},
+                  "no_reply": _("Sem resposta"), "replied": _("Respondeu"), "fallback": _("Outra resposta"),
+                  "complete": _("Completo"), "gave_up": _("Desistiu"), "ok": _("Feito"), "failed": _("Falhou"),
+                  "unavailable": _("Sem horário")},
         "fields": {
             "mode": _("Modo"), "minutes": _("Duração"), "min_minutes": _("Espera mínima"),
             "max_minutes": _("Espera máxima"), "guidance": _("Orientação para a IA"),
@@ -112,6 +118,9 @@ def ui_strings() -> dict[str, Any]:
         "choices": {
             "mode": {"fixed": _("Tempo fixo"), "smart": _("Planejado pela IA (entre mínimo e máximo)"),
                      "template": _("Modelo aprovado"), "ai_message": _("Mensagem escrita pela IA")},
+            "action": {"confirm": _("Confirmar"), "cancel": _("Cancelar"), "move": _("Remarcar"),
+                       "book": _("Marcar consulta"), "offer_slots": _("Oferecer horários"),
+                       "notify_staff": _("Avisar a equipe"), "handoff": _("Passar para uma pessoa")},
             "combinator": {"all": _("Todas precisam valer"), "any": _("Basta uma valer")},
             "outcome": {"converted": _("Convertido"), "exhausted": _("Esgotado (sem sucesso)"),
                         "custom": _("Outro")},
@@ -190,7 +199,10 @@ def ui_strings() -> dict[str, Any]:
             "error": _("Algo deu errado. Recarregue a página e tente de novo."),
             "leave": _("Há alterações não salvas. Sair mesmo assim?"),
             "zoom_fit": _("Ajustar à tela"), "close": _("Fechar"), "cancel": _("Cancelar"),
-            "node_id": _("Identificador: %(id)s"), "version_short": _("v%(versao)s"),
+            "node_id": _("Identificador: %(id)s"),
+            "config_read_only": _("Configuração (somente leitura)"),
+            "config_api_only": _("O construtor ainda não edita esta etapa: a configuração muda pela API "
+                                 "(/api/v1/flows) e é salva de volta como está."), "version_short": _("v%(versao)s"),
         },
         "status": {key: str(label) for key, label in FLOW_STATUS_LABELS.items()},
         # React Flow's own accessibility texts (its `ariaLabelConfig`), which it would say in English.
