@@ -20,7 +20,7 @@ from engine.core import clock
 from engine.flows import lifecycle
 from engine.flows.conversation import floor
 from engine.people.contacts import opted_out_everywhere
-from engine.flows.nodes import entry
+from engine.flows.entry import entry
 from engine.flows.versions import graph_of
 from engine.store.models import enrollments, flow_pointers, inbound_messages, messages, orgs
 from engine.queue.outbox import cancel_open

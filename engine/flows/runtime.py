@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.flows import lifecycle, nodes, replies
+from engine.flows.entry import Entry, entry
 from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation import floor
 from engine.flows.ai.base import AI
@@ -388,12 +389,12 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
     elif ended is None:
         assert target is not None
         plan = decision.values.get("timing_plan", row.timing_plan)
-        start = nodes.entry(snap.graph, target, now, plan)
+        start = entry(snap.graph, target, now, plan)
         values.update(current_node_id=target, node_entered_at=now, steps=enrollments.c.steps + 1,
                       status=start.status, next_eval_at=start.next_eval_at)
         if decision.keep_reply and snap.reply is not None:
             # The next node reads the reply the run holds: a node that waits for one reads it now.
-            start = nodes.Entry(start.status, now if start.status == "waiting_reply" else start.next_eval_at,
+            start = Entry(start.status, now if start.status == "waiting_reply" else start.next_eval_at,
                                 start.outcome, start.reason)
             values.update(next_eval_at=start.next_eval_at)
         else:

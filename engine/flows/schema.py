@@ -55,7 +55,7 @@ NODE_TYPES = ("trigger", "wait", "condition", "ai_classify", "ask", "action", "d
 EDGE_CONDITIONS = ("always", "class_match", "cond_result", "no_reply", "replied", "complete", "gave_up", "ok",
                    "failed", "unavailable")
 #: What a `do` node does (engine/flows/actions/node.py).
-DO_ACTIONS = ("confirm", "cancel", "move", "book", "offer_slots", "notify_staff", "handoff")
+DO_ACTIONS = ("confirm", "cancel", "move", "book", "offer_slots", "notify_staff", "handoff", "set_stage", "start_flow")
 #: An `offer_slots` list: how many free times it may offer, how many times it may be sent.
 MAX_OFFERED = 10
 MAX_OFFERS = 5
@@ -307,6 +307,21 @@ class DoHandoffConfig(_Strict):
     action = _const("handoff")
 
 
+class DoSetStageConfig(_Strict):
+    """The contact moves to `stage` of the clinic's funnel (a `stage_changed` event: the flows
+    waiting for that stage start)."""
+
+    action = _const("set_stage")
+    stage = PlainText(required=True, validate=validate.Length(1, 200))
+
+
+class DoStartFlowConfig(_Strict):
+    """Start another of the org's flows for the contact (its trigger's repeat policy holds)."""
+
+    action = _const("start_flow")
+    flow_id = WholeNumber(required=True, validate=validate.Range(min=1))
+
+
 class EndConfig(_Strict):
     outcome = fields.String(required=True, validate=validate.OneOf(OUTCOMES))
     note = _text(200, load_default="")
@@ -322,7 +337,7 @@ NODE_CONFIGS: Mapping[str, Mapping[str | None, type[Schema]]] = {
     "action": {"template": TemplateActionConfig, "ai_message": AiMessageActionConfig},
     "do": {"confirm": DoAppointmentConfig, "cancel": DoAppointmentConfig, "move": DoTakeSlotConfig,
            "book": DoTakeSlotConfig, "offer_slots": DoOfferSlotsConfig, "notify_staff": DoNotifyStaffConfig,
-           "handoff": DoHandoffConfig},
+           "handoff": DoHandoffConfig, "set_stage": DoSetStageConfig, "start_flow": DoStartFlowConfig},
     "end": {None: EndConfig},
 }
 #: The field that picks a node's config shape, where the type has several.

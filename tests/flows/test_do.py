@@ -304,3 +304,46 @@ def test_an_offer_reads_only_its_orgs_fields_and_agenda(world, rt):
         versions.publish(conn, other.org_id, pointer)
     assert {(i.node_id, i.code) for i in refused.value.issues} == {("quando", "unknown_field"),
                                                                    ("oferta", "unknown_field")}
+
+
+def test_set_stage_and_start_flow(world, flows, rt):
+    from engine.store.models import contact_events, enrollments
+
+    second = flows.flow({"nodes": [node("inicio", "trigger"), node("fim", "end", outcome="custom")],
+                         "edges": [edge("inicio", "fim")]}, trigger={"kind": "manual", "repeat": "once"})
+    graph = {"nodes": [node("inicio", "trigger"), node("etapa", "do", action="set_stage", stage="remarcando"),
+                       node("outro", "do", action="start_flow", flow_id=second),
+                       node("feito", "end", outcome="converted"), node("falhou", "end", outcome="exhausted")],
+             "edges": [edge("inicio", "etapa"), edge("etapa", "outro", "ok"), edge("outro", "feito", "ok"),
+                       edge("outro", "falhou", "failed")]}
+    pointer = flows.flow(graph)
+    contact, appt = booked(world)
+    first = enroll(flows, pointer, contact, appt)
+    flows.run()
+    assert flows.enrollment(first).current_node_id == "feito"
+    with rt.db.connect() as conn:
+        stages = conn.execute(select(contact_events.c.payload).where(
+            contact_events.c.org_id == world.org_id, contact_events.c.type == "stage_changed")).scalars().all()
+        started = conn.execute(select(enrollments.c.trigger_kind, enrollments.c.appointment_id).where(
+            enrollments.c.org_id == world.org_id, enrollments.c.pointer_id == second)).all()
+    assert [p["stage"] for p in stages] == ["remarcando"]
+    assert [tuple(r) for r in started] == [("flow", appt)]
+    with rt.db.begin() as conn:  # the same contact again: `once` refuses, the failed exit is taken
+        rerun = triggers.enroll(conn, flows.org_id, pointer, contact, trigger_kind="manual", trigger_key="again",
+                                appointment_id=appt, automatic=False).enrollment_id
+    flows.run()
+    assert flows.enrollment(rerun).current_node_id == "falhou"
+    assert [s["reason"] for s in flows.steps(rerun) if s["node"] == "outro"] == ["do_flow_not_started"]
+
+
+def test_start_flow_never_starts_another_orgs_flow(world, flows, rt):
+    other = World(rt, slug="outra")
+    foreign = Flows(other).flow({"nodes": [node("inicio", "trigger"), node("fim", "end", outcome="custom")],
+                                 "edges": [edge("inicio", "fim")]})
+    graph = {"nodes": [node("inicio", "trigger"), node("outro", "do", action="start_flow", flow_id=foreign),
+                       node("feito", "end", outcome="converted"), node("falhou", "end", outcome="exhausted")],
+             "edges": [edge("inicio", "outro"), edge("outro", "feito", "ok"), edge("outro", "falhou", "failed")]}
+    contact, appt = booked(world)
+    run = enroll(flows, flows.flow(graph), contact, appt)
+    flows.run()
+    assert flows.enrollment(run).current_node_id == "falhou"

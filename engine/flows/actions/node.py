@@ -8,6 +8,8 @@
   list; the patient's next reply picks one (offer.py), which becomes `data.slot`.
 - `notify_staff`: a Pendências item with the node's note; `handoff`: the conversation goes to a
   person (the flow's hand-off policy), as when the patient asks for one.
+- `set_stage`: the contact moves to a stage of the clinic's funnel (flows waiting for it start);
+  `start_flow`: another of the org's flows starts for the contact (its repeat policy holds).
 
 Each effect is idempotent on `enrollment:<id>:node:<node>:visit:<step>`: it runs in the step's
 transaction, after the runtime holds the run for its claim (a second actor finds a stale wake).
@@ -25,8 +27,10 @@ from engine.flows.actions import appointment as effects
 from engine.flows.actions.offer import OfferState, offer_text, pick, query_for, slot_of
 from engine.flows.ai.base import AI
 from engine.flows.ai.builtin import BuiltinAI
+from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation import floor
 from engine.flows.step import Ask, Decision, Send, Snapshot
+from engine.flows.triggers import enroll
 from engine.flows.turns import DEFAULT_KINDS, opted_out_in_words, turn_fragments, usable_kind
 from engine.people.agenda import AgendaError, AvailabilityUnavailable, Slot, SlotQuery, free_slots
 from engine.queue.conversation_window import conversation_open
@@ -131,6 +135,27 @@ def _notify(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any])
 
 def _handoff(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) -> Decision:
     return _leave(snap)("ok", "do_handed_off", handoff=True)
+
+
+def _set_stage(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) -> Decision:
+    def act(write: Connection) -> Decision:
+        record_contact_event(write, org_id=snap.org.id, contact_id=snap.contact.id, type="stage_changed",
+                             stage=config["stage"])
+        return _leave(snap)("ok", "do_stage_set", params={"stage": config["stage"]})
+    return Decision("ok", "do", act=act)
+
+
+def _start_flow(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) -> Decision:
+    def act(write: Connection) -> Decision:
+        started = enroll(write, snap.org.id, config["flow_id"], snap.contact.id, trigger_kind="flow",
+                         trigger_key=_key(snap), payload={"from_run": snap.enrollment.id},
+                         appointment_id=snap.appointment.id if snap.appointment is not None else None)
+        if started.created:
+            return _leave(snap)("ok", "do_flow_started", params={"flow_id": config["flow_id"],
+                                                                 "run_id": started.enrollment_id})
+        return _leave(snap)("failed", "do_flow_not_started", params={"flow_id": config["flow_id"],
+                                                                     "why": started.reason})
+    return Decision("ok", "do", act=act)
 
 
 # --- offer_slots --------------------------------------------------------------------------------
@@ -266,6 +291,8 @@ _ACTIONS: dict[str, Callable[[Connection, Snapshot, AI, Mapping[str, Any]], Deci
     "offer_slots": _offer,
     "notify_staff": _notify,
     "handoff": _handoff,
+    "set_stage": _set_stage,
+    "start_flow": _start_flow,
 }
 
 __all__ = ["decide"]
