@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping
 
 from sqlalchemy import insert, select, update
@@ -133,6 +134,29 @@ class Flows:
                                  body=json.dumps(payload).encode())
         received = receive(self.rt, "sandbox", channel_id, request)
         return [process_inbound(self.rt, inbound_id) for inbound_id in received.inbound_ids]
+
+
+#: Past the org's default reply debounce (8 s): the fragments sent before it are read as one turn.
+DEBOUNCE = timedelta(seconds=9)
+
+
+def turn(flows: Flows, clock: Any, *texts: str, sender: str = "+5516999887766") -> None:
+    """The patient sends `texts`, two seconds apart, as one turn; the engine reads it once the
+    debounce has passed and answers."""
+    for text in texts:
+        flows.reply(text, sender=sender)
+        clock.advance(timedelta(seconds=2))
+    clock.advance(DEBOUNCE)
+    flows.run()
+
+
+def conversation_fields(rt: Any, org_id: int, *fields: Mapping[str, Any]) -> None:
+    """Declare the org's conversation fields (engine/flows/conversation/fields.py)."""
+    from engine.flows.conversation.fields import create_field
+
+    with rt.db.begin() as conn:
+        for spec in fields:
+            create_field(conn, org_id, dict(spec))
 
 
 def linear(*nodes_: dict[str, Any]) -> dict[str, Any]:

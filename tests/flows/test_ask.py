@@ -14,9 +14,8 @@ from engine.flows.conversation.fields import create_field
 from engine.flows.versions import FlowRejected
 from engine.store.models import inbox_items, messages, preferences
 from tests.factories import World
-from tests.flows.helpers import Flows, edge, linear, node
+from tests.flows.helpers import Flows, edge, linear, node, turn
 
-DEBOUNCE = timedelta(seconds=9)  # the org's default debounce is 8 s
 
 
 @pytest.fixture
@@ -54,13 +53,6 @@ def sent(flows: Flows, enrollment_id: int) -> list[str]:
 def reasons(flows: Flows, enrollment_id: int) -> list[str]:
     return [step["reason"] for step in flows.steps(enrollment_id) if step["node"] == "pergunta"]
 
-
-def turn(flows: Flows, clock, *texts: str) -> None:
-    for text in texts:
-        flows.reply(text)
-        clock.advance(timedelta(seconds=2))
-    clock.advance(DEBOUNCE)
-    flows.run()
 
 
 def test_fields_come_in_any_order_a_correction_wins_and_the_run_completes(world, flows, clock):

@@ -12,17 +12,15 @@ import pytest
 from sqlalchemy import select
 
 from engine.flows import runtime, triggers, versions
-from engine.flows.conversation.fields import create_field
 from engine.flows.versions import FlowRejected
 from engine.people.agenda import create_professional
 from engine.people.appointments import create_appointment, set_status
 from engine.store.models import appointments, inbox_items, messages, webhook_deliveries
 from engine.tenants.webhooks.endpoints import create_endpoint
 from tests.factories import World
-from tests.flows.helpers import Flows, edge, node
+from tests.flows.helpers import DEBOUNCE, Flows, conversation_fields, edge, node, turn
 
 SP = ZoneInfo("America/Sao_Paulo")
-DEBOUNCE = timedelta(seconds=9)
 QUESTION = "Qual dia fica melhor para você?"
 # T0 is Tuesday 2026-12-01 09:00 in São Paulo; Thursday the 3rd, 14:00 is the appointment.
 BOOKED_AT = datetime(2026, 12, 3, 14, 0, tzinfo=SP)
@@ -33,10 +31,9 @@ def world(rt, clock):
     world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
     world.channel("whatsapp")
     world.rule(offset_minutes=1440)
+    conversation_fields(rt, world.org_id, {"slug": "data", "label": "Data", "type": "date", "question": QUESTION},
+                        {"slug": "periodo", "label": "Período", "type": "period", "question": "De manhã ou à tarde?"})
     with rt.db.begin() as conn:
-        create_field(conn, world.org_id, {"slug": "data", "label": "Data", "type": "date", "question": QUESTION})
-        create_field(conn, world.org_id, {"slug": "periodo", "label": "Período", "type": "period",
-                                          "question": "De manhã ou à tarde?"})
         world.professional_id = create_professional(
             conn, world.org_id, name="Dra. Beatriz Costa", slot_minutes=30,
             hours=[{"weekday": d, "starts": s, "ends": e} for d in range(5)
@@ -85,13 +82,6 @@ def reasons(flows: Flows, run: int) -> list[tuple[str, str]]:
     return [(step["node"], step["reason"]) for step in flows.steps(run) if step["node"] in ("oferta", "remarca",
                                                                                            "marca", "acao")]
 
-
-def turn(flows: Flows, clock, *texts: str) -> None:
-    for text in texts:
-        flows.reply(text)
-        clock.advance(timedelta(seconds=2))
-    clock.advance(DEBOUNCE)
-    flows.run()
 
 
 def appointment(rt, org_id: int, appointment_id: int):

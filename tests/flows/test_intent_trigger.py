@@ -11,14 +11,12 @@ import pytest
 from sqlalchemy import select
 
 from engine.flows.contact_events import record_contact_event
-from engine.flows.conversation.fields import create_field
 from engine.people.agenda import create_professional
 from engine.store.models import appointments, enrollments, inbound_messages
 from tests.factories import World
-from tests.flows.helpers import Flows, edge, node
+from tests.flows.helpers import Flows, conversation_fields, edge, node, turn
 
 SP = ZoneInfo("America/Sao_Paulo")
-DEBOUNCE = timedelta(seconds=9)
 BOOKED_AT = datetime(2026, 12, 3, 14, 0, tzinfo=SP)  # T0 is Tuesday 2026-12-01 09:00 in São Paulo
 
 
@@ -26,11 +24,10 @@ BOOKED_AT = datetime(2026, 12, 3, 14, 0, tzinfo=SP)  # T0 is Tuesday 2026-12-01 
 def world(rt, clock):
     world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
     world.channel("whatsapp")
+    conversation_fields(rt, world.org_id,
+                        {"slug": "data", "label": "Data", "type": "date", "question": "Qual dia fica melhor para você?"},
+                        {"slug": "periodo", "label": "Período", "type": "period", "question": "De manhã ou à tarde?"})
     with rt.db.begin() as conn:
-        create_field(conn, world.org_id, {"slug": "data", "label": "Data", "type": "date",
-                                          "question": "Qual dia fica melhor para você?"})
-        create_field(conn, world.org_id, {"slug": "periodo", "label": "Período", "type": "period",
-                                          "question": "De manhã ou à tarde?"})
         world.professional_id = create_professional(
             conn, world.org_id, name="Dra. Beatriz Costa", slot_minutes=30,
             hours=[{"weekday": d, "starts": "08:00", "ends": "12:00"} for d in range(5)]).id
@@ -62,17 +59,11 @@ def runs(flows: Flows) -> list:
                                  .order_by(enrollments.c.id)))
 
 
-def write(flows: Flows, clock, text: str) -> None:
-    flows.reply(text)
-    clock.advance(DEBOUNCE)
-    flows.run()
-
-
 def test_a_wish_to_reschedule_starts_the_flow_which_reads_the_message_itself(world, flows, clock, rt):
     remarcar(flows)
     contact = world.contact()
     appt = world.appointment(contact, BOOKED_AT, professional_id=world.professional_id)
-    write(flows, clock, "posso remarcar para sexta de manhã?")
+    turn(flows, clock, "posso remarcar para sexta de manhã?")
     [run] = runs(flows)
     assert (run.trigger_kind, run.appointment_id, run.current_node_id) == ("intent", appt, "oferta")
     assert run.data["periodo"] == "morning" and run.data["data"] == "2026-12-04"
@@ -82,7 +73,7 @@ def test_a_wish_to_reschedule_starts_the_flow_which_reads_the_message_itself(wor
         held = conn.execute(select(inbound_messages.c.flow_enrollment_id).where(
             inbound_messages.c.org_id == world.org_id)).scalars().all()
     assert held == [run.id], "Conversas shows the message as the flow's, not as waiting for a person"
-    write(flows, clock, "1")
+    turn(flows, clock, "1")
     with rt.db.connect() as conn:
         moved = conn.execute(select(appointments.c.starts_at).where(appointments.c.id == appt)).scalar_one()
     assert moved.astimezone(SP) == datetime(2026, 12, 4, 8, 0, tzinfo=SP)
@@ -94,31 +85,29 @@ def test_other_intents_a_person_holding_the_conversation_and_the_repeat_policy_s
     remarcar(flows, repeat="once")
     contact = world.contact()
     world.appointment(contact, BOOKED_AT, professional_id=world.professional_id)
-    write(flows, clock, "qual o endereço da clínica?")
+    turn(flows, clock, "qual o endereço da clínica?")
     assert runs(flows) == []
     with rt.db.begin() as conn:
         record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_started")
-    write(flows, clock, "dá pra remarcar?")
+    turn(flows, clock, "dá pra remarcar?")
     assert runs(flows) == [], "a person holds the conversation"
     with rt.db.begin() as conn:
         record_contact_event(conn, org_id=world.org_id, contact_id=contact, type="handoff_ended")
-    write(flows, clock, "dá pra remarcar?")
+    turn(flows, clock, "dá pra remarcar?")
     assert len(runs(flows)) == 1
     clock.advance(timedelta(days=1))  # the run gave up by now or not: `once` starts it once
     flows.run()
-    write(flows, clock, "quero remarcar")
+    turn(flows, clock, "quero remarcar")
     assert len(runs(flows)) == 1
 
 
 def test_another_orgs_intent_flow_never_starts_for_this_org(world, flows, clock, rt):
     other = World(rt, slug="outra")
     other.channel("whatsapp")
-    with rt.db.begin() as conn:
-        create_field(conn, other.org_id, {"slug": "data", "label": "Data", "type": "date", "question": "Dia?"})
-        create_field(conn, other.org_id, {"slug": "periodo", "label": "Período", "type": "period",
-                                          "question": "Período?"})
+    conversation_fields(rt, other.org_id, {"slug": "data", "label": "Data", "type": "date", "question": "Dia?"},
+                        {"slug": "periodo", "label": "Período", "type": "period", "question": "Período?"})
     remarcar(Flows(other))
     contact = world.contact()
     world.appointment(contact, BOOKED_AT, professional_id=world.professional_id)
-    write(flows, clock, "posso remarcar para sexta?")
+    turn(flows, clock, "posso remarcar para sexta?")
     assert runs(flows) == [] and runs(Flows(other)) == []
