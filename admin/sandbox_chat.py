@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from admin.webhooks import deliver
 from engine.core.errors import DomainError
 from engine.messaging.inbound import Received, process_inbound
-from engine.store.models import channels, inbound_messages, sandbox_messages
+from engine.store.models import channels, enrollments, flow_pointers, inbound_messages, sandbox_messages
 from engine.store.runtime import Runtime
 from engine.tenants.channels import sandbox_webhook_secret
 from engine.words.catalogue import describe
@@ -54,9 +54,13 @@ class PatientReply:
     inbound_id: int
     outcome: str | None
     contact_id: int | None
+    #: The follow-up run that took the reply to read it (a conversation, a classifier), and its flow's name.
+    run_id: int | None = None
+    flow_name: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"inbound_id": self.inbound_id, "outcome": self.outcome, "contact_id": self.contact_id}
+        return {"inbound_id": self.inbound_id, "outcome": self.outcome, "contact_id": self.contact_id,
+                "run_id": self.run_id}
 
 
 def reply_as_patient(rt: Runtime, *, org_id: int, channel_id: int, from_address: str, text: str | None = None,
@@ -168,7 +172,14 @@ def reply_from_phone(rt: Runtime, org_id: int, phone: str, text: str | None, *, 
         raise SandboxReplyError("sandbox_reply_refused", motivo=exc.reason) from None
     inbound_id = received.inbound_ids[0]  # a fresh provider id: always one new message
     with rt.db.connect() as conn:
-        row = conn.execute(select(inbound_messages.c.outcome, inbound_messages.c.contact_id)
+        row = conn.execute(select(inbound_messages.c.outcome, inbound_messages.c.contact_id,
+                                  inbound_messages.c.flow_enrollment_id, flow_pointers.c.name)
+                           .select_from(inbound_messages.outerjoin(enrollments, (
+                               enrollments.c.org_id == inbound_messages.c.org_id)
+                               & (enrollments.c.id == inbound_messages.c.flow_enrollment_id))
+                                        .outerjoin(flow_pointers, (flow_pointers.c.org_id == enrollments.c.org_id)
+                                                   & (flow_pointers.c.id == enrollments.c.pointer_id)))
                            .where(inbound_messages.c.org_id == org_id, inbound_messages.c.id == inbound_id)).one()
     return PatientReply(inbound_id=int(inbound_id), outcome=row.outcome,
-                        contact_id=int(row.contact_id) if row.contact_id is not None else None)
+                        contact_id=int(row.contact_id) if row.contact_id is not None else None,
+                        run_id=row.flow_enrollment_id, flow_name=row.name)

@@ -101,7 +101,7 @@ def test_json_and_english(rt, clinic):
     with rt.db.connect() as conn:
         inbound_id = conn.execute(select(inbound_messages.c.id)).scalar_one()
     assert json.loads(result.output) == {"inbound_id": inbound_id, "outcome": "confirmed",
-                                         "contact_id": clinic.contact_id}
+                                         "contact_id": clinic.contact_id, "run_id": None}
     again = _run(rt, "--org", "clinica-demo", "--phone", PHONE, "--lang", "en", "OK")
     assert again.exit_code == 0, again.output
     assert again.output.strip() == "The patient replied, but the appointment was already confirmed; nothing changed."
@@ -165,3 +165,15 @@ def test_an_org_without_a_sandbox_channel(rt, clock):
     result = _run(rt, "--org", "sem-sandbox", "--phone", PHONE, "OK")
     assert result.exit_code == 2 and "não tem um canal de WhatsApp do sandbox" in result.output
     assert _written(rt) == (0, 0)
+
+
+def test_a_reply_a_flow_takes_says_the_flow_reads_it(rt, clock):
+    """The demo's "Remarcar" flow takes a patient's wish to reschedule: the command says so rather
+    than leaving it for a person."""
+    from engine.fleet.demo import seed
+
+    with rt.db.begin() as conn:
+        seed(conn, rt.keyring)
+    result = _run(rt, "--org", "demo", "--phone", "+5511998761002", "posso remarcar para sexta de manhã?")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("O fluxo Remarcar está lendo esta resposta")

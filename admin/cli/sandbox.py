@@ -29,13 +29,14 @@ def sandbox() -> None:
               help="A quick-reply payload of the last message sent to PHONE, e.g. confirm:42.")
 @click.option("--lang", type=click.Choice(LANGS), default="pt_BR", show_default=True,
               help="The language of the printed sentences.")
-@click.option("--json", "as_json", is_flag=True, help="Print {inbound_id, outcome, contact_id} as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print {inbound_id, outcome, contact_id, run_id} as JSON (run_id: the follow-up run that took the reply).")
 @click.argument("text", required=False, default="")
 def reply(org_slug: str, phone: str, channel_id: int | None, button: str | None, lang: str, as_json: bool,
           text: str) -> None:
     from admin.i18n import translate_to
     from admin.sandbox_chat import SandboxReplyError, reply_from_phone
     from engine.store.models import orgs
+    from engine.words.catalogue import describe
     from engine.words.reasons import reply_outcome
     from sqlalchemy import select
 
@@ -50,5 +51,8 @@ def reply(org_slug: str, phone: str, channel_id: int | None, button: str | None,
         fail(translate_to(exc.text, lang))
     if as_json:
         click.echo(json.dumps(made.as_json(), ensure_ascii=False))
+        return
+    if made.run_id is not None:  # a flow took the reply: it answers, not a person
+        click.echo(translate_to(describe("flow_reply_reading", flow=made.flow_name or f"#{made.run_id}"), lang))
         return
     click.echo(translate_to(reply_outcome(made.outcome), lang))
