@@ -203,9 +203,14 @@ def on_handoff_ended(conn: Connection, org_id: int, contact_id: int) -> int:
         ).where(enrollments.c.org_id == org_id, enrollments.c.id == row.id)).one()
         deadline = _own_deadline(conn, org_id, paused)
         at, reason = resume_at(deadline, now, pointer.resume_grace_minutes)
+        status = paused.paused_status or "active"
+        if floor.holds_floor(row) and status == "waiting_reply" and (deadline is None or deadline <= now):
+            # A question whose time to answer ran out while a person held the conversation is asked
+            # again after the grace, instead of leaving by no_reply for a patient who was talking.
+            status, reason = "active", "resumed_ask_again"
         moved = conn.execute(update(enrollments).where(
             enrollments.c.org_id == org_id, enrollments.c.id == row.id, enrollments.c.revision == row.revision,
-        ).values(status=paused.paused_status or "active", paused_status=None, paused_next_eval_at=None,
+        ).values(status=status, paused_status=None, paused_next_eval_at=None,
                  next_eval_at=at, lease_until=None, revision=enrollments.c.revision + 1, updated_at=now)).rowcount
         if moved:
             lifecycle.record_event(conn, org_id, row.id, "resumed", f"resumed:{row.revision + 1}",

@@ -135,6 +135,8 @@ CATALOGUE: dict[str, Text] = {
     "resumed_after_grace": N_("O atendimento humano terminou. O fluxo retoma depois do tempo de retomada do fluxo "
                               "(%(minutes)s min), porque o prazo que esta etapa tinha vence antes disso ou já "
                               "venceu."),
+    "resumed_ask_again": N_("O atendimento humano terminou e o prazo para responder à pergunta desta etapa já tinha "
+                            "vencido: o fluxo pergunta de novo depois do tempo de retomada (%(minutes)s min)."),
     # Why a run ended or a contact was not enrolled.
     "opted_out": N_("O paciente pediu para não receber mais mensagens."),
     "replied": N_("O paciente respondeu e o fluxo termina quando há resposta."),

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from engine.flows import versions
+from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation.fields import create_field
 from engine.flows.versions import FlowRejected
 from engine.store.models import inbox_items, messages, preferences
@@ -134,6 +135,26 @@ def test_asking_for_a_person_hands_the_conversation_to_staff(world, flows, clock
     with rt.db.connect() as conn:
         kinds = conn.execute(select(inbox_items.c.kind).where(inbox_items.c.org_id == world.org_id)).scalars().all()
     assert "handoff_requested" in kinds
+
+
+def test_a_question_whose_time_ran_out_during_a_hand_off_is_asked_again_after_it(world, flows, clock, rt):
+    run = flows.enroll(flows.flow(ask_graph(["data", "periodo"], grace=30), resume_grace_minutes=10),
+                       world.contact())
+    flows.run()
+    turn(flows, clock, "quero falar com uma atendente")
+    assert flows.enrollment(run).status == "paused_handoff"
+    clock.advance(timedelta(hours=2))  # the person talks with the patient past the question's 30 min
+    with rt.db.begin() as conn:
+        record_contact_event(conn, org_id=world.org_id, contact_id=flows.enrollment(run).contact_id,
+                             type="handoff_ended")
+    flows.run()
+    assert flows.enrollment(run).status == "active" and len(sent(flows, run)) == 1, "the grace first"
+    clock.advance(timedelta(minutes=11))
+    flows.run()
+    resumed = flows.enrollment(run)
+    assert (resumed.status, resumed.current_node_id) == ("waiting_reply", "pergunta")
+    assert sent(flows, run) == ["Qual dia fica melhor para você?"] * 2
+    assert "resumed" in flows.events(run)
 
 
 def test_an_opt_out_in_words_ends_the_run_and_opts_the_contact_out_as_sair_would(world, flows, clock, rt):
