@@ -3,6 +3,7 @@
     .venv/bin/python bench/conversations.py --rate 20 --duration 60
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --debounce 8     # the org's default
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --dispatch-interval 2
+    .venv/bin/python bench/conversations.py --rate 20 --duration 60 --consumer-idle-ms 50
 
 What it measures (see docs/benchmarks.md, "Conversations: turn latency", for the figures): the
 time from the moment Lembra's webhook endpoint (admin/webhooks.py, under `lembra web`) answers
@@ -302,6 +303,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="send threads per worker process (engine default)")
     p.add_argument("--conversation-threads", type=int, default=None,
                    help="reply/step threads per worker process (engine default)")
+    p.add_argument("--consumer-idle-ms", type=int, default=None,
+                   help="dramatiq_worker_timeout of the workers: the longest an idle queue consumer sleeps between "
+                        "polls of Redis (Dramatiq's default 1000; it backs off 5, 10, 20 … ms up to it)")
     p.add_argument("--web-workers", type=int, default=2, help="gunicorn workers of `lembra web`")
     p.add_argument("--dispatch-interval", default="0.2",
                    help="LEMBRA_DISPATCH_INTERVAL of the scheduler (the engine's default is 2)")
@@ -383,6 +387,8 @@ def _with_processes(args: argparse.Namespace, conninfo: str, database_url: str, 
                                   provider="http-fake", send_batch=None, claim_batch=None, send_concurrency=None)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMBRA_", "DATABASE_URL", "BROKER_URL"))}
     env.update(engine_env(env_args, database_url, secret_keys))
+    if args.consumer_idle_ms is not None:
+        env["dramatiq_worker_timeout"] = str(args.consumer_idle_ms)  # read by dramatiq.worker at import
     children = Children(logdir, env)
     worker_args = ["worker", "--processes", str(args.workers)]
     if args.threads:
@@ -570,7 +576,8 @@ def _print_summary(report: dict[str, Any]) -> None:
              f"Redis {m['redis']}",
              f"setup      {report['setup']['contacts']:,} contacts at {report['setup']['flow']}; org reply debounce "
              f"{a['debounce']} s" + (" (the engine's default is 8 s)" if a["debounce"] != 8 else " (the default)")
-             + f"; scheduler dispatch interval {a['dispatch_interval']} s; lembra worker --processes {a['workers']}, "
+             + f"; scheduler dispatch interval {a['dispatch_interval']} s; consumer idle poll up to "
+             f"{a.get('consumer_idle_ms') or 1000} ms; lembra worker --processes {a['workers']}, "
              f"lembra web --workers {a['web_workers']}; built-in reader",
              f"turns      {turns['turns']:,} at {a['rate']:g}/s for {a['duration']:g} s (posted in "
              f"{turns['posted_s']} s, generator lag max {turns['generator_max_lag_ms']} ms); webhook answers "
