@@ -524,20 +524,25 @@ def hops(conn: psycopg.Connection, org_id: int) -> dict[str, Any]:
     """Where a turn's time goes, from the engine's own timestamps (wall clock of the processes
     that wrote them): webhook stored → processed by a worker (`process_inbound`, broker hop) →
     the ask's step (scheduler pass claims it, `advance_enrollments`) → the question sent (scheduler
-    pass claims it, `send_messages`, the provider call)."""
+    pass claims it, `send_messages`, the provider call), the last split at the message's claim
+    (queued → claimed by a scheduler pass → sent by a worker)."""
     rows = conn.execute(
         "SELECT extract(epoch FROM i.processed_at - i.received_at), extract(epoch FROM s.created_at - i.processed_at), "
-        "extract(epoch FROM m.sent_at - s.created_at), extract(epoch FROM m.sent_at - i.received_at) "
+        "extract(epoch FROM m.sent_at - s.created_at), extract(epoch FROM m.sent_at - i.received_at), "
+        "extract(epoch FROM c.created_at - m.created_at), extract(epoch FROM m.sent_at - c.created_at) "
         "FROM inbound_messages i "
         "JOIN LATERAL (SELECT created_at FROM enrollment_events e WHERE e.org_id = i.org_id "
         "  AND e.enrollment_id = i.flow_enrollment_id AND e.event_type = 'step' AND e.node_id = %s "
         "  AND e.created_at >= i.received_at ORDER BY e.id LIMIT 1) s ON true "
-        "JOIN LATERAL (SELECT sent_at FROM messages m WHERE m.org_id = i.org_id "
+        "JOIN LATERAL (SELECT id, created_at, sent_at FROM messages m WHERE m.org_id = i.org_id "
         "  AND m.enrollment_id = i.flow_enrollment_id AND m.created_at >= i.received_at "
         "  ORDER BY m.id LIMIT 1) m ON true "
+        "JOIN LATERAL (SELECT created_at FROM message_events v WHERE v.org_id = i.org_id AND v.message_id = m.id "
+        "  AND v.event = 'claimed' ORDER BY v.id LIMIT 1) c ON true "
         "WHERE i.org_id = %s AND i.provider_message_id LIKE 'wamid.bench-turn-%%' AND m.sent_at IS NOT NULL",
         (ASK_NODE, org_id)).fetchall()
-    names = ("stored_to_processed", "processed_to_step", "step_to_sent", "stored_to_sent")
+    names = ("stored_to_processed", "processed_to_step", "step_to_sent", "stored_to_sent", "queued_to_claimed",
+             "claimed_to_sent")
     return {name: percentiles([float(r[k]) for r in rows]) for k, name in enumerate(names)}
 
 
@@ -593,6 +598,9 @@ def _print_summary(report: dict[str, Any]) -> None:
     lines.append("hops       (engine timestamps) stored → processed " + _fmt(h["stored_to_processed"]))
     lines.append("           processed → ask step " + _fmt(h["processed_to_step"]))
     lines.append("           ask step → sent " + _fmt(h["step_to_sent"]))
+    if "queued_to_claimed" in h:
+        lines.append("           of which question queued → claimed " + _fmt(h["queued_to_claimed"]))
+        lines.append("           and claimed → sent " + _fmt(h["claimed_to_sent"]))
     c = turns["checks"]
     lines.append(f"checks     replied exactly once {c['replied_once']:,}/{turns['turns']:,}, lost {c['lost']}, "
                  f"twice {c['duplicated']}, wrong question {c['wrong_text']}, other sends {c['unexpected_sends']}; "
