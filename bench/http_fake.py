@@ -12,6 +12,9 @@ workers', and it answers what Lembra's Meta provider (providers/meta/provider.py
 - `GET /stats` → how many times each `biz_opaque_callback_data` arrived (the benchmark checks
   0 duplicates / 0 lost against the database), the request count, and one sample body (so the
   bare-wire client posts exactly what Lembra posted);
+- `GET /arrivals` → every send as `[monotonic, to, reference, text]` in arrival order: when it
+  arrived on this machine's monotonic clock (`time.monotonic()`, CLOCK_MONOTONIC, the same in
+  every process), for bench/conversations.py's turn latency;
 - `GET /count` → `{"sends": n}`, the sends so far, cheap enough to poll every second (the
   benchmark's progress; counting `sent` rows in the database every second cost PostgreSQL
   0.5 s a poll over a million-row table);
@@ -34,6 +37,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,8 @@ class FakeState:
         self.refused = 0
         self.sample_body: Any = None
         self.sample_path: str | None = None
+        #: (monotonic arrival, to, reference, text body or None) per send, in arrival order.
+        self.arrivals: list[tuple[float, str, str | None, str | None]] = []
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -153,6 +159,9 @@ class Handler(asyncio.Protocol):
             else:
                 state.without_reference += 1
             state.sends += 1
+            text = data.get("text")
+            state.arrivals.append((time.monotonic(), str(to), reference if isinstance(reference, str) else None,
+                                   text.get("body") if isinstance(text, dict) else None))
             if state.sample_body is None and not str(reference).startswith("wire-"):
                 state.sample_body, state.sample_path = data, path
             answer = (b'{"messaging_product":"whatsapp","contacts":[{"input":"%s","wa_id":"%s"}],'
@@ -161,6 +170,8 @@ class Handler(asyncio.Protocol):
             return _response(200, "OK", answer, close)
         if method == "GET" and path == "/count":
             return _response(200, "OK", b'{"sends":%d}' % state.sends, close)
+        if method == "GET" and path == "/arrivals":
+            return _response(200, "OK", json.dumps(state.arrivals).encode(), close)
         if method == "GET" and path == "/stats":
             return _response(200, "OK", json.dumps(state.stats()).encode(), close)
         if method == "POST" and path == "/reset":
