@@ -55,7 +55,8 @@ NODE_TYPES = ("trigger", "wait", "condition", "ai_classify", "ask", "action", "d
 EDGE_CONDITIONS = ("always", "class_match", "cond_result", "no_reply", "replied", "complete", "gave_up", "ok",
                    "failed", "unavailable")
 #: What a `do` node does (engine/flows/actions/node.py).
-DO_ACTIONS = ("confirm", "cancel", "move", "book", "offer_slots", "notify_staff", "handoff", "set_stage", "start_flow")
+DO_ACTIONS = ("confirm", "cancel", "move", "book", "offer_slots", "notify_staff", "handoff", "set_stage", "start_flow",
+              "notify_clinic")
 #: An `offer_slots` list: how many free times it may offer, how many times it may be sent.
 MAX_OFFERED = 10
 MAX_OFFERS = 5
@@ -322,6 +323,14 @@ class DoStartFlowConfig(_Strict):
     flow_id = WholeNumber(required=True, validate=validate.Range(min=1))
 
 
+class DoNotifyClinicConfig(_Strict):
+    """Tell the clinic's own system (the `run.notified` webhook event) `signal`, with what the run
+    collected that carries no personal data."""
+
+    action = _const("notify_clinic")
+    signal = PlainText(required=True, validate=FullMatch(CLASS_SLUG), metadata={"detail": ("detail_slug", {"max": 40})})
+
+
 class EndConfig(_Strict):
     outcome = fields.String(required=True, validate=validate.OneOf(OUTCOMES))
     note = _text(200, load_default="")
@@ -337,7 +346,8 @@ NODE_CONFIGS: Mapping[str, Mapping[str | None, type[Schema]]] = {
     "action": {"template": TemplateActionConfig, "ai_message": AiMessageActionConfig},
     "do": {"confirm": DoAppointmentConfig, "cancel": DoAppointmentConfig, "move": DoTakeSlotConfig,
            "book": DoTakeSlotConfig, "offer_slots": DoOfferSlotsConfig, "notify_staff": DoNotifyStaffConfig,
-           "handoff": DoHandoffConfig, "set_stage": DoSetStageConfig, "start_flow": DoStartFlowConfig},
+           "handoff": DoHandoffConfig, "set_stage": DoSetStageConfig, "start_flow": DoStartFlowConfig,
+           "notify_clinic": DoNotifyClinicConfig},
     "end": {None: EndConfig},
 }
 #: The field that picks a node's config shape, where the type has several.

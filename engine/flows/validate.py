@@ -51,6 +51,7 @@ DO_EXITS: Mapping[str, tuple[str, ...]] = {
     "confirm": ("ok", "failed"), "cancel": ("ok", "failed"), "move": ("ok", "failed", "unavailable"),
     "book": ("ok", "failed", "unavailable"), "offer_slots": ("ok", "failed", "unavailable", "no_reply"),
     "notify_staff": ("ok",), "handoff": ("ok",), "set_stage": ("ok",), "start_flow": ("ok", "failed"),
+    "notify_clinic": ("ok",),
 }
 _ALWAYS = edge_key("always")
 _CONDITION_RESULTS = ((edge_key("cond_result", True), "true"), (edge_key("cond_result", False), "false"))

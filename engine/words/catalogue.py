@@ -90,6 +90,7 @@ CATALOGUE: dict[str, Text] = {
     "ai_unavailable": N_("O serviço de IA não respondeu (%(code)s). O Lembra tenta de novo mais tarde; confira as configurações do agente se continuar."),
     "floor_busy": N_("Outro fluxo está fazendo uma pergunta a este paciente; este espera a vez para perguntar."),
     # A `do` node's actions (engine/flows/actions/).
+    "do_clinic_notified": N_("O fluxo avisou o sistema da clínica (%(signal)s)."),
     "do_stage_set": N_("O paciente passou para a etapa %(stage)s do funil."),
     "do_flow_started": N_("O fluxo começou outro fluxo para o paciente."),
     "do_flow_not_started": N_("O outro fluxo não começou para este paciente (ele já está nele, o fluxo não está publicado ou ativado por um assistente, ou a regra de repetição não deixa); o fluxo seguiu pela saída falhou."),

@@ -430,7 +430,9 @@ def test_ask_and_do_steps_get_their_words_in_both_languages(owner, rt, flows):
             "failed": "Falhou", "unavailable": "Sem horário"}
     assert strings["choices"]["action"] == {
         "confirm": "Confirmar", "cancel": "Cancelar", "move": "Remarcar", "book": "Marcar consulta",
-        "offer_slots": "Oferecer horários", "notify_staff": "Avisar a equipe", "handoff": "Passar para uma pessoa"}
+        "offer_slots": "Oferecer horários", "notify_staff": "Avisar a equipe", "handoff": "Passar para uma pessoa",
+        "set_stage": "Mudar a etapa do contato", "start_flow": "Começar outro fluxo",
+        "notify_clinic": "Avisar o sistema da clínica"}
     # Every action the engine knows has its words (a new one would show as its bare code).
     do_actions = {v for branch in boot["schema"]["$defs"]["config_do"]["oneOf"]
                   for v in branch["properties"]["action"]["enum"]}

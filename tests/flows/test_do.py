@@ -337,3 +337,25 @@ def test_start_flow_never_starts_another_orgs_flow(world, flows, rt):
     run = enroll(flows, flows.flow(graph), contact, appt)
     flows.run()
     assert flows.enrollment(run).current_node_id == "falhou"
+
+
+def test_notify_clinic_sends_the_signal_and_only_what_carries_no_personal_data(world, flows, clock, rt):
+    subscribe(world, rt, "run.notified")
+    conversation_fields(rt, world.org_id, {"slug": "obs", "label": "Observação", "type": "text",
+                                           "question": "Quer deixar um recado?"})
+    graph = {"nodes": [node("inicio", "trigger"), node("quando", "ask", fields=["data", "periodo", "obs"]),
+                       node("avisa", "do", action="notify_clinic", signal="quer_remarcar"),
+                       node("feito", "end", outcome="converted"), node("fim", "end", outcome="custom")],
+             "edges": [edge("inicio", "quando"), edge("quando", "avisa", "complete"), edge("quando", "fim", "gave_up"),
+                       edge("quando", "fim", "no_reply"), edge("avisa", "feito", "ok")]}
+    contact, appt = booked(world)
+    run = enroll(flows, flows.flow(graph), contact, appt)
+    flows.run()
+    turn(flows, clock, "quinta de manhã")
+    turn(flows, clock, "Ana Clara, meu telefone é 16 99988-7766")
+    assert flows.enrollment(run).current_node_id == "feito"
+    [(event, data)] = deliveries(rt, world.org_id)
+    assert event == "run.notified"
+    assert (data["data"]["signal"], data["data"]["node_id"], data["data"]["appointment_id"]) == (
+        "quer_remarcar", "avisa", appt)
+    assert data["data"]["collected"] == {"data": "2026-12-03", "periodo": "morning"}, "the text stays home"

@@ -15,7 +15,7 @@ export const PALETTE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'ac
 export const DO_EXITS = {
   confirm: ['ok', 'failed'], cancel: ['ok', 'failed'], move: ['ok', 'failed', 'unavailable'],
   book: ['ok', 'failed', 'unavailable'], offer_slots: ['ok', 'failed', 'unavailable', 'no_reply'],
-  notify_staff: ['ok'], handoff: ['ok'], set_stage: ['ok'], start_flow: ['ok', 'failed'],
+  notify_staff: ['ok'], handoff: ['ok'], set_stage: ['ok'], start_flow: ['ok', 'failed'], notify_clinic: ['ok'],
 };
 /** Every exit a `do` node may have (validate.py ALLOWED_EDGES["do"]): shown while its action is unknown. */
 const DO_ANY = ['ok', 'failed', 'unavailable', 'no_reply'];

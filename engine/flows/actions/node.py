@@ -9,7 +9,8 @@
 - `notify_staff`: a Pendências item with the node's note; `handoff`: the conversation goes to a
   person (the flow's hand-off policy), as when the patient asks for one.
 - `set_stage`: the contact moves to a stage of the clinic's funnel (flows waiting for it start);
-  `start_flow`: another of the org's flows starts for the contact (its repeat policy holds).
+  `start_flow`: another of the org's flows starts for the contact (its repeat policy holds);
+  `notify_clinic`: the clinic's system gets a `run.notified` webhook event with the node's signal.
 
 Each effect is idempotent on `enrollment:<id>:node:<node>:visit:<step>`: it runs in the step's
 transaction, after the runtime holds the run for its claim (a second actor finds a stale wake).
@@ -29,6 +30,7 @@ from engine.flows.ai.base import AI
 from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation import floor
+from engine.flows.conversation.fields import fields_by_slug
 from engine.flows.step import Ask, Decision, Send, Snapshot
 from engine.flows.triggers import enroll
 from engine.flows.turns import DEFAULT_KINDS, opted_out_in_words, turn_fragments, usable_kind
@@ -36,6 +38,7 @@ from engine.people.agenda import AgendaError, AvailabilityUnavailable, Slot, Slo
 from engine.queue.conversation_window import conversation_open
 from engine.queue.inbox import open_inbox_item
 from engine.tenants.orgs import reply_reading
+from engine.tenants.webhooks import events as webhooks
 from engine.words.understanding import Context, Understanding
 
 
@@ -155,6 +158,22 @@ def _start_flow(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, A
                                                                  "run_id": started.enrollment_id})
         return _leave(snap)("failed", "do_flow_not_started", params={"flow_id": config["flow_id"],
                                                                      "why": started.reason})
+    return Decision("ok", "do", act=act)
+
+
+#: The field types whose values may travel to the clinic's system: no free text, phone or e-mail.
+_SHAREABLE = ("date", "time", "period", "choice", "number", "boolean")
+
+
+def _notify_clinic(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) -> Decision:
+    data = snap.enrollment.data or {}
+    types = {slug: spec.type for slug, spec in fields_by_slug(conn, snap.org.id, sorted(data)).items()}
+    collected = {slug: value for slug, value in data.items() if types.get(slug) in _SHAREABLE}
+
+    def act(write: Connection) -> Decision:
+        sent = webhooks.run_notified(write, snap.org.id, snap.enrollment.id, node_id=snap.node_id,
+                                     signal=config["signal"], collected=collected)
+        return _leave(snap)("ok", "do_clinic_notified", params={"signal": config["signal"], "deliveries": len(sent)})
     return Decision("ok", "do", act=act)
 
 
@@ -293,6 +312,7 @@ _ACTIONS: dict[str, Callable[[Connection, Snapshot, AI, Mapping[str, Any]], Deci
     "handoff": _handoff,
     "set_stage": _set_stage,
     "start_flow": _start_flow,
+    "notify_clinic": _notify_clinic,
 }
 
 __all__ = ["decide"]

@@ -29,9 +29,10 @@ APPOINTMENT_CONFIRMED = "appointment.confirmed"
 APPOINTMENT_CANCELLED = "appointment.cancelled"
 CONTACT_OPTED_OUT = "contact.opted_out"
 RUN_ENDED = "run.ended"
+RUN_NOTIFIED = "run.notified"
 #: The event types an endpoint may subscribe to, in the order the documentation lists them.
 EVENT_TYPES = (APPOINTMENT_BOOKED, APPOINTMENT_MOVED, APPOINTMENT_CONFIRMED, APPOINTMENT_CANCELLED,
-               CONTACT_OPTED_OUT, RUN_ENDED)
+               CONTACT_OPTED_OUT, RUN_ENDED, RUN_NOTIFIED)
 #: The test event `POST /webhook-endpoints/{id}/test` sends; no endpoint subscribes to it.
 PING = "ping"
 #: A reason or source code as the payload may carry it (a code, never free text).
@@ -158,6 +159,30 @@ def contact_opted_out(conn: Connection, org_id: int, contact_id: int, *, channel
                 "source": _code(source)}
 
     return emit(conn, org_id, CONTACT_OPTED_OUT, data)
+
+
+def run_notified(conn: Connection, org_id: int, enrollment_id: int, *, node_id: str, signal: str,
+                 collected: Mapping[str, Any]) -> list[int]:
+    """`run.notified`: a flow's step told the clinic's system something (`signal`, a code the flow
+    names), with what the run collected that carries no personal data (dates, times, periods,
+    choices, numbers, yes/no: the caller leaves out texts, phones and e-mails)."""
+
+    def data() -> dict[str, Any]:
+        row = conn.execute(
+            select(enrollments.c.id, enrollments.c.pointer_id, enrollments.c.contact_id,
+                   enrollments.c.appointment_id, contacts.c.external_id.label("contact_external_id"),
+                   appointments.c.external_id.label("appointment_external_id"))
+            .select_from(enrollments.outerjoin(contacts, (contacts.c.id == enrollments.c.contact_id)
+                                               & (contacts.c.org_id == enrollments.c.org_id))
+                         .outerjoin(appointments, (appointments.c.id == enrollments.c.appointment_id)
+                                    & (appointments.c.org_id == enrollments.c.org_id)))
+            .where(enrollments.c.org_id == org_id, enrollments.c.id == enrollment_id)).one()
+        return {"run_id": int(row.id), "flow_id": int(row.pointer_id), "node_id": node_id, "signal": _code(signal),
+                "contact_id": row.contact_id, "contact_external_id": row.contact_external_id,
+                "appointment_id": row.appointment_id, "appointment_external_id": row.appointment_external_id,
+                "collected": dict(collected)}
+
+    return emit(conn, org_id, RUN_NOTIFIED, data)
 
 
 def run_ended(conn: Connection, org_id: int, enrollment_id: int, *, status: str, outcome: str | None,
