@@ -39,7 +39,7 @@ from engine.queue.conversation_window import conversation_open
 from engine.queue.inbox import open_inbox_item
 from engine.tenants.orgs import reply_reading
 from engine.tenants.webhooks import events as webhooks
-from engine.words.understanding import Context, Understanding
+from engine.words.understanding import Context
 
 
 def decide(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
@@ -199,7 +199,7 @@ def _offer(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) 
     if snap.reply is None:
         if floor.taken_by_other(conn, snap.org.id, snap.contact.id, snap.enrollment.id) is not None:
             return Decision("waiting", "floor_busy", wait_floor=True)
-        return search.offer(query_for(config, data, professional_id=professional_id), state, reading=None,
+        return search.offer(search.prepare(query_for(config, data, professional_id=professional_id)), state,
                             llm_calls=0, read=())
     fragments = turn_fragments(conn, snap)
     text = "\n".join(t for _, t in fragments if t)
@@ -208,9 +208,12 @@ def _offer(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) 
     context = Context(now=snap.now, timezone=zone, appointment_at=appointment.starts_at if appointment else None,
                       pending=("choice",), keywords=keywords or None)
     # Another search the patient asks for ("tem na quinta?") is looked up now, while connected, with
-    # what the built-in reader finds (the agenda is read in this transaction-free phase only for a webhook).
+    # what the built-in reader finds: the built-in agenda needs the connection (a clinic's webhook is
+    # called later, with none held).
     builtin = BuiltinAI().understand(text, context)
-    prepared = search.prepare(query_for(config, data, professional_id=professional_id, reading=builtin))
+    prepared = None
+    if pick(builtin, state.offered, timezone=zone).search_again:
+        prepared = search.prepare(query_for(config, data, professional_id=professional_id, reading=builtin))
     reader = BuiltinAI() if snap.human else ai
 
     def turn() -> Decision:
@@ -230,11 +233,17 @@ def _offer(conn: Connection, snap: Snapshot, ai: AI, config: Mapping[str, Any]) 
         if state.asks >= config["max_asks"]:
             return leave("failed", "do_no_pick", values={"ask_state": None}, consumed_reply=True, llm_calls=calls,
                          also_read=read)
-        if chosen.search_again:
-            return search.offer(prepared, state, reading=reading, llm_calls=calls, read=read)
+        if chosen.search_again and prepared is not None:
+            return search.offer(prepared, state, llm_calls=calls, read=read)
         return search.again(state, llm_calls=calls, read=read)
 
     return Ask(turn)
+
+
+#: What a search found: free slots, why it could not search (a query the agenda refuses, the
+#: clinic's webhook not answering), or, for a webhook, the call that will find them.
+Searched = list[Slot] | AgendaError | AvailabilityUnavailable
+Found = Searched | Callable[[], list[Slot]]
 
 
 class _Search:
@@ -244,7 +253,7 @@ class _Search:
                  leave: Callable[..., Decision]) -> None:
         self.conn, self.snap, self.config, self.kind, self.leave = conn, snap, config, kind, leave
 
-    def prepare(self, query: SlotQuery) -> Callable[[], list[Slot]] | list[Slot] | AgendaError | AvailabilityUnavailable:
+    def prepare(self, query: SlotQuery) -> Found:
         """The search, done now on the built-in agenda (it needs the connection), or a call to make
         later for the clinic's webhook (no transaction may wait for it)."""
         snap = self.snap
@@ -259,15 +268,14 @@ class _Search:
         except AgendaError as exc:
             return exc
 
-    def offer(self, query: SlotQuery | Any, state: OfferState, *, reading: Understanding | None, llm_calls: int,
-              read: tuple[int, ...]) -> Decision | Ask:
-        found = self.prepare(query) if isinstance(query, SlotQuery) else query
+    def offer(self, found: Found, state: OfferState, *, llm_calls: int, read: tuple[int, ...]) -> Decision | Ask:
+        """The list of what `prepare` found (for a webhook: the `Ask` that calls it first)."""
         if callable(found):
             lookup = found
             return Ask(lambda: self._offered(_safely(lookup), state, llm_calls=llm_calls, read=read))
         return self._offered(found, state, llm_calls=llm_calls, read=read)
 
-    def _offered(self, found: Any, state: OfferState, *, llm_calls: int, read: tuple[int, ...]) -> Decision:
+    def _offered(self, found: Searched, state: OfferState, *, llm_calls: int, read: tuple[int, ...]) -> Decision:
         replied = self.snap.reply is not None
         if isinstance(found, AvailabilityUnavailable):
             return self.leave("failed", "do_agenda_unreachable", values={"ask_state": None}, consumed_reply=replied,
@@ -289,7 +297,7 @@ class _Search:
         return self._offered(found, state, llm_calls=llm_calls, read=read)
 
 
-def _safely(lookup: Callable[[], list[Slot]]) -> Any:
+def _safely(lookup: Callable[[], list[Slot]]) -> Searched:
     try:
         return lookup()
     except (AvailabilityUnavailable, AgendaError) as exc:
