@@ -50,7 +50,7 @@ from engine.store.models import (
 from engine.tenants.webhooks.endpoints import create_endpoint
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.factories import World, sandbox_headers
-from tests.fakes.server import FakeServer, Recorded, Reply
+from tests.fakes.server import FakeServer, Reply
 from tests.flows.helpers import Flows, edge, node
 from tests.processes import Processes, flush_broker, lembra_env, wait_until
 
@@ -120,7 +120,6 @@ class Clinic:
         zone = next((z for z in ZONES if now.astimezone(ZoneInfo(z)).hour not in (22, 23, 0)), ZONES[1])
         self.rt = rt
         self.opened = now  # every reply's timestamp: a redelivery is the same bytes
-        self.zone = ZoneInfo(zone)
         self.world = World(rt, timezone=zone, quiet_start="00:00", quiet_end="23:59", skip_sundays=False,
                            skip_holidays=False)
         self.org_id = self.world.org_id
@@ -267,7 +266,8 @@ def _waiting(owner: Engine, statement: str) -> int:
     with owner.connect() as conn:
         return conn.execute(text(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND ltrim(query) ILIKE :statement"), {"statement": f"{statement}%"}).scalar_one()
+            "AND wait_event_type = 'Lock' AND ltrim(query) ILIKE :statement"),
+            {"statement": f"{statement}%"}).scalar_one()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,9 +446,9 @@ def test_a_worker_killed_in_the_middle_of_the_move_moves_the_appointment_once(rt
     assert {_instant(s["starts_at"]) for s in (first, third)} & {moved.starts_at} == set()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="engine bug: a reply that races the pick step is read as the reminder "
-                                       "keyword '2' (cancel) and cancels the appointment the flow just moved; "
-                                       "see the test's docstring")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="engine bug: a reply that races the pick step is read as the reminder keyword '2' "
+                          "(cancel) and cancels the appointment the flow just moved; see the test's docstring")
 def test_two_replies_racing_on_one_offer_move_the_appointment_once(rt, clinic, procs, database_url, owner, hooks):
     """The patient answers the list with "1" and, while the worker is writing that pick, with "2".
     The race is held open with row locks: the pick step has taken the run (its compare-and-set
