@@ -446,9 +446,6 @@ def test_a_worker_killed_in_the_middle_of_the_move_moves_the_appointment_once(rt
     assert {_instant(s["starts_at"]) for s in (first, third)} & {moved.starts_at} == set()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="engine bug: a reply that races the pick step is read as the reminder keyword '2' "
-                          "(cancel) and cancels the appointment the flow just moved; see the test's docstring")
 def test_two_replies_racing_on_one_offer_move_the_appointment_once(rt, clinic, procs, database_url, owner, hooks):
     """The patient answers the list with "1" and, while the worker is writing that pick, with "2".
     The race is held open with row locks: the pick step has taken the run (its compare-and-set
@@ -457,11 +454,10 @@ def test_two_replies_racing_on_one_offer_move_the_appointment_once(rt, clinic, p
     offered; "2" is read without a second move, without cancelling what the patient just chose,
     and without a second message.
 
-    Fails today: the second reply finds the run no longer waiting for a pick, so no run takes it
-    (engine/flows/replies.py `on_reply`: its UPDATE matches no row once the revision moved on,
-    and the loop `continue`s without counting it), and engine/messaging/inbound.py `_act` then
-    reads "2" as the org's default cancel keyword (engine/words/keywords.py DEFAULT_KEYWORDS):
-    the appointment the flow just moved is cancelled and a `cancel_ack` goes out."""
+    (This found two faults, both mended: `on_reply` lost a reply whose run's revision moved on
+    under it — it now locks the contact's runs and sees the step as committed — and the inbound
+    path then read "2" as the reminders' cancel keyword although the patient's last message was the
+    flow's list.)"""
     [(contact, appointment, run, phone)] = clinic.patients(1)
     _workers, _scheduler, port = _fleet(procs, database_url)
     [first, second, _third] = _offer_waiting(rt, clinic, [(contact, appointment, run, phone)], procs, hooks)

@@ -121,14 +121,17 @@ def end_live(
     return ids
 
 
-def live_ids(conn: Connection, org_id: int, contact_ids: Sequence[int]) -> list[Any]:
+def live_ids(conn: Connection, org_id: int, contact_ids: Sequence[int], *, lock: bool = False) -> list[Any]:
     """The live enrollments of these contacts (id, pointer, version, node, status, revision, the
-    reply held, the place in a conversation)."""
-    return conn.execute(
-        select(enrollments.c.id, enrollments.c.pointer_id, enrollments.c.version_id, enrollments.c.current_node_id,
-               enrollments.c.status, enrollments.c.revision, enrollments.c.pending_inbound_id,
-               enrollments.c.ask_state)
-        .where(enrollments.c.org_id == org_id, enrollments.c.contact_id.in_(list(contact_ids)),
-               enrollments.c.status.in_(LIVE))
-        .order_by(enrollments.c.id)
-    ).all()
+    reply held, the place in a conversation). With `lock`, their rows stay locked (PostgreSQL) until
+    the caller's transaction ends: a step under way on one of them is waited for and then seen as
+    it committed, rather than racing it."""
+    query = (select(enrollments.c.id, enrollments.c.pointer_id, enrollments.c.version_id,
+                    enrollments.c.current_node_id, enrollments.c.status, enrollments.c.revision,
+                    enrollments.c.pending_inbound_id, enrollments.c.ask_state)
+             .where(enrollments.c.org_id == org_id, enrollments.c.contact_id.in_(list(contact_ids)),
+                    enrollments.c.status.in_(LIVE))
+             .order_by(enrollments.c.id))
+    if lock and conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    return conn.execute(query).all()

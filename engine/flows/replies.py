@@ -53,7 +53,9 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
     now = clock.now()
     result = {"routed": 0, "ended": 0, "counted": 0, "conversing": 0}
     debounce: timedelta | None = None  # read once, when an `ask` is among the readers
-    live = lifecycle.live_ids(conn, org_id, contact_ids)
+    # Locked: a reply that races the step reading the one before it (a pick being booked) waits
+    # for that step and sees where the run went, instead of finding its revision gone and being lost.
+    live = lifecycle.live_ids(conn, org_id, contact_ids, lock=True)
     asking = floor.holder(live)
     for row in live:
         counters = {"replies": enrollments.c.replies + 1, "last_reply_at": now, "updated_at": now}

@@ -24,6 +24,7 @@ from engine.core import clock
 from engine.people.contacts import find_all_by_address, opt_out
 from engine.store.dialect import insert_ignore
 from engine.flows.replies import on_reply
+from engine.flows.runtime import FOLLOWUP_PURPOSE
 from engine.flows.triggers import on_free_text
 from engine.core.ids import valid_id
 from engine.queue.inbox import open_inbox_item
@@ -238,9 +239,12 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
         about = _target_appointment(conn, org_id, contact_ids, inbound, None)
         on_free_text(conn, org, int(about.contact_id) if about is not None else contact_id, inbound,
                      about.id if about is not None else None)
-    if intent is None or taken["conversing"]:
+    if intent is None or taken["conversing"] or (
+            intent in ("confirm", "cancel") and button_appointment is None and _answers_a_flow(conn, org_id, contact_ids)):
         # A run that is talking with the patient reads the reply as part of its conversation: "2"
         # picks the second time offered, it does not cancel the appointment as it would a reminder.
+        # So does a keyword whose last message was a flow's, not a reminder: a "2" that comes just
+        # after the run took the first pick, a "sim" to "quer que a gente reserve um horário?".
         return "free_text", None, contact_id
     if intent == "optout":
         already = _fully_opted_out(conn, org_id, contact_ids)
@@ -265,6 +269,16 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
                     appointment_id=appointment.id, detail="the patient cancelled by replying to a reminder")
     answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "cancel_ack", appointment.id)
     return "cancelled", intent, contact_id
+
+
+def _answers_a_flow(conn: Connection, org_id: int, contact_ids: list[int]) -> bool:
+    """Whether the latest message the contacts got came from a follow-up flow (the reminders' own
+    keywords answer reminders, not a flow's question)."""
+    purpose = conn.execute(
+        select(messages.c.purpose).where(messages.c.org_id == org_id, messages.c.contact_id.in_(contact_ids),
+                                         messages.c.sent_at.is_not(None))
+        .order_by(messages.c.sent_at.desc(), messages.c.id.desc()).limit(1)).scalar()
+    return purpose == FOLLOWUP_PURPOSE
 
 
 def _fully_opted_out(conn: Connection, org_id: int, contact_ids: list[int]) -> bool:

@@ -359,3 +359,20 @@ def test_notify_clinic_sends_the_signal_and_only_what_carries_no_personal_data(w
     assert (data["data"]["signal"], data["data"]["node_id"], data["data"]["appointment_id"]) == (
         "quer_remarcar", "avisa", appt)
     assert data["data"]["collected"] == {"data": "2026-12-03", "periodo": "morning"}, "the text stays home"
+
+
+def test_a_menu_number_after_the_flows_list_is_not_a_reminder_keyword(world, flows, clock, rt):
+    """The patient picks "1" and then, too late, "2": the second is not the reminders' cancel."""
+    contact, appt = booked(world)
+    run = enroll(flows, flows.flow(move_graph()), contact, appt)
+    flows.run()
+    turn(flows, clock, "quinta de manhã")
+    turn(flows, clock, "1")
+    assert flows.enrollment(run).current_node_id == "feito"
+    turn(flows, clock, "2")
+    moved = appointment(rt, world.org_id, appt)
+    assert (moved.status, moved.starts_at.astimezone(SP)) == ("scheduled", datetime(2026, 12, 3, 8, 0, tzinfo=SP))
+    with rt.db.connect() as conn:
+        acks = conn.execute(select(messages.c.purpose).where(
+            messages.c.org_id == world.org_id, messages.c.purpose.in_(("cancel_ack", "confirm_ack")))).all()
+    assert acks == []
