@@ -53,7 +53,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import select
+
 from engine.fleet.demo import seed
 from engine.flows.conversation.fields import list_fields
+from engine.people.appointments import set_status
+from engine.store.models import appointments, channels, contacts, messages
+from tests.flows.helpers import Flows
 
 
 def test_the_demo_declares_the_fields_its_conversations_ask_for_and_seeds_once(rt):
@@ -19,16 +28,6 @@ def test_the_demo_declares_the_fields_its_conversations_ask_for_and_seeds_once(r
 
 
 # --- the demo's rebooking conversations, played from the sandbox chat ----------------------------
-
-from datetime import datetime, timedelta  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-from zoneinfo import ZoneInfo  # noqa: E402
-
-from sqlalchemy import select  # noqa: E402
-
-from engine.people.appointments import set_status  # noqa: E402
-from engine.store.models import appointments, channels, contacts, messages  # noqa: E402
-from tests.flows.helpers import Flows  # noqa: E402
 
 SP = ZoneInfo("America/Sao_Paulo")
 
