@@ -16,7 +16,7 @@ from engine.people.agenda import Slot, slot_still_free
 from engine.reminders.populate import refresh_appointment
 from engine.tenants.webhooks import events as webhooks
 
-#: How a step ends: (exit, status, reason, params, values) → the Decision of that exit.
+#: How a step ends: `leave(exit, reason, params=…, values=…)` gives the Decision of that exit.
 Exit = Callable[..., Decision]
 
 
