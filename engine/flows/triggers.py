@@ -329,7 +329,8 @@ def on_free_text(conn: Connection, org: Any, contact_id: int, inbound: Any, appo
     conversation): start the org's flows
     bound to what it means (an `intent` trigger), read by the built-in reader (no model call on the
     inbound path). The run reads this message as its first reply: "posso remarcar para sexta de
-    manhã?" already says the day and the period its `ask` would ask for."""
+    manhã?" already says the day and the period its `ask` would ask for. One message starts one
+    conversation: when several flows are bound to the same intent, the oldest one takes it."""
     bound = _active_flows(conn, org.id, ("intent",))
     if not bound or facts.humans_holding(conn, [(org.id, contact_id)]):
         return []  # a person holding the conversation answers it, not a new run
@@ -357,4 +358,5 @@ def on_free_text(conn: Connection, org: Any, contact_id: int, inbound: Any, appo
             lifecycle.record_event(conn, org.id, result.enrollment_id, "reply", f"reply:{inbound.id}",
                                    payload={"inbound_id": inbound.id, "taken": True})
         started.append(result)
+        break  # two runs answering one message would talk over each other
     return started
