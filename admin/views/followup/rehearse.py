@@ -140,7 +140,7 @@ def _understood(conn: Connection, oid: int, turn: Any, words: Mapping[str, Any],
     out: list[str] = []
     if turn.label:
         out.append(str(turn.label))
-    elif turn.intent:
+    elif turn.intent and not (turn.intent == "other" and turn.fields):  # a pick or a value says enough
         intents = {**panel["intents"], **words.get("choices", {}).get("intent", {})}
         out.append(str(intents.get(turn.intent, turn.intent)))
     fields = dict(turn.fields or {})
