@@ -17,7 +17,8 @@ The clock is this call's own (`clock.local`): it starts at the real now and jump
 other requests and the workers of the process keep the real time.
 
 The patient answers only when the run waits for a reply (an `ask`, a classifier, an offer): a
-reply given at any other moment could fall differently on each replay. `None` as a reply means
+reply given at any other moment could fall differently on each replay. A flow started by what the
+patient writes (an `intent` trigger) takes the first reply as the message that started it. `None` as a reply means
 the patient stays silent: the node's grace runs out (its `no_reply` exit).
 
 On SQLite the transaction holds the database's write lock for the length of the call (the model's
@@ -263,7 +264,8 @@ class _Play:
         self.org_id, self.pointer_id, self.version = org_id, pointer_id, version
         make = ai or (lambda agent: ai_for(agent, rt.keyring, egress=rt.settings.egress))
         self.heard: list[dict[str, Any]] = []
-        self.make_ai: Callable[[Any], AI] = lambda agent: _Listening(make(agent), self.heard)  # type: ignore[return-value]
+        heard = self.heard
+        self.make_ai: Callable[[Any], AI] = lambda agent: _Listening(make(agent), heard)  # type: ignore[return-value]
         self.turns: list[Turn] = []
         self.shown: set[int] = set()
         self.last_event = 0
@@ -273,6 +275,16 @@ class _Play:
         graph = graph_of(self.conn, self.org_id, self._row(run_id).version_id)
         pending = list(replies)
         reading: tuple[Turn, dict[str, Any], int] | None = None
+        if self.opens_with_reply and pending and pending[0] is not None:
+            # An intent flow starts with the patient's message, which its run reads as the first
+            # reply (triggers.on_free_text): "posso remarcar pra sexta?" already answers the `ask`.
+            row = self._row(run_id)
+            text = pending.pop(0)
+            turn = Turn("patient", text, node=row.current_node_id)
+            self.turns.append(turn)
+            self.last_event = self._last_event(run_id)
+            triggers.take_first_reply(self.conn, self.org_id, run_id, self._store(text, processed=True))
+            reading = (turn, dict(row.data or {}), row.revision)
         for _ in range(MAX_ROUNDS):
             self._show_messages(run_id)
             row = self._row(run_id)
@@ -331,6 +343,7 @@ class _Play:
         if result.enrollment_id is None:
             raise RehearsalRefused("rehearsal_not_started", reason=result.reason)  # the code, for the JSON
         self.contact_id = contact_id
+        self.opens_with_reply = (pointer.trigger_config or {}).get("kind") == "intent"
         return result.enrollment_id
 
     def _channel(self) -> Any:
@@ -391,13 +404,19 @@ class _Play:
 
     def _reply(self, row: Any, text: str) -> None:
         """The patient writes: stored as the provider's webhook stores it, then the inbound path."""
+        process_inbound(self.rt, self._store(text))
+
+    def _store(self, text: str, *, processed: bool = False) -> int:
+        """The patient's message as the webhook stores it (`processed`: as the inbound path leaves
+        free text that started a flow)."""
         now = clock.now()
         contact = self.conn.execute(select(contacts.c.phone).where(contacts.c.org_id == self.org_id,
                                                                    contacts.c.id == self.contact_id)).one()
-        inbound_id = self.conn.execute(insert(inbound_messages).values(
+        done = {"processed_at": now, "outcome": "free_text", "contact_id": self.contact_id} if processed else {}
+        stored = self.conn.execute(insert(inbound_messages).values(
             org_id=self.org_id, channel_id=self.channel.id, provider_message_id=f"rehearsal-{uuid.uuid4().hex}",
-            from_address=contact.phone, text=text, received_at=now).returning(inbound_messages.c.id)).scalar_one()
-        process_inbound(self.rt, int(inbound_id))
+            from_address=contact.phone, text=text, received_at=now, **done).returning(inbound_messages.c.id))
+        return int(stored.scalar_one())
 
     def _last_event(self, run_id: int) -> int:
         return int(self.conn.execute(select(enrollment_events.c.id).where(
@@ -421,11 +440,12 @@ class _Play:
             target = payload.get("next")
             way = exit_taken(graph, step.node_id, target, payload.get("reason") or "", params) if target else None
             taken.append({"node": step.node_id, "reason": payload.get("reason"), "exit": way, "next": target,
-                          "params": params})
-        turn.path = [{key: value for key, value in step.items() if key != "params"} for step in taken]
-        if not taken:
+                          "params": params, "kind": payload.get("kind")})
+        turn.path = [{key: value for key, value in step.items() if key not in ("params", "kind")} for step in taken]
+        # The step that read the reply: a trigger only hands the message that started the run on.
+        first = next((step for step in taken if step["kind"] != "trigger"), None)
+        if first is None:
             return
-        first = taken[0]
         turn.node, turn.reason, turn.next_node, turn.exit = first["node"], first["reason"], first["next"], first["exit"]
         turn.label = first["params"].get("class")
         for heard in self.heard:

@@ -199,3 +199,16 @@ def test_the_local_clock_leaves_the_process_clock_alone(clock):
     with engine_clock.local(own):
         assert engine_clock.now() == own.now()
     assert engine_clock.now() == clock.now()
+
+
+def test_an_intent_flow_reads_the_message_that_starts_it(world, rt):
+    pointer = Flows(world).flow(move_graph(), trigger={"kind": "intent", "intent": "reschedule"})
+    done = rehearse(rt, world.org_id, pointer, version="published", replies=["posso remarcar pra quinta de manhã?"])
+    [first] = patient(done)
+    assert turns_roles(done) == ["patient", "bot"], "no question: the message already said the day and the period"
+    assert first.fields == {"data": "2026-12-03", "periodo": "morning"} and first.exit == {"type": "complete"}
+    assert bot(done)[0].startswith("Tenho estes horários livres:") and done.waiting
+
+
+def turns_roles(transcript) -> list[str]:
+    return [turn.role for turn in transcript.turns]
