@@ -17,6 +17,7 @@ from engine.messaging.rehearsal import RehearsalRefused, rehearse
 from engine.flows.versions import FlowNotFound, FlowRejected
 from engine.people.agenda import create_professional
 from engine.store import models
+from engine.tenants.webhooks.endpoints import create_endpoint
 from tests.factories import World
 from tests.fakes.llm import LLMFake
 from tests.flows.helpers import Flows, conversation_fields, edge, node
@@ -43,6 +44,7 @@ def move_graph() -> dict:
     return {"nodes": [node("inicio", "trigger"), node("quando", "ask", fields=["data", "periodo"]),
                       node("oferta", "do", action="offer_slots", date_field="data", period_field="periodo"),
                       node("remarca", "do", action="move"), node("aviso", "do", action="notify_clinic", signal="moved"),
+                      node("equipe", "do", action="notify_staff", note="Remarcou pelo fluxo"),
                       node("feito", "end", outcome="converted"), node("sem_vaga", "end", outcome="custom"),
                       node("falhou", "end", outcome="exhausted")],
             "edges": [edge("inicio", "quando"), edge("quando", "oferta", "complete"),
@@ -50,7 +52,8 @@ def move_graph() -> dict:
                       edge("oferta", "remarca", "ok"), edge("oferta", "sem_vaga", "unavailable"),
                       edge("oferta", "falhou", "failed"), edge("oferta", "falhou", "no_reply"),
                       edge("remarca", "aviso", "ok"), edge("remarca", "sem_vaga", "unavailable"),
-                      edge("remarca", "falhou", "failed"), edge("aviso", "feito", "ok")]}
+                      edge("remarca", "falhou", "failed"), edge("aviso", "equipe", "ok"),
+                      edge("equipe", "feito", "ok")]}
 
 
 def counts(rt) -> dict[str, int]:
@@ -68,6 +71,9 @@ def bot(transcript) -> list[str | None]:
 
 
 def test_a_published_flow_is_replayed_through_the_engine_and_leaves_nothing(world, rt, clock):
+    with rt.db.begin() as conn:  # the clinic's system listens: the move and the signal would be deliveries
+        create_endpoint(conn, rt.keyring, world.org_id, url="http://127.0.0.1:9/hooks",
+                        event_types=["appointment.moved", "run.notified", "run.ended"], egress=rt.settings.egress)
     flows = Flows(world)
     pointer = flows.flow(move_graph())
     before = counts(rt)
@@ -86,6 +92,9 @@ def test_a_published_flow_is_replayed_through_the_engine_and_leaves_nothing(worl
     assert picked.node == "oferta" and picked.reason == "do_slot_picked" and picked.exit == {"type": "ok"}
     assert "slot" in picked.fields
     assert (done.status, done.node, done.outcome, done.waiting) == ("completed", "feito", "converted", False)
+    assert [(step["node"], step["reason"]) for step in picked.path] == [
+        ("oferta", "do_slot_picked"), ("remarca", "do_moved"), ("aviso", "do_clinic_notified"),
+        ("equipe", "do_staff_notified")]
     # Nothing stays: no run, outbox row, moved appointment, webhook delivery; the clock did not move.
     assert counts(rt) == before
     assert clock.now() == started
