@@ -207,7 +207,13 @@ class _Held:
         self._db = db
         self._conn = conn
 
-    def __getattr__(self, name: str) -> Any:  # url, dialect, is_sqlite, engine…
+    #: What may be read of the real database: never its engine, whose connections would escape the
+    #: transaction (a write there would stay).
+    _SHARED = frozenset({"url", "dialect", "is_sqlite"})
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._SHARED:
+            raise AttributeError(f"a rehearsal's database has no {name!r}")
         return getattr(self._db, name)
 
     @contextlib.contextmanager
