@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from engine.flows import versions
 from engine.store import models
@@ -83,6 +83,12 @@ def test_the_transcript_comes_back_in_words_and_nothing_is_kept(owner, rt, tenan
     # The fallback exit of a classifier reads as "Outra resposta"; English readers get English words.
     other = _rehearse(owner, pk, {"version": "draft", "replies": ["hmm"]}, token).get_json()
     assert other["turns"][1]["exit_label"] == "Outra resposta"
+    with rt.db.begin() as conn:
+        conn.execute(update(models.users).where(models.users.c.email == "owner@a.com.br").values(locale="en"))
+    english = _rehearse(owner, pk, {"version": "draft", "replies": ["hmm"]}, token).get_json()
+    assert english["turns"][1]["exit_label"] == "Other reply" and english["outcome_label"] == "Other"
+    refused = _rehearse(owner, pk, {"version": "published", "replies": []}, token).get_json()
+    assert refused["error"] == "This flow has no published version yet. Test the draft or publish it."
 
 
 def test_the_boot_hands_the_url_and_the_panels_words(owner, rt, tenants):
