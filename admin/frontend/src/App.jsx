@@ -12,6 +12,7 @@ import {
   PALETTE_TYPES, decorateEdge, defaultConfig, edgeText, fromFlow, newEdgeId, newNodeId, outputsOf, toFlow,
 } from './graph.js';
 import { BuilderContext, FlowNode } from './nodes.jsx';
+import { RehearsalPanel } from './TestPanel.jsx';
 
 const NODE_COMPONENTS = { lembra: FlowNode };
 const AUTOSAVE_MS = 1200;
@@ -429,6 +430,7 @@ export function App({ boot }) {
                       onClick={() => fitView({ padding: 0.2, maxZoom: 1 })}>{ui.zoom_fit}</button>
             </div>
           </div>
+          {canEdit && boot.urls.rehearse && <RehearsalPanel boot={boot} />}
           <aside className="lf-side">
             <ul className="nav nav-tabs lf-tabs" role="tablist">
               {[['config', selectedNode ? ui.node : selectedEdge ? ui.edge : ui.settings],
