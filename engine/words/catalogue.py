@@ -678,6 +678,12 @@ CATALOGUE: dict[str, Text] = {
                                   "(%(detail)s)."),
     "availability_refused": N_("O endereço de horários livres da clínica (%(host)s) não é permitido: ele aponta para "
                                "a rede interna."),
+    # --- console settings pages (admin/views/settings/: fields, webhooks) ---------------------------------------
+    "field_in_published_flow": N_("O campo %(field)s não foi apagado: o fluxo publicado %(flows)s pergunta por ele. "
+                                  "Tire o campo do fluxo e publique de novo, depois apague o campo."),
+    "webhook_delivery_pending": N_("Na fila: será enviado na próxima tentativa."),
+    "webhook_delivery_delivered": N_("Entregue: o sistema da clínica confirmou o recebimento."),
+    "webhook_delivery_dead": N_("Não entregue: o Lembra parou de tentar."),
 }
 
 
