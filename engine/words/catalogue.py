@@ -687,6 +687,12 @@ CATALOGUE: dict[str, Text] = {
     "rehearsal_no_channel": N_("A clínica não tem um canal de WhatsApp ou SMS: o teste precisa de um para simular "
                                "as respostas do paciente."),
     "rehearsal_not_started": N_("O paciente de teste não pôde entrar no fluxo."),
+    # --- console settings pages (admin/views/settings/: fields, webhooks) ---------------------------------------
+    "field_in_published_flow": N_("O campo %(field)s não foi apagado: o fluxo publicado %(flows)s pergunta por ele. "
+                                  "Tire o campo do fluxo e publique de novo, depois apague o campo."),
+    "webhook_delivery_pending": N_("Na fila: será enviado na próxima tentativa."),
+    "webhook_delivery_delivered": N_("Entregue: o sistema da clínica confirmou o recebimento."),
+    "webhook_delivery_dead": N_("Não entregue: o Lembra parou de tentar."),
 }
 
 
