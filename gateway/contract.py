@@ -225,7 +225,11 @@ class Health:
 class SandboxRecorder(Protocol):
     """Where the sandbox provider writes what it would have sent."""
 
-    def record(self, org_id: int, channel_id: int, message: OutboundMessage) -> str: ...
+    def record(self, org_id: int, channel_id: int, message: OutboundMessage, *,
+               receipts_after: float = 0.0) -> str:
+        """Record `message` and return its provider id; with `receipts_after` > 0, also report it
+        delivered that many seconds later and read twice as late (the sandbox's realism)."""
+        ...
 
 
 @dataclass(frozen=True)

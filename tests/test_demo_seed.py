@@ -103,3 +103,44 @@ def test_a_no_show_is_rebooked_from_the_sandbox_chat_with_no_staff_action(rt, cl
     assert [(r.starts_at.astimezone(SP), r.status) for r in rows] == [
         (missed.starts_at.astimezone(SP), "no_show"), (datetime(2026, 12, 7, 13, 0, tzinfo=SP), "scheduled")]
     assert _texts_to(rt, flows.org_id, ana.id, before)[-1] == "session_confirmation"
+
+
+# --- the demo shows the whole funnel and who published its flows (issue 33) ---------------------------
+
+def test_the_demos_messages_are_delivered_then_read_a_few_seconds_after_the_send(rt, clock):
+    from engine.fleet.demo import DEMO_RECEIPTS_SECONDS
+    from engine.fleet.scheduler import Scheduler
+
+    flows = _demo(rt)
+    flows.run()
+    sent = _last_id(rt)
+    assert sent, "the demo sends at once"
+    tick = lambda: Scheduler(rt, enqueue=lambda batch: None).tick()  # noqa: E731
+    with rt.db.connect() as conn:
+        status = lambda: conn.execute(select(messages.c.status).where(messages.c.id == sent)).scalar_one()  # noqa: E731
+        assert status() == "sent"
+        clock.advance(timedelta(seconds=DEMO_RECEIPTS_SECONDS))
+        tick()
+        conn.rollback()
+        assert status() == "delivered"
+        clock.advance(timedelta(seconds=DEMO_RECEIPTS_SECONDS))
+        tick()
+        conn.rollback()
+        assert status() == "read"
+
+
+def test_the_demos_flows_say_lembra_published_them(rt, clock):
+    import re
+
+    from admin.app import create_app
+    from engine.fleet.demo import DEMO_EMAIL, DEMO_PASSWORD
+
+    _demo(rt)
+    client = create_app(rt).test_client()
+    login = client.get("/login").text
+    token = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', login).group(1)
+    assert client.post("/login", data={"email": DEMO_EMAIL, "password": DEMO_PASSWORD,
+                                       "csrf_token": token}).status_code == 302
+    page = client.get("/admin/followup/flows/").text
+    assert page.count("por Lembra (demonstração)") == 3
+    assert "usuário removido ou pela API" not in page

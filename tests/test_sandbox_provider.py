@@ -76,3 +76,80 @@ def test_any_header_value_is_refused_with_a_typed_error(value):
         return
     with pytest.raises(BadSignature):
         PROVIDER.parse_webhook(_request({"X-Sandbox-Secret": value}))
+
+
+# --- receipts: delivered and read a few seconds after the send (issue 33, point 3) ---------------------
+from datetime import timedelta  # noqa: E402
+
+from sqlalchemy import func, select  # noqa: E402
+
+from engine.fleet.scheduler import Scheduler  # noqa: E402
+from engine.messaging import dispatch, statuses  # noqa: E402
+from engine.store.models import early_statuses  # noqa: E402
+from gateway.contract import StatusEvent  # noqa: E402
+from providers.sandbox.provider import receipts_seconds  # noqa: E402
+from tests.factories import World, local  # noqa: E402
+
+DUE = local(2026, 12, 2, 14, 0)
+
+
+def _sent(rt, clock, **settings):
+    """One reminder sent through a sandbox channel with `settings`; the world and its message id."""
+    world = World(rt)
+    world.channel("whatsapp", **settings)
+    world.rule(1440, kinds=("whatsapp",))
+    world.appointment(world.contact(), local(2026, 12, 3, 14, 0))
+    clock.set(DUE)
+    [mid] = dispatch.claim_due(rt, limit=10)
+    assert dispatch.send_batch(rt, [mid]) == {mid: "sent"}
+    return world, mid
+
+
+def _tick(rt):
+    return Scheduler(rt, enqueue=lambda batch: None).tick()
+
+
+def test_receipts_arrive_when_due_through_the_status_path(rt, clock):
+    world, mid = _sent(rt, clock, receipts_seconds=3)
+    assert _tick(rt).settled == 0 and world.message(mid).status == "sent", "nothing before it is due"
+    clock.advance(timedelta(seconds=3))
+    assert _tick(rt).settled == 1
+    row = world.message(mid)
+    assert (row.status, row.delivered_at, row.read_at) == ("delivered", DUE + timedelta(seconds=3), None)
+    clock.advance(timedelta(seconds=3))
+    assert _tick(rt).settled == 1
+    row = world.message(mid)
+    assert (row.status, row.read_at) == ("read", DUE + timedelta(seconds=6))
+    assert world.events(mid)[-3:] == ["sent", "delivered", "read"]
+    assert _tick(rt).settled == 0
+
+
+def test_receipts_due_together_never_regress_and_a_duplicate_changes_nothing(rt, clock):
+    world, mid = _sent(rt, clock, receipts_seconds="2")
+    clock.advance(timedelta(minutes=5))
+    assert _tick(rt).settled == 2
+    row = world.message(mid)
+    assert row.status == "read"
+    with rt.db.begin() as conn:  # a late or replayed `delivered` (a webhook retry) does not move it back
+        assert not statuses.apply_status(conn, world.org_id, row.channel_id, StatusEvent(
+            provider_message_id=row.provider_message_id, status="delivered", timestamp=clock.now()))
+    assert world.message(mid).status == "read"
+    assert world.events(mid).count("delivered") == 1
+
+
+def test_no_receipts_unless_the_channel_asks(rt, clock):
+    world, mid = _sent(rt, clock)
+    clock.advance(timedelta(hours=1))
+    _tick(rt)
+    assert world.message(mid).status == "sent"
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(early_statuses)).scalar_one() == 0
+
+
+@pytest.mark.parametrize("value", [None, 0, -3, "x", "nan", "inf", True, [], {}])
+def test_a_bad_receipts_setting_means_none(value):
+    assert receipts_seconds(value) == 0.0
+
+
+def test_a_huge_receipts_setting_is_capped():
+    assert receipts_seconds(10 ** 9) == 3600.0 and receipts_seconds("2.5") == 2.5

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.people.agenda import create_professional, link_appointments
 from engine.people.appointments import create_appointment
+from engine.tenants.audit import audit
 from engine.tenants.channels import create_channel
 from engine.people.contacts import create_contact
 from engine.store.models import agents, orgs, reminder_rule_kinds, reminder_rules
@@ -25,6 +26,12 @@ from gateway.crypto import Keyring
 DEMO_SLUG = "demo"
 DEMO_EMAIL = "dona@clinica-demo.local"
 DEMO_PASSWORD = "lembra-demo"
+#: Who published the demo's flows, as their audit rows say (the console reads "Lembra
+#: (demonstração)"): the seed is no user of the clinic, and `flow_versions.created_by` names users.
+DEMO_PUBLISHER = "lembra-demo"
+#: The demo's sandbox channels report each message delivered this many seconds after the send and
+#: read twice as late, so the dashboard shows the whole funnel (providers/sandbox/provider.py).
+DEMO_RECEIPTS_SECONDS = 3
 
 RULES = (
     # name, purpose/template, trigger, offset minutes, kinds in order of preference
@@ -176,7 +183,8 @@ def seed(conn: Connection, keyring: Keyring) -> DemoSeed:
     create_user(conn, org_id=org_id, email=DEMO_EMAIL, role="owner", password=DEMO_PASSWORD)
     for kind in ("whatsapp", "email", "sms"):
         create_channel(conn, keyring, org_id=org_id, kind=kind, provider="sandbox",
-                       name=f"Sandbox ({kind})", is_default=True)
+                       name=f"Sandbox ({kind})", is_default=True,
+                       settings={"receipts_seconds": DEMO_RECEIPTS_SECONDS})
     now = clock.now()
     for name, purpose, trigger, offset, kinds in RULES:
         rule_id = conn.execute(insert(reminder_rules).values(
@@ -236,7 +244,9 @@ def _seed_flow(conn: Connection, org_id: int, contact_id: int) -> None:
                                   {"kind": "appointment", "appointment_event": "no_show", "repeat": "always"})):
         flow_id = versions.create_flow(conn, org_id, name=name, draft_graph=graph, trigger_config=trigger,
                                        handoff_policy="pause")
-        versions.publish(conn, org_id, flow_id)
+        version = versions.publish(conn, org_id, flow_id)
+        audit(conn, org_id=org_id, action="publish", entity="flow_versions", entity_id=int(version.id),
+              changes={"publisher": DEMO_PUBLISHER, "flow_id": flow_id})
         published.append(flow_id)
     pointer_id = published[0]
     now = clock.now()

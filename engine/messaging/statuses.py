@@ -101,8 +101,11 @@ def settle_early(rt: Runtime, *, limit: int = SETTLE_BATCH) -> int:
     Fleet-wide like the claim: each status is applied under its own org. Applying is
     idempotent (forward moves only, each a compare-and-set), so two passes at once are harmless."""
     e, m = early_statuses.c, messages.c
+    # Due: a status is applied no sooner than it arrives. A webhook's arrived when it was parked;
+    # the sandbox's receipts are parked ahead, to arrive a few seconds later (DbSandboxRecorder).
     recorded = exists().where(m.org_id == e.org_id, m.channel_id == e.channel_id,
-                              m.provider_message_id == e.provider_message_id, m.status.in_(RECORDED))
+                              m.provider_message_id == e.provider_message_id,
+                              m.status.in_(RECORDED)) & (e.received_at <= clock.now())
     stale = e.received_at < clock.now() - KEEP_UNMATCHED
     # Looked at first without the write lock (SQLite's is the whole database): most passes find nothing.
     with rt.db.connect() as conn:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import insert
 
 from engine.core import clock
 from engine.store.db import Database
-from engine.store.models import sandbox_messages
+from engine.store.dialect import insert_ignore
+from engine.store.models import early_statuses, sandbox_messages
 from gateway import registry
 from gateway.contract import OutboundMessage, Provider, ProviderContext
 from gateway.crypto import Keyring
@@ -20,13 +22,23 @@ from gateway.egress import STRICT, EgressPolicy
 
 class DbSandboxRecorder:
     """Records what the sandbox provider 'sent' in `sandbox_messages`, in its own transaction,
-    the way a real provider's side effect is independent of ours."""
+    the way a real provider's side effect is independent of ours.
+
+    Its receipts (`receipts_after`) are written, in the same transaction, as statuses that arrive
+    later (`received_at` ahead) in `early_statuses`, where a real provider's status that came
+    before its send waits: the scheduler applies each once it has arrived and the send is recorded
+    (messaging.statuses.settle_early), through `apply_status` like any status webhook. So they need
+    no thread, work with the embedded worker and with real ones, follow a test's clock, and a
+    duplicate is one row (the table's key)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def record(self, org_id: int, channel_id: int, message: OutboundMessage) -> str:
+    def record(self, org_id: int, channel_id: int, message: OutboundMessage, *,
+               receipts_after: float = 0.0) -> str:
+        """Record `message`; with `receipts_after` > 0 seconds, schedule its delivered and read."""
         provider_id = f"sbx-{uuid.uuid4().hex}"
+        now = clock.now()
         with self.db.begin() as conn:
             conn.execute(insert(sandbox_messages).values(
                 org_id=org_id,
@@ -37,8 +49,16 @@ class DbSandboxRecorder:
                 subject=message.subject,
                 body=message.text,
                 buttons=[{"id": b.id, "title": b.title} for b in message.buttons] or None,
-                created_at=clock.now(),
+                created_at=now,
             ))
+            if receipts_after > 0:
+                for status, factor in (("delivered", 1), ("read", 2)):
+                    due = now + timedelta(seconds=receipts_after * factor)  # when it "arrives"
+                    conn.execute(insert_ignore(conn, early_statuses, ("channel_id", "provider_message_id", "status"))
+                                 .values(org_id=org_id, channel_id=channel_id, provider_message_id=provider_id,
+                                         status=status, occurred_at=due,
+                                         error_code=None, error_permanent=False, opt_out=False, reference=None,
+                                         received_at=due))
         return provider_id
 
 

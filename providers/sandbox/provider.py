@@ -9,6 +9,11 @@ the `X-Sandbox-Secret` header: without it, or with another, the delivery is refu
 Settings, for demos and tests of failure handling:
 - `simulate`: "ok" (default), "transient" or "permanent" — every send fails that way.
 - `delay_ms`: wait this long before answering, like a slow provider.
+- `receipts_seconds`: report each recorded message delivered this many seconds after the send and
+  read twice as late, like a patient's phone would (the demo's channels set a few seconds, so the
+  dashboard shows sent → delivered → read). 0 or unset (tests, new channels): no receipts. The
+  statuses are not sent by a sleeping thread: the recorder writes them as due statuses, which the
+  scheduler applies through the same path as a real provider's status webhook.
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ class SandboxProvider(Provider):
         recorder = self.context.sandbox_recorder
         if recorder is None:
             raise PermanentError("sandbox has nowhere to record", code="sandbox_no_recorder")
-        provider_id = recorder.record(self.context.org_id, self.context.channel_id, message)
+        provider_id = recorder.record(self.context.org_id, self.context.channel_id, message,
+                                      receipts_after=receipts_seconds(self.config.get("receipts_seconds")))
         return SendResult(provider_message_id=provider_id, provider_status="sent")
 
     def parse_webhook(self, request: WebhookRequest) -> WebhookResult:
@@ -117,6 +123,24 @@ class SandboxProvider(Provider):
                 error_code=str(code) if code is not None else None,
             )])
         raise MalformedWebhook("unknown type")
+
+
+#: The longest receipt delay a channel may ask for (a mistyped setting must not hide the funnel for days).
+MAX_RECEIPTS_SECONDS = 3600.0
+
+
+def receipts_seconds(value: Any) -> float:
+    """The channel's `receipts_seconds` setting as a delay: 0 (no receipts) when unset, not a
+    number, negative or not finite; at most MAX_RECEIPTS_SECONDS."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        return 0.0
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        return 0.0
+    return min(seconds, MAX_RECEIPTS_SECONDS)
 
 
 def _timestamp(value: Any) -> datetime:

@@ -21,11 +21,11 @@ from sqlalchemy import func, select, update
 
 from engine.flows import agents as agent_ops
 from engine.flows.ai.base import AIError
-from engine.store.models import agents, audit_log, enrollments, inbox_items, preferences
+from engine.store.models import agents, audit_log, enrollments, flow_pointers, flow_versions, inbox_items, preferences
 from engine.people.contacts import opt_out
 from tests.admin.conftest import csrf, login
 from tests.fakes.llm import Error, LLMFake
-from tests.flows.helpers import Flows, linear, node
+from tests.flows.helpers import Flows, linear, node  # noqa: F401
 
 MISSING = 10**9
 API_KEY = "sk-segredo-do-agente-0xC0FFEE"
@@ -549,3 +549,158 @@ def test_every_followup_page_renders_for_each_role(app, rt, world):
     export = login(app.test_client(), "owner@a.com.br").get("/admin/followup_queue/export/csv/")
     rows = list(csv.reader(io.StringIO(export.get_data(as_text=True))))
     assert len(rows) == 2 and "Paciente Da A" in rows[1] and "Paciente Só Da B" not in export.get_data(as_text=True)
+
+
+# --- Fluxos: trigger, runs this week, conversion; Duplicar and Apagar (issue 33) ----------------------
+
+def flow_row(page: str, flow_id: int) -> str:
+    """The list's row of one flow, as text."""
+    match = re.search(rf'<tr data-flow-id="{flow_id}">(.*?)</tr>', page, re.S)
+    assert match, f"flow {flow_id} is not listed"
+    return match.group(1)
+
+
+def cell(row: str, name: str) -> str:
+    """A cell of a flow's row by its data- attribute ("live": the cell just before runs this week)."""
+    if name == "live":
+        match = re.search(r"<td>(\d+)</td>\s*<td data-week>", row)
+    else:
+        match = re.search(rf"<td data-{name}>(.*?)</td>", row, re.S)
+    assert match, name
+    return match.group(1).strip()
+
+
+def more_runs(rt, world, flow_id: int, n: int) -> list[int]:
+    """`n` more runs of A's flow, each with a contact of its own."""
+    a, fa = world["a"], world["fa"]
+    return [fa.enroll(flow_id, a.world.contact(name=f"Paciente {i}", phone=f"+55169990011{i:02d}"))
+            for i in range(n)]
+
+
+def end_runs(rt, ids: list[int], status: str, outcome: str | None) -> None:
+    with rt.db.begin() as conn:
+        conn.execute(update(enrollments).where(enrollments.c.id.in_(ids))
+                     .values(status=status, outcome=outcome, next_eval_at=None))
+
+
+def test_the_flow_list_shows_trigger_runs_this_week_and_conversion(owner, rt, world, clock):
+    fa = world["fa"]
+    falta = fa.flow(graph(), name="Faltou", trigger={"kind": "appointment", "appointment_event": "no_show",
+                                                      "repeat": "always"})
+    remarcar = fa.flow(graph(), name="Quer remarcar", trigger={"kind": "intent", "intent": "reschedule",
+                                                               "repeat": "always"})
+    converted = more_runs(rt, world, world["retorno"], 3)[:2]
+    lost = more_runs(rt, world, world["retorno"], 1)
+    end_runs(rt, converted, "completed", "converted")
+    end_runs(rt, lost, "cancelled", None)
+    with rt.db.begin() as conn:  # one run began last week: it is no run of this week
+        conn.execute(update(enrollments).where(enrollments.c.id == lost[0])
+                     .values(created_at=clock.now() - timedelta(days=8)))
+
+    page = text_of(owner.get("/admin/followup/flows/"))
+
+    retorno = flow_row(page, world["retorno"])
+    assert cell(retorno, "trigger") == "Manual"
+    assert (cell(retorno, "live"), cell(retorno, "week")) == ("2", "4"), "the first run and one not ended"
+    assert cell(retorno, "conversion").startswith("66,7"), "2 converted of 3 ended"
+    pos = flow_row(page, world["pos"])
+    assert (cell(pos, "live"), cell(pos, "week"), cell(pos, "conversion")) == ("0", "0", "—")
+    assert cell(flow_row(page, falta), "trigger") == "Falta (no-show)"
+    assert cell(flow_row(page, remarcar), "trigger") == "Intenção: remarcar"
+    assert "Fluxo da B" not in page
+
+
+def test_the_flow_list_costs_the_same_queries_for_two_flows_or_ten(owner, rt, world):
+    from sqlalchemy import event
+
+    def statements() -> int:
+        seen: list[str] = []
+        listener = lambda *args: seen.append(args[2])  # noqa: E731
+        event.listen(rt.db.engine, "before_cursor_execute", listener)
+        try:
+            assert owner.get("/admin/followup/flows/").status_code == 200
+        finally:
+            event.remove(rt.db.engine, "before_cursor_execute", listener)
+        return len(seen)
+
+    owner.get("/admin/followup/flows/")  # warm the session's caches
+    few = statements()
+    for i in range(8):
+        flow_id = world["fa"].flow(graph(), name=f"Mais um {i}")
+        more_runs(rt, world, flow_id, 1) if i < 2 else None
+    assert statements() == few
+
+
+def test_owner_duplicates_a_flow_as_an_unpublished_draft_with_csrf_and_audit(owner, agent, rt, world):
+    token = csrf(owner.get("/admin/followup/flows/").text)
+    url = f"/admin/followup/flows/{world['retorno']}/duplicate/"
+    page = text_of(owner.post(url, data={"csrf_token": token}, follow_redirects=True))
+    assert "Cópia criada como rascunho" in page
+    again = owner.post(url, data={"csrf_token": token})
+    assert again.status_code == 302
+    with rt.db.connect() as conn:
+        rows = conn.execute(select(flow_pointers).where(flow_pointers.c.org_id == world["a"].world.org_id)
+                            .order_by(flow_pointers.c.id)).all()
+        source = next(r for r in rows if r.id == world["retorno"])
+        copies = [r for r in rows if r.name.startswith("Cópia de")]
+    assert [c.name for c in copies] == ["Cópia de Retorno", "Cópia de Retorno (2)"]
+    for copy in copies:
+        assert (copy.status, copy.active_version_id) == ("draft", None), "a copy starts nobody"
+        assert copy.draft_graph == source.draft_graph and copy.trigger_config == source.trigger_config
+    assert [(r.entity_id, r.changes) for r in audit_rows(rt, "duplicate")] == [
+        (copies[0].id, {"copied_from": world["retorno"]}), (copies[1].id, {"copied_from": world["retorno"]})]
+
+    assert owner.post(f"/admin/followup/flows/{world['b_flow']}/duplicate/",
+                      data={"csrf_token": token}).status_code == 404
+    assert owner.post(f"/admin/followup/flows/{MISSING}/duplicate/", data={"csrf_token": token}).status_code == 404
+    assert owner.post(url, data={}).status_code == 400
+    agent_token = csrf(agent.get("/admin/followup_queue/").text)
+    assert agent.post(url, data={"csrf_token": agent_token}).status_code == 403
+    assert "Duplicar" not in agent.get("/admin/followup/flows/").text
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(flow_pointers).where(
+            flow_pointers.c.name.like("Cópia%"))).scalar_one() == 2
+
+
+def test_delete_takes_a_flow_that_never_ran_and_refuses_one_with_runs(owner, agent, rt, world):
+    fa = world["fa"]
+    token = csrf(owner.get("/admin/followup/flows/").text)
+
+    def delete(flow_id: int, **kwargs: Any):
+        return owner.post(f"/admin/followup/flows/{flow_id}/delete/", data={"csrf_token": token, **kwargs},
+                          follow_redirects=True)
+
+    def exists(flow_id: int) -> bool:
+        with rt.db.connect() as conn:
+            return conn.execute(select(flow_pointers.c.id).where(flow_pointers.c.id == flow_id)).first() is not None
+
+    live = text_of(delete(world["retorno"]))
+    assert "tem 1 execução em andamento" in live and exists(world["retorno"])
+    ran = fa.flow(graph(), name="Já rodou")
+    end_runs(rt, more_runs(rt, world, ran, 1), "completed", "converted")
+    history = text_of(delete(ran))
+    assert "para guardar o histórico" in history and exists(ran)
+    starter = fa.flow(linear(node("inicio", "trigger"), node("vai", "do", action="start_flow", flow_id=world["pos"]),
+                             node("fim", "end", outcome="exhausted")), name="Começa o pós", publish=False, agent=False)
+    assert "O fluxo Começa o pós começa este fluxo" in text_of(delete(world["pos"])) and exists(world["pos"])
+
+    assert owner.post(f"/admin/followup/flows/{starter}/delete/", data={}).status_code == 400
+    assert exists(starter)
+    agent_token = csrf(agent.get("/admin/followup_queue/").text)
+    assert agent.post(f"/admin/followup/flows/{starter}/delete/",
+                      data={"csrf_token": agent_token}).status_code == 403
+    assert owner.post(f"/admin/followup/flows/{world['b_flow']}/delete/",
+                      data={"csrf_token": token}).status_code == 404
+    assert exists(world["b_flow"])
+
+    page = text_of(delete(starter))
+    assert "Fluxo apagado." in page and not exists(starter)
+    assert "Fluxo apagado." in text_of(delete(world["pos"])), "nothing starts it any more"
+    assert not exists(world["pos"])
+    with rt.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(flow_versions).where(
+            flow_versions.c.pointer_id == world["pos"])).scalar_one() == 0
+        ids = conn.execute(select(agents.c.flow_pointer_ids).where(agents.c.id == fa.agent_id)).scalar_one()
+    assert world["pos"] not in ids and world["retorno"] in ids, "the agent's list loses it"
+    assert [(r.entity_id, r.changes) for r in audit_rows(rt, "delete") if r.entity == "flow_pointers"] == [
+        (starter, {"name": "Começa o pós"}), (world["pos"], {"name": "Pós-consulta"})]

@@ -2,23 +2,30 @@
 flow (builder.py) render, and a flow's status in words, which both show.
 
 The rows are the REST API's (`queries.flows_query` + `services.flows_out`), so the list, the API
-and the CLI count live enrollments the same way. Every query is scoped by the signed-in user's org.
+and the CLI count live enrollments the same way. Per flow it also shows its trigger in words,
+the runs started this week and its conversion (converted ÷ ended): a fixed number of grouped
+queries, whatever the number of flows. Every query is scoped by the signed-in user's org.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta, timezone
+from typing import Any, Mapping
+from zoneinfo import ZoneInfo
 
 from flask_login import current_user
 from markupsafe import Markup
-from sqlalchemy import select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Connection
 
 from admin.api import services
-from admin.i18n import _l
-from admin.views.base import TenantPageView, db_session, local_dt, org_id
-from engine.flows import queries
-from engine.store.models import flow_pointers, flow_versions, users
+from admin.i18n import _, _l, format_percent_local
+from admin.views.base import TenantPageView, db_session, local_dt, org_id, org_timezone
+from engine.core import clock
+from engine.fleet.demo import DEMO_PUBLISHER
+from engine.flows import lifecycle, queries
+from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
 
 #: A flow's status in the manager's words.
 FLOW_STATUS_LABELS = {"draft": _l("Rascunho"), "active": _l("Publicado"), "disabled": _l("Desativado")}
@@ -34,19 +41,99 @@ def flow_badge(status: str) -> Markup:
         FLOW_STATUS_COLORS.get(status, "light"), status, FLOW_STATUS_LABELS.get(status, status))
 
 
+#: The trigger kinds that need no detail, in the manager's words (the builder's choices say the same).
+TRIGGER_LABELS = {
+    "manual": _l("Manual"), "silence": _l("Silêncio do paciente"), "reminder_no_reply": _l("Lembrete sem resposta"),
+    "handoff_ended": _l("Fim de um atendimento humano"), "event": _l("Mudança de etapa do contato"),
+}
+#: An appointment trigger, by the appointment's event.
+APPOINTMENT_TRIGGER_LABELS = {
+    "no_show": _l("Falta (no-show)"), "created": _l("Agendamento criado"), "confirmed": _l("Agendamento confirmado"),
+    "cancelled": _l("Agendamento cancelado"), "completed": _l("Consulta realizada"),
+}
+#: What a patient wrote that starts an intent flow, after "Intenção: ".
+INTENT_WORDS = {
+    "reschedule": _l("remarcar"), "cancel": _l("cancelar"), "confirm": _l("confirmar"), "question": _l("dúvida"),
+    "human": _l("falar com uma pessoa"),
+}
+
+
+def trigger_text(config: Mapping[str, Any] | None) -> str:
+    """A flow's trigger in words: "Falta (no-show)", "Intenção: remarcar", "Manual"…"""
+    config = config if isinstance(config, Mapping) else {}
+    kind = config.get("kind")
+    if kind == "appointment" and config.get("appointment_event") in APPOINTMENT_TRIGGER_LABELS:
+        return str(APPOINTMENT_TRIGGER_LABELS[config["appointment_event"]])
+    if kind == "intent" and config.get("intent") in INTENT_WORDS:
+        return _("Intenção: %(intencao)s", intencao=str(INTENT_WORDS[config["intent"]]))
+    if kind in TRIGGER_LABELS:
+        return str(TRIGGER_LABELS[kind])
+    return "—"
+
+
+@dataclass(frozen=True)
+class FlowStats:
+    """A flow's runs as the list counts them."""
+
+    week: int = 0
+    ended: int = 0
+    converted: int = 0
+
+    def conversion(self) -> str:
+        """Converted ÷ ended as a percent in the reader's notation; "—" before any run ended."""
+        return format_percent_local(self.converted / self.ended) if self.ended else "—"
+
+
+def week_start(tz: str, now: datetime) -> datetime:
+    """Monday 00:00 of `now`'s week in the org's time zone, as a UTC instant."""
+    zone = ZoneInfo(tz)
+    today = now.astimezone(zone).date()
+    return datetime.combine(today - timedelta(days=today.weekday()), time(0), tzinfo=zone).astimezone(timezone.utc)
+
+
+def flow_stats(conn: Connection, oid: int, flow_ids: list[int], since: datetime) -> dict[int, FlowStats]:
+    """Per flow, runs started since `since`, runs ended, and of them converted: one grouped query
+    (a flow with no run is absent)."""
+    if not flow_ids:
+        return {}
+    e = enrollments.c
+    ended = e.status.in_(lifecycle.TERMINAL)
+    rows = conn.execute(
+        select(e.pointer_id,
+               func.sum(case((e.created_at >= since, 1), else_=0)).label("week"),
+               func.sum(case((ended, 1), else_=0)).label("ended"),
+               func.sum(case((and_(ended, e.outcome == "converted"), 1), else_=0)).label("converted"))
+        .where(e.org_id == oid, e.pointer_id.in_(flow_ids))
+        .group_by(e.pointer_id))
+    return {int(row.pointer_id): FlowStats(int(row.week or 0), int(row.ended or 0), int(row.converted or 0))
+            for row in rows}
+
+
 def last_published(conn: Connection, oid: int, flow_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Per flow, its newest version: number, when it was published and by whom (an e-mail, or None
-    for a publish through the API or by a user since removed)."""
+    """Per flow, its newest version: number, when it was published and by whom (an e-mail; the
+    demo's "Lembra (demonstração)" for a version the demo seeded; or None for a publish through
+    the API or by a user since removed). Two queries whatever the number of flows."""
     if not flow_ids:
         return {}
     rows = conn.execute(
-        select(flow_versions.c.pointer_id, flow_versions.c.version, flow_versions.c.created_at, users.c.email)
+        select(flow_versions.c.id, flow_versions.c.pointer_id, flow_versions.c.version, flow_versions.c.created_at,
+               users.c.email)
         .outerjoin(users, (users.c.id == flow_versions.c.created_by) & (users.c.org_id == oid))
         .where(flow_versions.c.org_id == oid, flow_versions.c.pointer_id.in_(flow_ids))
         .order_by(flow_versions.c.pointer_id, flow_versions.c.version.desc()))
     out: dict[int, dict[str, Any]] = {}
     for row in rows:
-        out.setdefault(int(row.pointer_id), {"version": row.version, "at": row.created_at, "by": row.email})
+        out.setdefault(int(row.pointer_id), {"id": int(row.id), "version": row.version, "at": row.created_at,
+                                             "by": row.email})
+    unnamed = {pub["id"]: pub for pub in out.values() if pub["by"] is None}
+    if unnamed:
+        # The seed is no user: its publishes are named by their audit rows (engine/fleet/demo.py).
+        seeded = conn.execute(select(audit_log.c.entity_id, audit_log.c.changes).where(
+            audit_log.c.org_id == oid, audit_log.c.action == "publish", audit_log.c.entity == "flow_versions",
+            audit_log.c.user_id.is_(None), audit_log.c.entity_id.in_(list(unnamed))))
+        for version_id, changes in seeded:
+            if isinstance(changes, Mapping) and changes.get("publisher") == DEMO_PUBLISHER:
+                unnamed[int(version_id)]["by"] = str(_l("Lembra (demonstração)"))
     return out
 
 
@@ -60,8 +147,11 @@ def list_page(view: TenantPageView) -> Any:
     more = len(rows) > MAX_FLOWS
     rows = rows[:MAX_FLOWS]
     flows = services.flows_out(conn, oid, rows)
-    published = last_published(conn, oid, [row.id for row in rows])
+    ids = [row.id for row in rows]
+    published = last_published(conn, oid, ids)
+    stats = flow_stats(conn, oid, ids, week_start(org_timezone(), clock.now()))
+    triggers = {row.id: trigger_text(row.trigger_config) for row in rows}
     session.rollback()  # read only
     return view.render("admin/followup/flows.html", flows=flows, published=published, more=more,
-                       max_flows=MAX_FLOWS, flow_badge=flow_badge, local_dt=local_dt,
-                       can_edit=bool(current_user.can_edit))
+                       max_flows=MAX_FLOWS, flow_badge=flow_badge, local_dt=local_dt, stats=stats,
+                       no_stats=FlowStats(), triggers=triggers, can_edit=bool(current_user.can_edit))

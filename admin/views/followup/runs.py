@@ -4,8 +4,12 @@ it went next and the LLM calls it made — and a contact's runs. Reached from th
 the contact page and Pendências (a run that failed for good).
 
 The timeline is `engine.flows.queries.run_steps`, the same the REST API serves: codes, node ids,
-counters and instants, never a patient's text. Every role reads it; Cancelar (owners and
-managers) posts to the queue's cancel, the one cancel path of the console.
+counters and instants, never a patient's text. Beside it a run's page shows the patient's replies
+the run took (their text, what the step made of each and the fields it took from it) and, once
+the run ended, its last step and outcome in words. A reply's text is personal data: it is shown
+here, to the staff of the run's org (every query is scoped by it), and never logged. Every role
+reads it; Cancelar (owners and managers) posts to the queue's cancel, the one cancel path of the
+console.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from admin.views.followup.queue import (
 )
 from engine.flows import lifecycle, queries
 from engine.flows.conversation.fields import fields_by_slug
-from engine.store.models import contacts, enrollments
+from engine.store.models import contacts, enrollment_events, enrollments, inbound_messages
 
 #: What each event of a run is, in the receptionist's words.
 EVENT_LABELS = {
@@ -111,6 +115,20 @@ def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str],
 _PERIODS = {"morning": _l("de manhã"), "afternoon": _l("à tarde"), "evening": _l("à noite")}
 
 
+def _shown(kind: str | None, value: Any) -> str:
+    """One collected value in the org's words: a date as dd/mm/aaaa, a period in words, a yes/no as Sim/Não."""
+    if kind == "date" and isinstance(value, str):
+        try:
+            return date.fromisoformat(value).strftime("%d/%m/%Y")
+        except ValueError:
+            return value
+    if kind == "period":
+        return str(_PERIODS.get(value, value))
+    if kind == "boolean":
+        return str(_l("Sim") if value else _l("Não"))
+    return str(value)
+
+
 def collected(conn: Any, oid: int, row: Any) -> list[tuple[str, str]]:
     """What the run has collected (its `data`), each value under its field's label, in the org's
     words: a date as dd/mm/aaaa, a period in words, a yes/no as Sim/Não."""
@@ -121,20 +139,94 @@ def collected(conn: Any, oid: int, row: Any) -> list[tuple[str, str]]:
     out = []
     for slug, value in data.items():
         spec = specs.get(slug)
-        kind = spec.type if spec is not None else None
-        if kind == "date" and isinstance(value, str):
-            try:
-                shown = date.fromisoformat(value).strftime("%d/%m/%Y")
-            except ValueError:
-                shown = value
-        elif kind == "period":
-            shown = str(_PERIODS.get(value, value))
-        elif kind == "boolean":
-            shown = str(_l("Sim") if value else _l("Não"))
-        else:
-            shown = str(value)
-        out.append((spec.label if spec is not None else slug, shown))
+        out.append((spec.label if spec is not None else slug, _shown(spec.type if spec is not None else None, value)))
     return out
+
+
+#: How a run ended (`enrollments.outcome`: an end step's, or why it was ended), in words.
+OUTCOME_LABELS = {
+    "converted": _l("Convertido"), "exhausted": _l("Esgotado (sem sucesso)"), "custom": _l("Outro"),
+    "opted_out": _l("O paciente pediu para não receber mais mensagens"), "replied": _l("O paciente respondeu"),
+    "handoff": _l("Passou para uma pessoa da equipe"),
+}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A patient's message the run took, ready to show (its text is personal data: page only)."""
+
+    at: str
+    text: str
+    reading: str | None
+    fields: list[tuple[str, str]]
+
+
+def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
+    """The patient's messages this run took, oldest first: the text, what the step that read it
+    made of it (the catalogue's sentence) and the fields that step took, with their values (a
+    field a later reply corrected says so). Three queries: the replies, the run's events, the
+    fields' labels."""
+    inbound = conn.execute(
+        select(inbound_messages.c.id, inbound_messages.c.received_at, inbound_messages.c.text, inbound_messages.c.button_payload,
+               inbound_messages.c.flow_result)
+        .where(inbound_messages.c.org_id == oid, inbound_messages.c.flow_enrollment_id == row.id)
+        .order_by(inbound_messages.c.received_at, inbound_messages.c.id)).all()
+    if not inbound:
+        return []
+    events = conn.execute(
+        select(enrollment_events.c.event_type, enrollment_events.c.node_id, enrollment_events.c.payload)
+        .where(enrollment_events.c.org_id == oid, enrollment_events.c.enrollment_id == row.id)
+        .order_by(enrollment_events.c.id)).all()
+    data = getattr(row, "data", None) or {}
+    taken_by_reply: list[list[str]] = []
+    readings: list[str | None] = []
+    for message in inbound:
+        result = message.flow_result if isinstance(message.flow_result, Mapping) else {}
+        params = _reading_params(events, message.id, result)
+        taken = params.get("taken")
+        taken_by_reply.append([slug for slug in taken if isinstance(slug, str)] if isinstance(taken, list) else [])
+        readings.append(reason_text(result["reason"], params) if isinstance(result.get("reason"), str) else None)
+    specs = fields_by_slug(conn, oid, sorted({slug for slugs in taken_by_reply for slug in slugs}))
+    out = []
+    later: set[str] = set()  # a field a later reply took again: its value now is that reply's
+    for message, slugs, reading in reversed(list(zip(inbound, taken_by_reply, readings))):
+        text = message.text if message.text is not None else message.button_payload
+        fields = []
+        for slug in slugs:
+            spec = specs.get(slug)
+            if slug in later or slug not in data:
+                shown = str(_l("corrigido depois"))
+            else:
+                shown = _shown(spec.type if spec is not None else None, data[slug])
+            fields.append((spec.label if spec is not None else slug, shown))
+        later.update(slugs)
+        out.append(Reply(at=local_dt(message.received_at, seconds=True), text=text or "—",
+                         reading=reading, fields=fields))
+    return out[::-1]
+
+
+def _reading_params(events: list[Any], inbound_id: int, result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The params of the step that read reply `inbound_id`: the first step after the reply's
+    event, at the node and with the reason the reply's reading names ({} when none is found)."""
+    after = False
+    for event in events:
+        payload = event.payload if isinstance(event.payload, Mapping) else {}
+        if event.event_type == "reply" and payload.get("inbound_id") == inbound_id:
+            after = True
+        elif (after and event.event_type == "step" and event.node_id == result.get("node")
+              and payload.get("reason") == result.get("reason")):
+            params = payload.get("params")
+            return params if isinstance(params, Mapping) else {}
+    return {}
+
+
+def ending(conn: Connection, oid: int, row: Any) -> dict[str, str] | None:
+    """An ended run's last step (as the builder names it) and its outcome in words; None while it lives."""
+    if row.status in lifecycle.LIVE:
+        return None
+    outcome = OUTCOME_LABELS.get(row.outcome or "")
+    return {"node": node_label(conn, oid, int(row.version_id), row.current_node_id),
+            "outcome": str(outcome) if outcome is not None else str(ENROLLMENT_STATUS_LABELS.get(row.status, "—"))}
 
 
 class RunsView(TenantPageView):
@@ -157,9 +249,12 @@ class RunsView(TenantPageView):
                 abort(404)
             run = _summary(conn, oid, row, flows)
             run["collected"] = collected(conn, oid, row)
+            run["ending"] = ending(conn, oid, row)
             lines = timeline(conn, oid, row)
+            taken = replies(conn, oid, row)
             session.rollback()  # read only; the scoped session is reused by the next request
-            return self.render("admin/followup/run.html", run=run, lines=lines, can_cancel=is_editor() and run["live"])
+            return self.render("admin/followup/run.html", run=run, lines=lines, replies=taken,
+                               can_cancel=is_editor() and run["live"])
         contact = None
         query = queries.enrollments_query(oid)
         if raw_contact is not None:
