@@ -131,8 +131,10 @@ class ContactFollowupMixin:
         if op not in ("start", "end"):
             abort(400)
         back_to = request.form.get("back") if request.form.get("back") in BACK_TARGETS else "contact"
+        # Taking over opens the contact page's composer (admin/views/desk/composer.py), ready to write.
         back = redirect(url_for("sandbox.index", contact=model.id) if back_to == "sandbox"
-                        else self.get_url(".details_view", id=model.id))  # type: ignore[attr-defined]
+                        else self.get_url(".details_view", id=model.id)  # type: ignore[attr-defined]
+                        + ("#lembra-compose" if op == "start" else ""))
         conn = self.session.connection()  # type: ignore[attr-defined]
         oid = org_id()
         holds = handoff_state(conn, oid, int(model.id))
