@@ -82,6 +82,22 @@ def test_taking_over_the_conversation_opens_the_composer(agent, tenants):
     assert not ended.headers["Location"].endswith("#lembra-compose")
 
 
+def test_taking_over_from_a_conversation_opens_its_answer(agent, webhooks, rt, tenants):
+    a, _ = tenants
+    sandbox_reply(webhooks, a, FREE_TEXT, "in-a-1")
+    row_id = inbound_id(rt, a.world.org_id, "in-a-1")
+    page = agent.get(f"/admin/conversations/{row_id}/").text
+    assert "Assumir a conversa (atendimento humano)" in page and 'name="inbound" value="%d"' % row_id in page
+    response = agent.post(f"/admin/contacts/handoff/{a.contact_id}/",
+                          data={"csrf_token": csrf(page), "op": "start", "back": "conversation", "inbound": row_id})
+    assert response.headers["Location"].endswith(f"/admin/conversations/{row_id}/#lembra-compose")
+    page = agent.get(response.headers["Location"]).text
+    assert "Atendimento humano em andamento" in page and 'id="lembra-reply-text"' in page
+    forged = agent.post(f"/admin/contacts/handoff/{a.contact_id}/",
+                        data={"csrf_token": csrf(page), "op": "end", "back": "conversation", "inbound": "x/../y"})
+    assert forged.headers["Location"].endswith(f"/admin/contacts/details/?id={a.contact_id}")
+
+
 def test_outside_metas_window_only_the_approved_template_goes(rt, clock):
     with Graph() as graph:
         world, channel_id = meta_world(rt, graph, slug="clinica-meta")

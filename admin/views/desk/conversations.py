@@ -34,6 +34,7 @@ from admin.views.base import (
     write_audit,
 )
 from admin.live import POLL
+from admin.views.followup.handoff import handoff_state
 from admin.views.followup.queue import flow_names, node_label
 from admin.views.followup.runs import run_url
 from admin.views.messages.sandbox import BUTTON_TITLES
@@ -193,12 +194,14 @@ class ConversationsView(CountedMenu, TenantPageView):
         context = self._thread_context(item)
         options = convs.reply_options(conn, org_id(), item)
         flow_name = flow_names(conn, org_id()).get(item.flow.pointer_id) if item.flow is not None else None
+        # Whether a person holds the conversation (its hand-off button posts to the contact's page).
+        handoff = handoff_state(conn, org_id(), item.contact_id) if item.contact_id is not None else None
         session.rollback()
         return self.render(
             "admin/conversations/details.html", options=options,
             reason=sentence(options.reason) if options.reason else None, form_key=uuid.uuid4().hex,
             max_reply=convs.MAX_REPLY, kind_labels=KIND_LABELS, sender_name=sender_name, item_states=ITEM_STATES,
-            flow_name=flow_name, run_url=run_url, **context,
+            flow_name=flow_name, run_url=run_url, handoff=handoff, **context,
         )
 
     @expose("/<inbound_id>/thread/")
