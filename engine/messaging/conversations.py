@@ -11,7 +11,9 @@ it, or that has not read it FLOW_CHANCE after it came). A person marks it handle
 `handled_by`) or answers it: the answer is an ordinary outbox message (purpose
 `conversation_reply`, linked to the inbound by its payload and idempotency key), so it has its
 events and goes out once through the normal dispatch. On Meta, outside the 24 h customer-service
-window only an approved template may go, so `reply_options` says why and offers it instead.
+window only an approved template may go, so `reply_options` says why and offers it instead; to a
+contact who opted out (or never consented) nothing goes. A person may also write first
+(`send_to_contact`, the contact's page) with the same rules and the same outbox.
 Every query here filters on the org.
 """
 
