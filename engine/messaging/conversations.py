@@ -11,7 +11,9 @@ it, or that has not read it FLOW_CHANCE after it came). A person marks it handle
 `handled_by`) or answers it: the answer is an ordinary outbox message (purpose
 `conversation_reply`, linked to the inbound by its payload and idempotency key), so it has its
 events and goes out once through the normal dispatch. On Meta, outside the 24 h customer-service
-window only an approved template may go, so `reply_options` says why and offers it instead.
+window only an approved template may go, so `reply_options` says why and offers it instead; to a
+contact who opted out (or never consented) nothing goes. A person may also write first
+(`send_to_contact`, the contact's page) with the same rules and the same outbox.
 Every query here filters on the org.
 """
 
@@ -29,10 +31,11 @@ from sqlalchemy.sql.elements import ColumnElement
 from engine.core import clock
 from engine.people.appointments import LIVE
 from engine.tenants.channels import default_channel
-from engine.queue.conversation_window import conversation_open
+from engine.queue.conversation_window import last_inbound, window_open
 from engine.flows.lifecycle import CLOCKED
 from engine.store.models import appointments, channels, contacts, enrollments, inbound_messages, messages, orgs, users
 from engine.queue.outbox import enqueue
+from engine.messaging.dispatch.batch import refusal
 from engine.messaging.templates import find_template
 from gateway.webhook_body import clean_text
 
@@ -413,19 +416,53 @@ def reply_options(conn: Connection, oid: int, item: Item, now: datetime | None =
     """What may be sent to the reply's sender now, on the channel kind they wrote on."""
     if item.contact_id is None:
         return ReplyOptions(free_text=False, reason="conversation_unknown_contact")
-    channel = default_channel(conn, oid, item.channel_kind)
-    if channel is None:
+    return contact_options(conn, oid, item.contact_id, item.channel_kind, now)
+
+
+def contact_options(conn: Connection, oid: int, contact_id: int, kind: str | None,
+                    now: datetime | None = None) -> ReplyOptions:
+    """What a person may send the contact now on `kind`: nothing to a contact who refused it (or
+    never consented: the rule dispatch applies at send time), free text inside Meta's 24 h window
+    (or on a provider without one), else the approved template that reopens the conversation."""
+    channel = default_channel(conn, oid, kind) if kind is not None else None
+    if kind is None or channel is None:
         return ReplyOptions(free_text=False, reason="conversation_no_channel")
-    if channel.provider != "meta" or conversation_open(conn, oid, channel.id, item.contact_id, now or clock.now()):
+    if refusal(conn, oid, contact_id, kind) is not None:
+        return ReplyOptions(free_text=False, reason="conversation_opted_out")
+    last = last_inbound(conn, [(oid, contact_id)]).get((oid, channel.id, contact_id))
+    if channel.provider != "meta" or window_open(last, now or clock.now()):
         return ReplyOptions(free_text=True)
-    # Outside Meta's 24 h window only an approved template goes (the provider refuses free text).
+    # Outside Meta's 24 h window only an approved template goes (the provider refuses free text);
+    # the sentence says whether the patient wrote long ago or never wrote on this channel.
+    closed = "conversation_window_closed" if last is not None else "conversation_window_not_open"
     org = conn.execute(select(orgs.c.locale).where(orgs.c.id == oid)).one()
     locale = conn.execute(select(contacts.c.locale).where(contacts.c.org_id == oid,
-                                                          contacts.c.id == item.contact_id)).scalar() or org.locale
-    template = find_template(conn, oid, REOPEN_TEMPLATE, item.channel_kind, locale)
+                                                          contacts.c.id == contact_id)).scalar() or org.locale
+    template = find_template(conn, oid, REOPEN_TEMPLATE, kind, locale)
     if template is None or not template.meta_template_name:
-        return ReplyOptions(free_text=False, reason="conversation_window_closed_no_template")
-    return ReplyOptions(free_text=False, template_key=REOPEN_TEMPLATE, reason="conversation_window_closed")
+        return ReplyOptions(free_text=False, reason=f"{closed}_no_template")
+    return ReplyOptions(free_text=False, template_key=REOPEN_TEMPLATE, reason=closed)
+
+
+def compose_kind(conn: Connection, oid: int, contact_id: int) -> str | None:
+    """The channel kind a person writing first to the contact uses: the one they last wrote on,
+    else the first kind (WhatsApp, SMS, e-mail) the org has a channel for and the contact an
+    address on; None when there is none."""
+    last = conn.execute(
+        select(channels.c.kind).select_from(inbound_messages.join(
+            channels, and_(channels.c.id == inbound_messages.c.channel_id, channels.c.org_id == oid)))
+        .where(inbound_messages.c.org_id == oid, inbound_messages.c.contact_id == contact_id)
+        .order_by(inbound_messages.c.id.desc()).limit(1)).scalar()
+    if last is not None:
+        return str(last)
+    row = conn.execute(select(contacts.c.phone, contacts.c.email)
+                       .where(contacts.c.org_id == oid, contacts.c.id == contact_id)).first()
+    if row is None:
+        return None
+    for kind, address in (("whatsapp", row.phone), ("sms", row.phone), ("email", row.email)):
+        if address and default_channel(conn, oid, kind) is not None:
+            return kind
+    return None
 
 
 def clean_reply(text: str | None) -> tuple[str | None, str | None]:
@@ -445,30 +482,56 @@ def send_reply(conn: Connection, oid: int, item: Item, user_id: int, form_key: s
     `conversation_already_sent`."""
     if not FORM_KEY.match(form_key):
         raise ValueError("form key")
-    options = reply_options(conn, oid, item)
+    if item.contact_id is None:
+        return ReplyResult(None, "conversation_unknown_contact")
+    return _send(conn, oid, item.contact_id, item.channel_kind, user_id, reply_options(conn, oid, item),
+                 key=f"conversation:{item.id}:{form_key}", text=text, use_template=use_template,
+                 payload={"inbound_id": item.id},
+                 appointment_id=item.appointment.id if item.appointment is not None else None, answered=item.id)
+
+
+def send_to_contact(conn: Connection, oid: int, contact_id: int, user_id: int, form_key: str, *,
+                    text: str | None = None, use_template: bool = False) -> ReplyResult:
+    """Queue a message a person writes first to the contact (from the contact's page) on
+    `compose_kind`, with the rules and the outbox of an answer: refused to a contact who opted
+    out, free text only inside Meta's window, the approved template outside it. The contact's
+    open replies count as answered."""
+    if not FORM_KEY.match(form_key):
+        raise ValueError("form key")
+    kind = compose_kind(conn, oid, contact_id)
+    options = contact_options(conn, oid, contact_id, kind)
+    if kind is None:
+        return ReplyResult(None, options.reason or "conversation_no_channel")
+    return _send(conn, oid, contact_id, kind, user_id, options, key=f"compose:{contact_id}:{form_key}",
+                 text=text, use_template=use_template, payload={})
+
+
+def _send(conn: Connection, oid: int, contact_id: int, kind: str, user_id: int, options: ReplyOptions, *,
+          key: str, text: str | None, use_template: bool, payload: dict[str, Any],
+          appointment_id: int | None = None, answered: int | None = None) -> ReplyResult:
+    """Queue what `options` allow (the one outbox row, sent once per key) and mark the contact's
+    open replies handled."""
+    template_key: str | None = None
     if use_template:
         if options.template_key is None:
             return ReplyResult(None, options.reason or "conversation_template_not_needed")
-        payload: dict[str, Any] = {"inbound_id": item.id}
-        template_key: str | None = options.template_key
+        template_key = options.template_key
     else:
         if not options.free_text:
             return ReplyResult(None, options.reason or "conversation_no_channel")
         cleaned, problem = clean_reply(text)
         if problem is not None:
             return ReplyResult(None, problem)
-        payload, template_key = {"inbound_id": item.id, "text": cleaned}, None
-    assert item.contact_id is not None  # reply_options refused an unknown sender
+        payload = {**payload, "text": cleaned}
     message_id = enqueue(
-        conn, org_id=oid, contact_id=item.contact_id, channel_kind=item.channel_kind, purpose=REPLY_PURPOSE,
-        idempotency_key=f"conversation:{item.id}:{form_key}", template_key=template_key, payload=payload,
-        appointment_id=item.appointment.id if item.appointment is not None else None,
-        respect_window=False,  # a person is answering now, not a reminder waiting for its hour
+        conn, org_id=oid, contact_id=contact_id, channel_kind=kind, purpose=REPLY_PURPOSE,
+        idempotency_key=key, template_key=template_key, payload=payload or None, appointment_id=appointment_id,
+        respect_window=False,  # a person is writing now, not a reminder waiting for its hour
     )
     if message_id is None:
         return ReplyResult(None, "conversation_already_sent")
-    open_ids = conn.execute(select(inbound_messages.c.id).where(
-        needs_person(oid), inbound_messages.c.contact_id == item.contact_id,
-        inbound_messages.c.handled_at.is_(None))).scalars().all()
-    mark_handled(conn, oid, set(open_ids) | {item.id}, user_id)
+    open_ids = set(conn.execute(select(inbound_messages.c.id).where(
+        needs_person(oid), inbound_messages.c.contact_id == contact_id,
+        inbound_messages.c.handled_at.is_(None))).scalars().all())
+    mark_handled(conn, oid, open_ids | ({answered} if answered is not None else set()), user_id)
     return ReplyResult(message_id, "conversation_reply_queued")

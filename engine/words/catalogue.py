@@ -537,6 +537,18 @@ CATALOGUE: dict[str, Text] = {
     "conversation_already_sent": N_("Esta resposta já tinha sido enviada; nada foi enviado de novo."),
     "conversation_template_not_needed": N_("A conversa está aberta: escreva a resposta, sem precisar do modelo."),
     "conversation_reply_queued": N_("A resposta foi para a fila de envio e sai pelo mesmo canal em instantes."),
+    # --- desk (admin/views/desk): writing first, and a contact who refused messages ---------------------
+    "conversation_opted_out": N_("O paciente não consentiu em receber mensagens por este canal, ou pediu para "
+                                 "não receber mais; nada pode ser enviado a ele por aqui."),
+    "conversation_window_not_open": N_("O paciente não escreveu por este canal nas últimas 24 horas; fora dessa "
+                                       "janela o WhatsApp só aceita modelos aprovados. Envie o modelo aprovado para "
+                                       "começar a conversa; quando o paciente responder, você pode escrever "
+                                       "livremente."),
+    "conversation_window_not_open_no_template": N_("O paciente não escreveu por este canal nas últimas 24 horas; "
+                                                   "fora dessa janela o WhatsApp só aceita modelos aprovados, e o "
+                                                   "modelo para retomar a conversa (conversation_reopen) não tem "
+                                                   "nome aprovado na Meta. Peça a quem opera o Lembra para "
+                                                   "configurá-lo."),
     # --- why a reminder of an appointment does not go (engine/reminders/windows.py skip reasons, and
     # engine/people/appointments.reminder_outlook for the rules that queued nothing) ------------------
     "too_late": N_("A hora deste lembrete já tinha passado quando ele entrou na fila; ele não é enviado."),

@@ -145,3 +145,37 @@ def test_a_reply_the_flow_answered_is_not_left_for_the_receptionist(rt, clock, s
     page.get_by_role("link", name=re.compile(f"Ver a execução de {FLOW}")).click()
     expect(page.locator("#lembra-timeline")).to_contain_text("A resposta do paciente foi entendida como reschedule.")
     steps.shot("execucao-do-fluxo")
+
+
+def test_a_conversation_shows_a_new_message_by_itself_at_the_bottom(rt, clock, server, page) -> None:  # noqa: F811
+    """Issue 33 (desk): the conversation page polls its thread (htmx, a static script: the CSP
+    allows no inline one). It opens at the newest message; a message the patient sends while it
+    is open (through the engine's inbound path) appears without a reload, still at the bottom."""
+    refused: list[str] = []
+    page.on("console", lambda msg: refused.append(msg.text) if "Content Security Policy" in msg.text else None)
+    with rt.db.begin() as conn:
+        org_id = create_org(conn, slug="bem-viver", name="Clínica Bem Viver", state="SP")
+        create_user(conn, org_id=org_id, email=EMAIL, role="agent", password=PASSWORD)
+        channel_id = create_channel(conn, rt.keyring, org_id=org_id, kind="whatsapp", provider="sandbox",
+                                    name="WhatsApp da recepção", is_default=True)
+        create_contact(conn, org_id=org_id, name=PATIENT, phone=PHONE, email=None, consent=("whatsapp",))
+    for n in range(6):  # enough bubbles for the thread to scroll
+        _patient_writes(rt, channel_id, f"sbx-live-{n}", f"Mensagem {n}\nsegunda linha\nterceira linha")
+
+    page.goto(f"{server}/admin/")
+    page.fill("#email", EMAIL)
+    page.fill("#password", PASSWORD)
+    page.get_by_role("button", name="Entrar").click()
+    page.get_by_role("link", name="Conversas (6)").click()
+    page.locator("table tbody tr").filter(has_text="Mensagem 5").get_by_role("link", name=PATIENT).click()
+    thread = page.locator("#lembra-thread")
+    expect(thread).to_contain_text("Mensagem 5")
+    at_bottom = "t => t.scrollHeight > t.clientHeight && t.scrollHeight - t.scrollTop - t.clientHeight < 4"
+    assert thread.evaluate(at_bottom), "the conversation opens at its newest message"
+    page.evaluate("window.lembraNoReload = true")
+
+    _patient_writes(rt, channel_id, "sbx-live-new", "Chegou agora: posso levar meu filho?")
+    expect(thread.locator(".lembra-msg").last).to_contain_text("Chegou agora")
+    page.wait_for_function(f"() => ({at_bottom})(document.getElementById('lembra-thread'))")
+    assert page.evaluate("window.lembraNoReload === true"), "the page was not reloaded"
+    assert refused == [], refused

@@ -33,6 +33,8 @@ from admin.views.base import (
     org_id,
     write_audit,
 )
+from admin.live import POLL
+from admin.views.followup.handoff import handoff_state
 from admin.views.followup.queue import flow_names, node_label
 from admin.views.followup.runs import run_url
 from admin.views.messages.sandbox import BUTTON_TITLES
@@ -145,9 +147,8 @@ class ConversationsView(CountedMenu, TenantPageView):
             abort(404)
         return item
 
-    @expose("/")
-    def index(self) -> Any:
-        """The replies waiting for a person (or the handled ones, or all), newest first."""
+    def _list_context(self) -> dict[str, Any]:
+        """The list's rows for the tab and page the URL asks (read only)."""
         state = request.args.get("state", "open")
         if state not in convs.STATES:
             state = "open"
@@ -157,12 +158,31 @@ class ConversationsView(CountedMenu, TenantPageView):
         items, total = convs.list_items(conn, org_id(), state=state, page=min(page, 10**6), page_size=PAGE_SIZE)
         notes = flow_texts(conn, org_id(), {item.id: item.flow for item in items if item.flow is not None})
         session.rollback()  # read only; the scoped session is reused by the next request
-        return self.render(
-            "admin/conversations/list.html", items=items, total=total, state=state, page=page,
-            pages=(total + PAGE_SIZE - 1) // PAGE_SIZE, state_labels=STATE_LABELS, local_dt=local_dt,
-            kind_labels=KIND_LABELS, badge=badge, message_text=message_text, outcome_text=outcome_text,
-            sender_name=sender_name, item_states=ITEM_STATES, notes=notes,
-        )
+        return dict(items=items, total=total, state=state, page=page, pages=(total + PAGE_SIZE - 1) // PAGE_SIZE,
+                    state_labels=STATE_LABELS, local_dt=local_dt, kind_labels=KIND_LABELS, badge=badge,
+                    message_text=message_text, outcome_text=outcome_text, sender_name=sender_name,
+                    item_states=ITEM_STATES, notes=notes, poll=POLL)
+
+    @expose("/")
+    def index(self) -> Any:
+        """The replies waiting for a person (or the handled ones, or all), newest first."""
+        return self.render("admin/conversations/list.html", **self._list_context())
+
+    @expose("/rows/")
+    def rows(self) -> Any:
+        """The list alone (its live poll): the same rows as `index` for the same tab and page."""
+        return self.render("admin/conversations/_rows.html", **self._list_context())
+
+    def _thread_context(self, item: convs.Item) -> dict[str, Any]:
+        """The thread with the reply's sender and what the flows made of each reply (read only)."""
+        conn = db_session().connection()
+        entries = convs.thread(conn, org_id(), item)
+        readings = {e.row_id: e.flow for e in entries if not e.outgoing and e.flow is not None}
+        if item.flow is not None:
+            readings[item.id] = item.flow
+        return dict(item=item, entries=entries, notes=flow_texts(conn, org_id(), readings), local_dt=local_dt,
+                    badge=badge, message_text=message_text, outcome_text=outcome_text, purpose_label=purpose_label,
+                    poll=POLL)
 
     @expose("/<inbound_id>/")
     def details(self, inbound_id: str) -> Any:
@@ -171,22 +191,26 @@ class ConversationsView(CountedMenu, TenantPageView):
         item = self._item(inbound_id)
         session = db_session()
         conn = session.connection()
-        entries = convs.thread(conn, org_id(), item)
+        context = self._thread_context(item)
         options = convs.reply_options(conn, org_id(), item)
-        readings = {e.row_id: e.flow for e in entries if not e.outgoing and e.flow is not None}
-        if item.flow is not None:
-            readings[item.id] = item.flow
-        notes = flow_texts(conn, org_id(), readings)
         flow_name = flow_names(conn, org_id()).get(item.flow.pointer_id) if item.flow is not None else None
+        # Whether a person holds the conversation (its hand-off button posts to the contact's page).
+        handoff = handoff_state(conn, org_id(), item.contact_id) if item.contact_id is not None else None
         session.rollback()
         return self.render(
-            "admin/conversations/details.html", item=item, entries=entries, options=options,
+            "admin/conversations/details.html", options=options,
             reason=sentence(options.reason) if options.reason else None, form_key=uuid.uuid4().hex,
-            max_reply=convs.MAX_REPLY, local_dt=local_dt, kind_labels=KIND_LABELS, badge=badge,
-            message_text=message_text, outcome_text=outcome_text, purpose_label=purpose_label,
-            sender_name=sender_name, item_states=ITEM_STATES, notes=notes, flow_name=flow_name,
-            run_url=run_url,
+            max_reply=convs.MAX_REPLY, kind_labels=KIND_LABELS, sender_name=sender_name, item_states=ITEM_STATES,
+            flow_name=flow_name, run_url=run_url, handoff=handoff, **context,
         )
+
+    @expose("/<inbound_id>/thread/")
+    def thread_rows(self, inbound_id: str) -> Any:
+        """The thread alone (the conversation page's live poll); another org's id answers 404."""
+        item = self._item(inbound_id)
+        context = self._thread_context(item)
+        db_session().rollback()
+        return self.render("admin/conversations/_thread.html", **context)
 
     @expose("/<inbound_id>/reply/", methods=("POST",))
     def reply(self, inbound_id: str) -> Any:

@@ -52,6 +52,7 @@ from admin.views.base import (
 from admin.views.filters import OrgDateTimeBetweenFilter, PatientSearchMixin
 from admin.views.followup.handoff import ContactFollowupMixin
 from admin.views.desk.privacy import ContactPrivacyMixin
+from admin.views.desk.composer import ComposerMixin
 from engine.people import appointments as appts
 from engine.core import clock
 from engine.people import imports as csv_import
@@ -561,11 +562,12 @@ def _external_id_taken_message() -> str:
              "Cada paciente do sistema da clínica tem o seu.")
 
 
-class ContactView(PatientSearchMixin, ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
+class ContactView(PatientSearchMixin, ComposerMixin, ContactFollowupMixin, ContactPrivacyMixin, TenantModelView):
     """Contacts. Consent is a deliberate act with its evidence: nothing is ticked on a new
     contact, and ticking a channel (on the form or later on the contact's page) asks how the
     patient agreed and records who did it and when; a refusal is never re-opened here. The
-    page lists the patient's messages and replies. Follow-up (hand-off, enrolling by hand)
+    page lists the patient's messages and replies, and staff write to the patient there
+    (ComposerMixin, admin/views/desk/composer.py). Follow-up (hand-off, enrolling by hand)
     comes from ContactFollowupMixin (admin/views/followup/handoff.py)."""
 
     patient_column = "id"

@@ -44,7 +44,7 @@ from engine.store.models import Contact, enrollments, flow_pointers
 #: The caller key the form carries: 32 hex characters made when the form is shown.
 KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 #: Where a hand-off button may send the receptionist back to (never a URL from the form).
-BACK_TARGETS = ("contact", "sandbox")
+BACK_TARGETS = ("contact", "sandbox", "conversation")
 #: Contacts one bulk enrolment takes at most (a list page holds 50; this leaves room, bounded).
 MAX_BULK = 500
 
@@ -131,8 +131,16 @@ class ContactFollowupMixin:
         if op not in ("start", "end"):
             abort(400)
         back_to = request.form.get("back") if request.form.get("back") in BACK_TARGETS else "contact"
+        inbound = request.form.get("inbound", "")
+        if back_to == "conversation" and not valid_id(inbound):
+            back_to = "contact"
+        # Taking over opens a composer (the contact page's, admin/views/desk/composer.py, or the
+        # conversation's answer), ready to write.
+        compose = "#lembra-compose" if op == "start" else ""
         back = redirect(url_for("sandbox.index", contact=model.id) if back_to == "sandbox"
-                        else self.get_url(".details_view", id=model.id))  # type: ignore[attr-defined]
+                        else url_for("conversations.details", inbound_id=inbound) + compose
+                        if back_to == "conversation"
+                        else self.get_url(".details_view", id=model.id) + compose)  # type: ignore[attr-defined]
         conn = self.session.connection()  # type: ignore[attr-defined]
         oid = org_id()
         holds = handoff_state(conn, oid, int(model.id))

@@ -37,6 +37,7 @@ from admin.views.base import (
     local_dt,
     org_id,
 )
+from admin.live import POLL
 from admin.views.followup.handoff import handoff_state
 from admin.views.words import reply_outcome_text
 from engine.core import clock
@@ -270,8 +271,25 @@ class SandboxView(TenantPageView):
             "admin/sandbox.html", conversations=convs, selected=selected, addresses=addresses, entries=entries,
             target=target, has_sandbox=has_sandbox, can_configure=is_editor(), local_dt=local_dt, short_dt=short_dt,
             badge=badge, kind_labels=KIND_LABELS, purpose_labels=PURPOSE_LABELS, outcome_label=outcome_label,
-            max_reply=MAX_REPLY, handoff=handoff,
+            max_reply=MAX_REPLY, handoff=handoff, poll=POLL,
         )
+
+    @expose("/thread/")
+    def thread_rows(self) -> Any:
+        """The open conversation's bubbles alone (the chat's live poll), for the contact (404 unless
+        the org's own) or bare address the URL names."""
+        oid = org_id()
+        session = db_session()
+        conn = session.connection()
+        contact, address = _requested(conn, oid)
+        if contact is None and address is None:
+            abort(404)
+        entries = thread(conn, oid, contact=contact, address=address)
+        session.rollback()
+        if contact is None and not entries:
+            abort(404)  # an address this org never sent to nor heard from
+        return self.render("admin/sandbox_thread.html", entries=entries, local_dt=local_dt, badge=badge,
+                           kind_labels=KIND_LABELS, purpose_labels=PURPOSE_LABELS, outcome_label=outcome_label)
 
     @expose("/reply/", methods=("POST",))
     def reply(self) -> Any:
