@@ -678,6 +678,19 @@ CATALOGUE: dict[str, Text] = {
                                   "(%(detail)s)."),
     "availability_refused": N_("O endereço de horários livres da clínica (%(host)s) não é permitido: ele aponta para "
                                "a rede interna."),
+    # --- the REST API and the CLI (admin/api/, admin/cli/): naming a contact, refusing a send, modes -------
+    "api_contact_ref_one": N_("Informe o paciente por contact_id ou por contact_external_id, um dos dois."),
+    "api_contact_not_found": N_("Este paciente não existe nesta clínica."),
+    "api_message_no_consent": N_("O paciente não consentiu em receber mensagens por este canal; nada foi enviado."),
+    "api_message_opted_out": N_("O paciente pediu para não receber mensagens por este canal; nada foi enviado."),
+    "api_message_address_opted_out": N_("Este telefone ou e-mail pediu para não receber mensagens por este canal; "
+                                        "nada foi enviado."),
+    "api_idempotency_key_required": N_("Envie o cabeçalho Idempotency-Key com uma chave única deste pedido (até 200 "
+                                       "caracteres visíveis, sem espaços): repetir a chave não envia de novo."),
+    "api_conversation_not_open": N_("Esta conversa não estava esperando resposta; nada mudou."),
+    "mode_in_person": N_("Presencial"),
+    "mode_online": N_("Online"),
+    "mode_phone": N_("Por telefone"),
 }
 
 
