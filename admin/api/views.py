@@ -217,7 +217,9 @@ def get_message(message_id: int) -> Any:
 @documented("post", "/messages", "Send an ad-hoc message", tag="messages",
             description="Queued in the outbox and sent inside the org's sending window unless `send_now`. "
                         "The same `Idempotency-Key` answers the same message (200); reusing it for a "
-                        "different request is a 409.",
+                        "different request is a 409. A contact who opted out of `channel_kind`, never "
+                        "consented to it, or whose phone or e-mail was refused for it is a 422 whose "
+                        "`details` give the reason `{code, field, message, message_en}`; nothing is queued.",
             body=MessageIn, header=IdempotencyHeader,
             responses={201: (MessageOut, "Queued"), 200: (MessageOut, "Already queued with this key")},
             errors=(400, 409, 413, 422))

@@ -94,6 +94,18 @@ def test_a_send_the_patient_did_not_allow_is_refused_and_writes_nothing(rt, api,
     assert (_count(rt, messages, api.world.org_id), _count(rt, audit_log, api.world.org_id)) == before
 
 
+def test_a_send_to_an_address_someone_refused_is_refused(rt, api):
+    sibling = _contact(api, "pac-irma")
+    contact = _contact(api)  # the same phone, consent given
+    with rt.db.begin() as conn:
+        opt_out(conn, api.world.org_id, sibling["id"], kinds=("whatsapp",), source="patient")
+    refused = api.post("/messages", {"contact_external_id": "pac-1", "channel_kind": "whatsapp", "text": "oi"},
+                       headers={"Idempotency-Key": "addr"})
+    assert refused.status_code == 422, refused.get_json()
+    assert refused.get_json()["details"][0]["code"] == "api_message_address_opted_out"
+    assert api.get(f"/messages?contact_id={contact['id']}&purpose=adhoc").get_json()["data"] == []
+
+
 def test_mode_is_an_enum_with_labels_in_the_document(api):
     _contact(api)
     ok = api.post("/appointments", {"external_id": "ag-1", "contact_external_id": "pac-1", "starts_at": STARTS,
