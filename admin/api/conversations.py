@@ -143,13 +143,13 @@ def list_conversations() -> Any:
             path_id="inbound_id",
             description="Queued in the outbox to go now (purpose `conversation_reply`), exactly as an answer "
                         "written in the console, and the sender's open replies are marked handled. The same "
-                        "`Idempotency-Key` answers the same message (200). When nothing can go (no contact, "
+                        "`Idempotency-Key` answers the same message (200); with another text it is a 409. When nothing can go (no contact, "
                         "no channel, Meta's window closed without `use_template`) it is a 422 whose `details` "
                         "say why in the catalogue's words, and nothing is written.",
             body=ConversationReplyIn, header=IdempotencyHeader,
             responses={201: (ConversationReplyOut, "Queued"), 200: (ConversationReplyOut, "Already sent with "
                                                                                           "this key")},
-            errors=(400, 404, 413, 422))
+            errors=(400, 404, 409, 413, 422))
 @require_key
 def reply_conversation(inbound_id: int) -> Any:
     inbound_id = path_id(inbound_id)
@@ -164,6 +164,10 @@ def reply_conversation(inbound_id: int) -> Any:
         message_id = result.message_id
         if not created and result.code == "conversation_already_sent":
             message_id = find_id(conn, org_id, f"conversation:{item.id}:{form_key}")
+            sent = find_message(conn, org_id, int(message_id)) if message_id is not None else None
+            if sent is not None and (sent.payload or {}).get("text") != (None if data["use_template"]
+                                                                        else convs.clean_reply(data.get("text"))[0]):
+                raise ApiError(409, "this Idempotency-Key was already used for a different request")
         if message_id is None:
             params = {"max": convs.MAX_REPLY} if result.code == "conversation_text_too_long" else {}
             raise ApiError(422, "the answer cannot be sent", [detail(result.code, "text" if "text" in result.code

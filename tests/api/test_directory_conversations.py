@@ -107,6 +107,8 @@ def test_conversations_list_reply_once_and_mark_handled(rt, client, api, other, 
     again = api.post(f"/conversations/{first}/reply", {"text": "Pode sim, qual dia?"},
                      headers={"Idempotency-Key": "r-1"})
     assert again.status_code == 200 and again.get_json()["message"]["id"] == body["message"]["id"]
+    reused = api.post(f"/conversations/{first}/reply", {"text": "Outra coisa"}, headers={"Idempotency-Key": "r-1"})
+    assert reused.status_code == 409
     [row] = _replies(rt, clinic.org_id)
     assert row.payload["inbound_id"] == first and row.idempotency_key.startswith(f"conversation:{first}:")
     # The answer handled the sender's other open reply too, as in the console.
