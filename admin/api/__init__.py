@@ -9,6 +9,7 @@ exist. Errors are JSON `{error, details}`; a 422 lists every field's errors at o
 from __future__ import annotations
 
 from admin.api import agenda, fields, privacy, templates, understand, views, webhooks  # noqa: F401  (registers the routes)
+from admin.api import conversations, directory  # noqa: F401  (agents, channels, conversations)
 from admin.api.core import bp
 
 __all__ = ["bp"]

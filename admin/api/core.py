@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from admin.api.schemas import MAX_ID
+from admin.api.schemas import MAX_ID, IdempotencyHeader, catalogue_detail
 from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
 from engine.tenants.apikeys import ApiKeyIdentity, authenticate
@@ -224,3 +224,21 @@ def _bounded_errors(errors: dict[str, Any]) -> dict[str, Any]:
 
 def load_query(schema: Schema) -> dict[str, Any]:
     return load(schema, {key: request.args.get(key) for key in request.args})
+
+
+def idempotency_key(body: Any, schema: Schema) -> tuple[str, dict[str, Any]]:
+    """The `Idempotency-Key` header and the body, validated together so a 422 lists both."""
+    header_errors: dict[str, Any] = {}
+    key = None
+    given = request.headers.get("Idempotency-Key")
+    if given is None or not given.strip():
+        # A missing key says what to send, in the catalogue's words, not marshmallow's "Missing data".
+        header_errors = {"Idempotency-Key": [catalogue_detail("api_idempotency_key_required", "Idempotency-Key")]}
+    else:
+        try:
+            key = load(IdempotencyHeader(), {"Idempotency-Key": given})
+        except ValidationError as exc:
+            header_errors = exc.messages if isinstance(exc.messages, dict) else {"Idempotency-Key": exc.messages}
+    data = load(schema, body, header_errors)
+    assert key is not None
+    return key["idempotency_key"], data

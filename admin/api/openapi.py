@@ -59,7 +59,8 @@ def openapi_document() -> dict[str, Any]:
         openapi_version="3.0.3",
         plugins=[MarshmallowPlugin()],
         info={"description": "Push contacts and appointments, read and send messages, report hand-off and "
-                             "stage events, build and publish follow-up flows and follow their runs. "
+                             "stage events, build and publish follow-up flows and follow their runs, read the "
+                             "org's agents and channels, and answer patients' conversations. "
                              "Authenticate with `Authorization: Bearer <API key>`; every id belongs to the "
                              "key's org. Errors are `{error, details}`."},
         security=[{"bearerAuth": []}],
@@ -67,7 +68,7 @@ def openapi_document() -> dict[str, Any]:
     spec.components.security_scheme("bearerAuth", {"type": "http", "scheme": "bearer",
                                                    "description": "lembra_<prefix>_<secret>"})
     for name in ("ErrorOut", "ContactIn", "ContactOut", "ContactPage", "AppointmentIn", "AppointmentOut",
-                 "AppointmentPage", "MessageIn", "MessageOut", "MessagePage", "EventIn", "EventOut",
+                 "AppointmentPage", "MessageIn", "MessageOut", "MessagePage", "EventIn", "StartedRunOut", "EventOut",
                  # Nested schemas before the ones that nest them, so each is added once, by name.
                  "FlowIn", "FlowPatch", "FlowOut", "FlowDetailOut", "FlowPage", "FlowDisableIn", "FlowDisabledOut",
                  "FlowRollbackIn", "FlowIssueOut", "FlowGraphSchemaOut", "VersionOut", "VersionSummaryOut",

@@ -27,6 +27,7 @@ from engine.flows.queries import ENROLLMENT_STATUSES
 from engine.flows.versions import DISABLE_LIVE, HANDOFF_POLICIES, MAX_VERSION
 from engine.store.models import APPOINTMENT_STATUSES, CHANNEL_KINDS, MESSAGE_STATUSES
 from engine.core.strict_json import find_problem, storable_text
+from engine.words.catalogue import describe
 from gateway.phones import InvalidPhone, normalize_phone
 
 MAX_ID = 2**63 - 1
@@ -144,6 +145,35 @@ def encode_cursor(after: int) -> str:
 
 # --- input ------------------------------------------------------------------------------------
 
+#: How an appointment happens (`appointments.mode`); each has a label in the catalogue (`mode_<value>`).
+APPOINTMENT_MODES = ("in_person", "online", "phone")
+#: The labels of APPOINTMENT_MODES as the catalogue (`mode_<value>`) and its English translation say them.
+MODE_LABELS = {mode: {"pt_BR": str(describe(f"mode_{mode}")), "en": translate_to(describe(f"mode_{mode}"), "en")}
+               for mode in APPOINTMENT_MODES}
+
+
+class ContactRefIn(Schema):
+    """A body that names one of the org's contacts, by Lembra's id or by the clinic's own: exactly
+    one of the two (admin/api/services.py `resolve_contact` finds it, the same way everywhere)."""
+
+    contact_id = Id(metadata={"description": "Lembra's id of the contact. Give this or `contact_external_id`."})
+    contact_external_id = Text(validate=validate.Length(min=1, max=200), metadata={
+        "description": "Your system's id for the contact (its `external_id`). Give this or `contact_id`."})
+
+    @validates_schema(skip_on_field_errors=False, pass_original=True)
+    def _exactly_one_contact(self, data: dict[str, Any], original: Any, **kwargs: Any) -> None:
+        # Read from what was sent, so a malformed id is its own error and not also "name one".
+        given = original if isinstance(original, dict) else {}
+        if ("contact_id" in given) == ("contact_external_id" in given):
+            raise ValidationError([catalogue_detail("api_contact_ref_one", "contact_id")], "contact_id")
+
+
+def catalogue_detail(code: str, field: str) -> dict[str, Any]:
+    """An error about `field` in the catalogue's words: `{code, field, message, message_en}` (the
+    shape of admin/api/core.py `detail`, built here because core imports this module)."""
+    text = describe(code)
+    return {"code": code, "field": field, "message": str(text), "message_en": translate_to(text, "en")}
+
 class ContactIn(Schema):
     class Meta:
         unknown = RAISE
@@ -162,13 +192,12 @@ class ContactIn(Schema):
                                                    "patient's own opt-out."})
 
 
-class AppointmentIn(Schema):
+class AppointmentIn(ContactRefIn):
     class Meta:
         unknown = RAISE
 
     external_id = Text(required=True, validate=validate.Length(min=1, max=200),
                        metadata={"description": "Your system's id for the appointment; the upsert key."})
-    contact_external_id = Text(required=True, validate=validate.Length(min=1, max=200))
     starts_at = Instant(required=True, metadata={"description": "ISO 8601 with a UTC offset, e.g. "
                                                                  "2026-12-03T14:30:00-03:00"})
     timezone = Text(allow_none=True, validate=[validate.Length(max=64), _timezone],
@@ -179,18 +208,20 @@ class AppointmentIn(Schema):
     professional_id = Id(allow_none=True, metadata={
         "description": "One of the org's professionals (GET /professionals): the built-in agenda counts the "
                        "appointment as their busy time. Null unlinks."})
-    mode = Text(allow_none=True, validate=validate.Length(max=40), metadata={"example": "in_person"})
+    mode = fields.String(allow_none=True, validate=validate.OneOf(APPOINTMENT_MODES), metadata={
+        "description": "How it happens: " + ", ".join(
+            f"`{m}` ({MODE_LABELS[m]['pt_BR']} / {MODE_LABELS[m]['en']})" for m in APPOINTMENT_MODES) + ".",
+        "x-enum-labels": MODE_LABELS})
     location = Text(allow_none=True, validate=validate.Length(max=500))
     status = fields.String(validate=validate.OneOf(APPOINTMENT_STATUSES),
                            metadata={"description": "Omitted: `scheduled` for a new appointment, unchanged "
                                                     "otherwise. `cancelled` cancels the reminders."})
 
 
-class MessageIn(Schema):
+class MessageIn(ContactRefIn):
     class Meta:
         unknown = RAISE
 
-    contact_id = Id(required=True)
     channel_kind = fields.String(required=True, validate=validate.OneOf(CHANNEL_KINDS))
     text = Text(required=True, validate=validate.Length(min=1, max=4096))
     subject = Text(allow_none=True, validate=validate.Length(max=300))
@@ -213,12 +244,11 @@ class IdempotencyHeader(Schema):
         metadata={"description": "Your unique key for this send: the same key answers the same message."})
 
 
-class EventIn(Schema):
+class EventIn(ContactRefIn):
     class Meta:
         unknown = RAISE
 
     type = fields.String(required=True, validate=validate.OneOf(EVENT_TYPES))
-    contact_id = Id(required=True)
     stage = Text(allow_none=True, validate=validate.Length(min=1, max=200),
                  metadata={"description": "Required for stage_changed."})
     at = Instant(allow_none=True, metadata={"description": "When it happened (now by default)."})
@@ -292,12 +322,11 @@ class FlowRollbackIn(Schema):
                           metadata={"description": "An earlier version number of this flow."})
 
 
-class EnrollmentIn(Schema):
+class EnrollmentIn(ContactRefIn):
     class Meta:
         unknown = RAISE
 
     flow_id = Id(required=True)
-    contact_id = Id(required=True)
     appointment_id = Id(allow_none=True, metadata={"description": "One of the contact's appointments, for "
                                                                   "flows whose conditions read it."})
 
@@ -412,6 +441,14 @@ class MessageOut(Schema):
     updated_at = _out_dt(required=True)
 
 
+class StartedRunOut(Schema):
+    """A follow-up run an event started."""
+
+    enrollment_id = fields.Integer(required=True)
+    flow_id = fields.Integer(required=True)
+    flow_name = fields.String(required=True)
+
+
 class EventOut(Schema):
     id = fields.Integer(required=True)
     type = fields.String(required=True, validate=validate.OneOf(EVENT_TYPES))
@@ -419,6 +456,8 @@ class EventOut(Schema):
     stage = fields.String(required=True, allow_none=True)
     at = _out_dt(required=True)
     created_at = _out_dt(required=True)
+    started = fields.List(fields.Nested(StartedRunOut), required=True,
+                          metadata={"description": "The follow-up runs this event started (flows triggered by it)."})
 
 
 class FlowOut(Schema):

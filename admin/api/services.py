@@ -13,7 +13,8 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from admin.api.core import ApiError, finding_detail
+from admin.api.core import ApiError, detail, finding_detail
+from admin.api.schemas import catalogue_detail
 from admin.i18n import translate_to
 from engine.people import agenda
 from engine.people import appointments as appointment_ops
@@ -21,11 +22,13 @@ from engine.core import clock
 from engine.people.contacts import ExternalIdTaken, create_contact, set_consent
 from engine.flows import lifecycle, queries, triggers
 from engine.flows.issues import FlowIssue
-from engine.store.models import appointments, contacts, enrollments, messages, preferences
+from engine.store.models import appointments, contacts, enrollments, flow_pointers, messages, preferences
 from engine.queue.outbox import enqueue, find_id
 from engine.queue import address_optouts as addresses
 from engine.reminders.populate import plan_new, refresh_appointment
+from engine.words.catalogue import describe
 from engine.words.reasons import row_reason, status_label
+from engine.messaging.dispatch.batch import refusal as dispatch_refusal
 from gateway.phones import normalize_phone
 
 LIVE = appointment_ops.LIVE
@@ -43,12 +46,16 @@ def find_contact(conn: Connection, org_id: int, contact_id: int) -> Any:
     return row
 
 
-def contact_ref(conn: Connection, org_id: int, contact_id: int, field: str = "contact_id") -> Any:
-    """A contact named in a request body: unknown (or another org's) is a 422 on that field."""
-    row = conn.execute(select(contacts).where(contacts.c.org_id == org_id, contacts.c.id == contact_id,
+def resolve_contact(conn: Connection, org_id: int, data: dict[str, Any]) -> Any:
+    """The org's (not erased) contact a body names by `contact_id` or `contact_external_id` (the
+    schema let exactly one through). Unknown, erased or another org's is the same 422 on the
+    field given, in the catalogue's words, so a key never learns what another org holds."""
+    field = "contact_id" if data.get("contact_id") is not None else "contact_external_id"
+    column = contacts.c.id if field == "contact_id" else contacts.c.external_id
+    row = conn.execute(select(contacts).where(contacts.c.org_id == org_id, column == data[field],
                                               contacts.c.erased_at.is_(None))).first()
     if row is None:
-        raise ValidationError({field: ["No such contact."]})
+        raise ValidationError({field: [catalogue_detail("api_contact_not_found", field)]})
     return row
 
 
@@ -154,11 +161,7 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
     A new time reschedules (`engine.people.appointments.reschedule`), `cancelled` cancels as the clinic,
     and any change re-populates the appointment's reminders in this transaction. `scheduled` does
     not undo a patient's confirmation of the same time."""
-    contact = conn.execute(select(contacts.c.id).where(
-        contacts.c.org_id == org_id, contacts.c.external_id == data["contact_external_id"],
-        contacts.c.erased_at.is_(None))).first()
-    if contact is None:
-        raise ValidationError({"contact_external_id": ["No contact with this external_id."]})
+    contact = resolve_contact(conn, org_id, data)
     data = _with_professional(conn, org_id, data)
     existing = conn.execute(select(appointments).where(appointments.c.org_id == org_id,
                                                        appointments.c.external_id == data["external_id"])).first()
@@ -180,7 +183,8 @@ def upsert_appointment(conn: Connection, org_id: int, data: dict[str, Any]) -> t
             refresh_appointment(conn, org_id, appointment_id)
             return find_appointment(conn, org_id, appointment_id), True, dict(data)
     if existing.contact_id != contact.id:
-        raise ValidationError({"contact_external_id": ["An appointment cannot move to another contact."]})
+        field = "contact_id" if data.get("contact_id") is not None else "contact_external_id"
+        raise ValidationError({field: ["An appointment cannot move to another contact."]})
     changes: dict[str, Any] = {}
     plain = {f: data[f] for f in ("professional", "professional_id", "mode", "location")
              if f in data and data[f] != getattr(existing, f)}
@@ -268,11 +272,15 @@ def send_adhoc(conn: Connection, org_id: int, key: str, data: dict[str, Any]) ->
     request_hash = fingerprint(data)
     existing_id = find_id(conn, org_id, idempotency_key)
     if existing_id is None:
-        contact_ref(conn, org_id, data["contact_id"])
+        contact = resolve_contact(conn, org_id, data)
+        refused = send_refusal(conn, org_id, contact.id, data["channel_kind"])
+        if refused is not None:
+            raise ApiError(422, "the contact may not be messaged on this channel",
+                           [detail(refused, "channel_kind", describe(refused))])
         payload = {"text": data["text"], "request_sha256": request_hash}
         if data.get("subject"):
             payload["subject"] = data["subject"]
-        new_id = enqueue(conn, org_id=org_id, contact_id=data["contact_id"], channel_kind=data["channel_kind"],
+        new_id = enqueue(conn, org_id=org_id, contact_id=contact.id, channel_kind=data["channel_kind"],
                          purpose=ADHOC_PURPOSE, idempotency_key=idempotency_key, payload=payload,
                          respect_window=not data.get("send_now"))
         if new_id is not None:
@@ -284,6 +292,22 @@ def send_adhoc(conn: Connection, org_id: int, key: str, data: dict[str, Any]) ->
     if stored != request_hash:
         raise ApiError(409, "this Idempotency-Key was already used for a different request")
     return row, False
+
+
+def send_refusal(conn: Connection, org_id: int, contact_id: int, kind: str) -> str | None:
+    """Why a message of `kind` may not go to the contact, as a catalogue code, or None: the
+    patient's opt-out, no consent for that kind, or a refusal of one of their addresses. The
+    dispatcher's own check (engine/messaging/dispatch/batch.py `refusal`) decides the address part;
+    this only tells an opt-out from a consent never given, which it counts alike."""
+    pref = conn.execute(select(preferences.c.opted_in, preferences.c.opted_out_at).where(
+        preferences.c.org_id == org_id, preferences.c.contact_id == contact_id, preferences.c.kind == kind)).first()
+    if pref is not None and pref.opted_out_at is not None:
+        return "api_message_opted_out"
+    if pref is None or not pref.opted_in:
+        return "api_message_no_consent"
+    if dispatch_refusal(conn, org_id, contact_id, kind) is not None:
+        return "api_message_address_opted_out"
+    return None
 
 
 # --- flows ------------------------------------------------------------------------------------
@@ -404,23 +428,24 @@ def enroll_manual(conn: Connection, org_id: int, key: str, data: dict[str, Any])
     engine's refusals (flow not active, contact opted out, already in the flow, …) a 409 with the
     reason's code and sentence. The same key for the same flow answers the same enrollment; for
     another contact or appointment it is a 409."""
-    errors: dict[str, list[str]] = {}
+    errors: dict[str, list[Any]] = {}
     if queries.find_flow(conn, org_id, data["flow_id"]) is None:
         errors["flow_id"] = ["No such flow."]
+    contact_id = 0
     try:
-        contact_ref(conn, org_id, data["contact_id"])
+        contact_id = resolve_contact(conn, org_id, data).id
     except ValidationError as exc:
         errors.update(exc.messages)  # type: ignore[arg-type]
     else:
         if data.get("appointment_id") is not None:
-            problem = _appointment_ref(conn, org_id, data["appointment_id"], data["contact_id"])
+            problem = _appointment_ref(conn, org_id, data["appointment_id"], contact_id)
             if problem:
                 errors["appointment_id"] = [problem]
     if errors:
         raise ValidationError(errors)
 
     def attempt() -> triggers.Enrolled:
-        return triggers.enroll(conn, org_id, data["flow_id"], data["contact_id"], trigger_kind="manual",
+        return triggers.enroll(conn, org_id, data["flow_id"], contact_id, trigger_kind="manual",
                                trigger_key=f"api:{key}", caller_key=f"api:{key}",
                                appointment_id=data.get("appointment_id"), automatic=False)
 
@@ -433,9 +458,20 @@ def enroll_manual(conn: Connection, org_id: int, key: str, data: dict[str, Any])
         raise ApiError(409, "the contact was not enrolled",
                        {"reason": result.reason, "message": _sentence(result.reason) or result.reason})
     row = find_enrollment(conn, org_id, result.enrollment_id)
-    if not result.created and (row.contact_id, row.appointment_id) != (data["contact_id"], data.get("appointment_id")):
+    if not result.created and (row.contact_id, row.appointment_id) != (contact_id, data.get("appointment_id")):
         raise ApiError(409, "this Idempotency-Key was already used for a different request")
     return row, result.created
+
+
+def runs_started_by_event(conn: Connection, org_id: int, event_id: int) -> list[dict[str, Any]]:
+    """The runs the contact event started (engine/flows/triggers.py `on_contact_event` keys each
+    one `event:<id>`), with their flow's id and name."""
+    rows = conn.execute(
+        select(enrollments.c.id, enrollments.c.pointer_id, flow_pointers.c.name)
+        .join(flow_pointers, (flow_pointers.c.id == enrollments.c.pointer_id) & (flow_pointers.c.org_id == org_id))
+        .where(enrollments.c.org_id == org_id, enrollments.c.trigger_key == f"event:{event_id}")
+        .order_by(enrollments.c.id)).all()
+    return [{"enrollment_id": r.id, "flow_id": r.pointer_id, "flow_name": r.name} for r in rows]
 
 
 def cancel_enrollment(conn: Connection, org_id: int, enrollment_id: int) -> Any:

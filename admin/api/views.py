@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import jsonify, request
-from marshmallow import Schema, ValidationError
+from flask import jsonify
+from marshmallow import Schema
 from sqlalchemy import select
 
 from admin.api import services
@@ -14,6 +14,7 @@ from admin.api.core import (
     bp,
     caller,
     error_response,
+    idempotency_key,
     json_body,
     load,
     load_query,
@@ -85,19 +86,6 @@ def _audit(conn: Any, action: str, entity: str, entity_id: int, changes: dict[st
     who = caller()
     audit(conn, org_id=who.org_id, api_key_id=who.id, action=action, entity=entity, entity_id=entity_id,
           changes=changes)
-
-
-def _idempotency_key(body: Any, schema: Schema) -> tuple[str, dict[str, Any]]:
-    """The `Idempotency-Key` header and the body, validated together so a 422 lists both."""
-    header_errors: dict[str, Any] = {}
-    key = None
-    try:
-        key = load(IdempotencyHeader(), {"Idempotency-Key": request.headers.get("Idempotency-Key")})
-    except ValidationError as exc:
-        header_errors = exc.messages if isinstance(exc.messages, dict) else {"Idempotency-Key": exc.messages}
-    data = load(schema, body, header_errors)
-    assert key is not None
-    return key["idempotency_key"], data
 
 
 # --- contacts ---------------------------------------------------------------------------------
@@ -229,19 +217,21 @@ def get_message(message_id: int) -> Any:
 @documented("post", "/messages", "Send an ad-hoc message", tag="messages",
             description="Queued in the outbox and sent inside the org's sending window unless `send_now`. "
                         "The same `Idempotency-Key` answers the same message (200); reusing it for a "
-                        "different request is a 409.",
+                        "different request is a 409. A contact who opted out of `channel_kind`, never "
+                        "consented to it, or whose phone or e-mail was refused for it is a 422 whose "
+                        "`details` give the reason `{code, field, message, message_en}`; nothing is queued.",
             body=MessageIn, header=IdempotencyHeader,
             responses={201: (MessageOut, "Queued"), 200: (MessageOut, "Already queued with this key")},
             errors=(400, 409, 413, 422))
 @require_key
 def send_message() -> Any:
-    key, data = _idempotency_key(json_body(), MessageIn())
+    key, data = idempotency_key(json_body(), MessageIn())
     org_id = caller().org_id
     with org_tx() as conn:
         row, created = services.send_adhoc(conn, org_id, key, data)
         if created:
             _audit(conn, "send", "message", row.id, {
-                "contact_id": data["contact_id"], "channel_kind": data["channel_kind"],
+                "contact_id": row.contact_id, "channel_kind": data["channel_kind"],
                 "idempotency_key": key, "send_now": data["send_now"],
                 "text": data["text"], "subject": data.get("subject"),
             })
@@ -256,21 +246,23 @@ def send_message() -> Any:
                         "(or cancels, or lets go on, per each flow's `handoff_policy`) the contact's live "
                         "runs; `handoff_ended` resumes paused runs after the flow's `resume_grace_minutes` "
                         "and starts flows triggered by a hand-off's end; `stage_changed` starts flows "
-                        "triggered by that stage.",
+                        "triggered by that stage. The answer's `started` lists the runs it started.",
             body=EventIn, responses={201: (EventOut, "Recorded")}, errors=(400, 413, 422))
 @require_key
 def record_event() -> Any:
     data = load(EventIn(), json_body())
     org_id = caller().org_id
     with org_tx() as conn:
-        services.contact_ref(conn, org_id, data["contact_id"])
+        contact_id = services.resolve_contact(conn, org_id, data).id
         event_id, at, created_at = record_contact_event(
-            conn, org_id=org_id, contact_id=data["contact_id"], type=data["type"], stage=data.get("stage"),
+            conn, org_id=org_id, contact_id=contact_id, type=data["type"], stage=data.get("stage"),
             at=data.get("at"))
+        started = services.runs_started_by_event(conn, org_id, event_id)
         _audit(conn, "record", "contact_event", event_id,
-               {"type": data["type"], "contact_id": data["contact_id"], "stage": data.get("stage")})
-    return _dump(EventOut, {"id": event_id, "type": data["type"], "contact_id": data["contact_id"],
-                            "stage": data.get("stage"), "at": at, "created_at": created_at}, 201)
+               {"type": data["type"], "contact_id": contact_id, "stage": data.get("stage"),
+                "started": [run["enrollment_id"] for run in started]})
+    return _dump(EventOut, {"id": event_id, "type": data["type"], "contact_id": contact_id,
+                            "stage": data.get("stage"), "at": at, "created_at": created_at, "started": started}, 201)
 
 
 # --- flows ------------------------------------------------------------------------------------
@@ -462,13 +454,13 @@ def get_enrollment(enrollment_id: int) -> Any:
             errors=(400, 409, 413, 422))
 @require_key
 def create_enrollment() -> Any:
-    key, data = _idempotency_key(json_body(), EnrollmentIn())
+    key, data = idempotency_key(json_body(), EnrollmentIn())
     org_id = caller().org_id
     with org_tx() as conn:
         row, created = services.enroll_manual(conn, org_id, key, data)
         if created:
             _audit(conn, "enroll", "enrollment", row.id, {
-                "flow_id": data["flow_id"], "contact_id": data["contact_id"],
+                "flow_id": data["flow_id"], "contact_id": row.contact_id,
                 "appointment_id": data.get("appointment_id"), "idempotency_key": key})
     return _dump(EnrollmentOut, services.enrollment_out(row), 201 if created else 200)
 

@@ -24,3 +24,28 @@ def orgs_create(slug: str, name: str, timezone: str, state: str | None) -> None:
     with rt.db.begin() as conn:
         org_id = domain(lambda: create_org(conn, slug=slug, name=name, timezone=timezone, state=state))
     click.echo(str(org_id))
+
+
+@orgs.command("list", help="List the orgs: slug and name (the slug is what --org takes). Never a secret.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of {id, slug, name}.")
+def orgs_list(as_json: bool) -> None:
+    import json
+
+    from sqlalchemy import select
+
+    from engine.store.models import orgs as orgs_table
+
+    rt = load_runtime()
+    with rt.db.connect() as conn:
+        rows = conn.execute(select(orgs_table.c.id, orgs_table.c.slug, orgs_table.c.name)
+                            .order_by(orgs_table.c.slug)).all()
+    if as_json:
+        click.echo(json.dumps([{"id": r.id, "slug": r.slug, "name": r.name} for r in rows], ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("no orgs")
+        return
+    width = max(len("SLUG"), *(len(r.slug) for r in rows))
+    click.echo(f"{'SLUG':<{width}}  NAME")
+    for row in rows:
+        click.echo(f"{row.slug:<{width}}  {row.name}")

@@ -294,6 +294,18 @@ def list_items(conn: Connection, oid: int, *, state: str = "open", page: int = 0
     return _items(conn, oid, rows, now), total
 
 
+def items_after(conn: Connection, oid: int, *, state: str = "open", after: int | None = None,
+                limit: int = 50) -> list[Item]:
+    """Up to `limit` of the org's replies in `state`, in id order after `after`: the REST API's
+    cursor pages (the console pages `list_items`, newest first)."""
+    state = state if state in STATES else "open"
+    query = _state_filter(_base_query(oid), state, oid, clock.now())
+    if after is not None:
+        query = query.where(inbound_messages.c.id > after)
+    rows = conn.execute(query.order_by(inbound_messages.c.id).limit(limit)).all()
+    return _items(conn, oid, rows, clock.now())
+
+
 def find_item(conn: Connection, oid: int, inbound_id: int) -> Item | None:
     """One of the org's replies that a person should see; None for any other id."""
     row = conn.execute(_base_query(oid).where(inbound_messages.c.id == inbound_id)).first()
@@ -399,9 +411,10 @@ def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
     return sorted(entries, key=lambda e: (e.at, e.outgoing, e.row_id))
 
 
-def mark_handled(conn: Connection, oid: int, inbound_ids: Iterable[int], user_id: int) -> list[int]:
-    """Mark these open replies of the org handled by the user; returns the ids that changed (another
-    org's, an already handled one or one no person needed are left alone)."""
+def mark_handled(conn: Connection, oid: int, inbound_ids: Iterable[int], user_id: int | None) -> list[int]:
+    """Mark these open replies of the org handled by the user (None: through the REST API, by a
+    key); returns the ids that changed (another org's, an already handled one or one no person
+    needed are left alone)."""
     ids = [int(i) for i in inbound_ids]
     if not ids:
         return []
@@ -475,7 +488,7 @@ def clean_reply(text: str | None) -> tuple[str | None, str | None]:
     return cleaned, None
 
 
-def send_reply(conn: Connection, oid: int, item: Item, user_id: int, form_key: str, *,
+def send_reply(conn: Connection, oid: int, item: Item, user_id: int | None, form_key: str, *,
                text: str | None = None, use_template: bool = False) -> ReplyResult:
     """Queue the console's answer to `item` (free text, or the approved template when asked) and
     mark the sender's open replies handled. One form key sends once: a resubmitted form answers
@@ -506,7 +519,7 @@ def send_to_contact(conn: Connection, oid: int, contact_id: int, user_id: int, f
                  text=text, use_template=use_template, payload={})
 
 
-def _send(conn: Connection, oid: int, contact_id: int, kind: str, user_id: int, options: ReplyOptions, *,
+def _send(conn: Connection, oid: int, contact_id: int, kind: str, user_id: int | None, options: ReplyOptions, *,
           key: str, text: str | None, use_template: bool, payload: dict[str, Any],
           appointment_id: int | None = None, answered: int | None = None) -> ReplyResult:
     """Queue what `options` allow (the one outbox row, sent once per key) and mark the contact's

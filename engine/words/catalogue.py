@@ -705,6 +705,19 @@ CATALOGUE: dict[str, Text] = {
     "webhook_delivery_pending": N_("Na fila: será enviado na próxima tentativa."),
     "webhook_delivery_delivered": N_("Entregue: o sistema da clínica confirmou o recebimento."),
     "webhook_delivery_dead": N_("Não entregue: o Lembra parou de tentar."),
+    # --- the REST API and the CLI (admin/api/, admin/cli/): naming a contact, refusing a send, modes -------
+    "api_contact_ref_one": N_("Informe o paciente por contact_id ou por contact_external_id, um dos dois."),
+    "api_contact_not_found": N_("Este paciente não existe nesta clínica."),
+    "api_message_no_consent": N_("O paciente não consentiu em receber mensagens por este canal; nada foi enviado."),
+    "api_message_opted_out": N_("O paciente pediu para não receber mensagens por este canal; nada foi enviado."),
+    "api_message_address_opted_out": N_("Este telefone ou e-mail pediu para não receber mensagens por este canal; "
+                                        "nada foi enviado."),
+    "api_idempotency_key_required": N_("Envie o cabeçalho Idempotency-Key com uma chave única deste pedido (até 200 "
+                                       "caracteres visíveis, sem espaços): repetir a chave não envia de novo."),
+    "api_conversation_not_open": N_("Esta conversa não estava esperando resposta; nada mudou."),
+    "mode_in_person": N_("Presencial"),
+    "mode_online": N_("Online"),
+    "mode_phone": N_("Por telefone"),
 }
 
 

@@ -327,3 +327,11 @@ def test_a_deactivated_users_cookie_stays_dead_when_they_are_reactivated(app, rt
     assert _edit(owner, agent_id, role="agent").status_code == 302  # active again
     assert _replay(app, cookie).status_code == 302
     assert login(app.test_client(), "agent@a.com.br").get("/admin/queue/").status_code == 200
+
+
+def test_the_keys_page_names_the_orgs_slug(owner, manager, tenants):
+    """Issue 33: the slug `--org` and the CLI take is shown on Configuração → Chaves de API."""
+    for client in (owner, manager):
+        page = client.get("/admin/apikeys/").text
+        assert "Organização: Clínica Clinica-A · identificador (slug): clinica-a" in page
+        assert "clinica-b" not in page

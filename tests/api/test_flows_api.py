@@ -191,7 +191,8 @@ def test_manual_enrolment_is_idempotent_per_key_and_refusals_say_why(rt, api, co
                                                                                "contact_id"}
     missing = api.post("/enrollments", {"flow_id": 10**9, "contact_id": 10**9}, headers={"Idempotency-Key": "x"})
     assert missing.status_code == 422
-    assert missing.get_json()["details"] == {"flow_id": ["No such flow."], "contact_id": ["No such contact."]}
+    assert missing.get_json()["details"]["flow_id"] == ["No such flow."]
+    assert missing.get_json()["details"]["contact_id"][0]["code"] == "api_contact_not_found"
     appointment = api.post("/appointments", {"external_id": "ag-2", "contact_external_id": "pac-2",
                                              "starts_at": "2026-12-03T14:30:00-03:00"}).get_json()
     foreign = api.post("/enrollments", {**body, "appointment_id": appointment["id"]},

@@ -55,9 +55,12 @@ def test_every_endpoint_is_scoped_to_the_keys_org(rt, api, other):
     assert attach.status_code == attach_b.status_code == 422 and attach.get_json() == attach_b.get_json()
     send = api.post("/messages", {"contact_id": b_contact["id"], "channel_kind": "whatsapp", "text": "x"},
                     headers={"Idempotency-Key": "other"})
-    assert send.status_code == 422 and send.get_json()["details"] == {"contact_id": ["No such contact."]}
+    not_found = {"contact_id": [{"code": "api_contact_not_found", "field": "contact_id",
+                                 "message": "Este paciente não existe nesta clínica.",
+                                 "message_en": "This patient does not exist in this clinic."}]}
+    assert send.status_code == 422 and send.get_json()["details"] == not_found
     event = api.post("/events", {"type": "handoff_started", "contact_id": b_contact["id"]})
-    assert event.status_code == 422 and event.get_json()["details"] == {"contact_id": ["No such contact."]}
+    assert event.status_code == 422 and event.get_json()["details"] == not_found
     # Upserting A's "shared-ext" again touches A's row only.
     api.post("/contacts", {"external_id": "shared-ext", "name": "Renamed by A"})
     assert other.get(f"/contacts/{b_contact['id']}").get_json()["name"] == "Paciente B"

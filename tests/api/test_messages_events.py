@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from engine.tenants.apikeys import revoke
-from engine.store.models import api_keys, audit_log, contact_events, messages
+from engine.store.models import api_keys, audit_log, contact_events
 
 
 def _contact(api, external_id="pac-1", **extra):
@@ -141,5 +141,8 @@ def test_openapi_document_is_generated_from_the_schemas(client):
                 "/api/v1/enrollments/{enrollment_id}/cancel", "/api/v1/templates", "/api/v1/templates/{template_id}",
                 "/api/v1/templates/waba", "/api/v1/understand", "/api/v1/professionals", "/api/v1/professionals/{professional_id}", "/api/v1/slots", "/api/v1/fields", "/api/v1/fields/{field_id}", "/api/v1/webhook-endpoints",
                 "/api/v1/webhook-endpoints/{endpoint_id}", "/api/v1/webhook-endpoints/{endpoint_id}/rotate-secret",
-                "/api/v1/webhook-endpoints/{endpoint_id}/test", "/api/v1/webhook-endpoints/{endpoint_id}/deliveries"}
+                "/api/v1/webhook-endpoints/{endpoint_id}/test", "/api/v1/webhook-endpoints/{endpoint_id}/deliveries",
+                "/api/v1/agents", "/api/v1/agents/{agent_id}", "/api/v1/channels", "/api/v1/channels/{channel_id}",
+                "/api/v1/conversations", "/api/v1/conversations/{inbound_id}/reply",
+                "/api/v1/conversations/{inbound_id}/handled"}
     assert set(doc["paths"]) == expected

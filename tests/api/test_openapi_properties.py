@@ -4,6 +4,8 @@ media type and schema. One test per documented operation and generation mode."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +14,9 @@ from schemathesis import checks as st_checks
 
 import admin.api  # noqa: F401  (registers the operations)
 from admin.api.openapi import OPERATIONS
+from engine.flows.agents import create_agent
 from tests.api.conftest import api_for
+from tests.factories import sandbox_headers
 from tests.flows.helpers import linear, node
 
 CHECKS = [
@@ -44,6 +48,12 @@ def served(rt, app, client, clinic):
              headers={"Idempotency-Key": "seed"})
     key.post("/professionals", {"name": "Dra. Beatriz Costa", "hours": [
         {"weekday": 2, "starts": "08:00", "ends": "12:00"}, {"weekday": 2, "starts": "13:00", "ends": "18:00"}]})
+    with rt.db.begin() as conn:  # an agent (with a model key) and a reply waiting for a person
+        create_agent(conn, rt.keyring, clinic.org_id, name="Assistente", llm_api_key="sk-x", flow_ids=[flow["id"]])
+    channel_id = clinic.channels["whatsapp"]
+    client.post(f"/webhooks/sandbox/{channel_id}", data=json.dumps({
+        "type": "message", "id": "wamid-seed", "from": "+5516999887766", "text": "Posso remarcar?"}),
+        headers={"Content-Type": "application/json", **sandbox_headers(rt, channel_id)})
     return key
 
 
@@ -53,7 +63,7 @@ def test_every_route_is_documented(app):
         if rule.endpoint.startswith("api.") and rule.rule != "/api/v1/openapi.json":
             path = rule.rule.replace("<int:", "{").replace(">", "}")
             served |= {(method.lower(), path) for method in rule.methods - {"HEAD", "OPTIONS"}}
-    assert served == set(ROUTES) and len(ROUTES) == 50
+    assert served == set(ROUTES) and len(ROUTES) == 57
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)

@@ -121,7 +121,9 @@ def test_appointment_validation_lists_every_error_and_refuses_naive_times(api):
     assert response.status_code == 422
     details = response.get_json()["details"]
     assert response.get_json()["error"] == "validation failed"
-    assert set(details) == {"external_id", "contact_external_id", "starts_at", "status", "surprise", "timezone"}
+    # Naming no contact is one error on `contact_id` (give it or `contact_external_id`).
+    assert set(details) == {"external_id", "contact_id", "starts_at", "status", "surprise", "timezone"}
+    assert details["contact_id"][0]["code"] == "api_contact_ref_one"
     assert "aware" in details["starts_at"][0].lower()
 
     naive = api.post("/appointments", _appointment(starts_at="2026-12-03 14:30"))

@@ -21,10 +21,10 @@ from wtforms.validators import DataRequired, Length, Optional, Regexp
 
 from admin.auth import sign_in_again
 from admin.i18n import _, _l, ngettext
-from admin.views.base import TenantModelView, ids_of, org_id, write_audit
+from admin.views.base import TenantModelView, db_session, ids_of, org_id, write_audit
 from engine.tenants.apikeys import KEY_PREFIX, NewApiKey, create_key, revoke
 from engine.core.errors import DomainError
-from engine.store.models import ApiKey, User
+from engine.store.models import ApiKey, Org, User
 from engine.tenants.orgs import ROLES, EmailTaken, create_user, hash_password
 
 #: The console asks for more than the domain's floor (8, which the CLI and the demo keep using):
@@ -93,9 +93,14 @@ class ApiKeyView(RoleGatedView):
     column_default_sort = ("id", True)
     create_template = "admin/apikey_create.html"
     details_template = "admin/apikey_details.html"
+    list_template = "admin/apikey_list.html"  # the org's slug above the keys (what --org and support ask for)
     empty_message = _l("Nenhuma chave de API. Crie uma para o sistema da clínica enviar contatos e agendamentos "
                        "ao Lembra.")
     audit_entity = "api_keys"
+
+    def render(self, template: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("org", db_session().get(Org, org_id()))
+        return super().render(template, **kwargs)
 
     def scaffold_form(self) -> Any:
         class ApiKeyForm(self.form_base_class):  # type: ignore[name-defined,misc]
