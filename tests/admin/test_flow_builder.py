@@ -6,6 +6,7 @@ org's ids answer 404 as if they did not exist."""
 from __future__ import annotations
 
 import copy
+import html
 import json
 import re
 
@@ -17,6 +18,7 @@ from engine.tenants.channels import create_channel
 from engine.flows import versions
 from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login
+from tests.flows.helpers import Flows, edge, node
 
 GOOD_GRAPH = {
     "nodes": [
@@ -593,3 +595,25 @@ def test_freshly_dropped_ask_and_do_steps_save_and_publish_says_what_each_one_st
     assert _post(owner, mine, "draft", {"draft_graph": fixed}, token).status_code == 200
     published = _post(owner, mine, "publish", {}, token)
     assert published.status_code == 200, published.text
+
+
+def test_a_class_named_in_words_is_shown_by_its_name_in_the_runs_timeline(owner, rt, tenants, clock):
+    """The builder names a class "Não quer" (slug `nao_quer` for the engine): Execuções says the reply
+    was understood as "Não quer", never the slug."""
+    a, _ = tenants
+    flows = Flows(a.world)
+    classify = node("resposta", "ai_classify", classes=["nao_quer"], grace_minutes=60,
+                    keywords={"nao_quer": ["não quero"]}, labels={"nao_quer": "Não quer"})
+    graph = {
+        "nodes": [node("inicio", "trigger"), classify, node("fim", "end", outcome="exhausted")],
+        "edges": [edge("inicio", "resposta"), edge("resposta", "fim", "class_match", "nao_quer"),
+                  edge("resposta", "fim", "no_reply"), edge("resposta", "fim")],
+    }
+    run = flows.enroll(flows.flow(graph), a.contact_id)
+    flows.run()
+    flows.reply("Obrigada, mas não quero.")
+    flows.run()
+    assert flows.enrollment(run).status == "completed"
+    page = html.unescape(owner.get(f"/admin/followup_runs/?enrollment={run}").get_data(as_text=True))
+    assert "A resposta do paciente foi entendida como Não quer." in page
+    assert "nao_quer" not in page
