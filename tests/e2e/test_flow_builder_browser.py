@@ -422,12 +422,22 @@ def test_the_side_panel_edits_each_step_with_real_controls_and_an_agent_only_rea
     page.select_option("#lf-escreve-fallback_template", "checkin_pos_consulta")
     expect(_panel_field(page, "fallback_template").locator(".lf-preview")).to_contain_text("Como você está")
     _panel_field(page, "channel_kinds").locator('input[data-kind="email"]').uncheck()
-    # Classes and their keywords as tags.
+    # Classes and their keywords as tags: a class named in words gets a slug the person never reads,
+    # and a list of keywords typed or pasted with commas becomes one tag each.
     _select(page, "entende")
-    keyword = _panel_field(page, "keywords").locator("input")
+    classes = _panel_field(page, "classes").locator("input")
+    classes.fill("Não quer")
+    classes.press("Enter")
+    expect(_panel_field(page, "classes").locator('[data-tag="nao_quer"]')).to_have_text("Não quer×")
+    expect(_node(page, "entende").locator('[data-output="class:nao_quer"]')).to_have_text("Não quer")
+    keyword = page.locator("#lf-entende-kw-remarcar")
     keyword.fill("outra data")
     keyword.press("Enter")
     expect(_panel_field(page, "keywords").locator('[data-tag="outra data"]')).to_be_visible()
+    page.locator("#lf-entende-kw-nao_quer").fill("não quero, sem interesse; pare")
+    page.locator("#lf-entende-kw-nao_quer").press("Enter")
+    expect(_panel_field(page, "keywords").locator(".lf-keyword-class").nth(1).locator("[data-tag]")).to_have_count(3)
+    expect(_panel_field(page, "keywords")).to_contain_text("vírgula")  # the field says how it splits
     steps.shot("painel-da-etapa")
 
     saved = _saved(rt, flow_id, page)
@@ -436,7 +446,10 @@ def test_the_side_panel_edits_each_step_with_real_controls_and_an_agent_only_rea
     assert configs["espera"] == {"mode": "smart", "min_minutes": 1440, "max_minutes": 4320}
     assert configs["escreve"] == {"mode": "ai_message", "prompt_hint": "Pergunte com carinho como o paciente está.",
                                   "fallback_template": "checkin_pos_consulta", "channel_kinds": ["whatsapp", "sms"]}
-    assert configs["entende"] == {"classes": ["remarcar"], "grace_minutes": 60, "keywords": {"remarcar": ["outra data"]}}
+    assert configs["entende"] == {"classes": ["remarcar", "nao_quer"], "grace_minutes": 60,
+                                  "labels": {"nao_quer": "Não quer"},
+                                  "keywords": {"remarcar": ["outra data"],
+                                               "nao_quer": ["não quero", "sem interesse", "pare"]}}
 
     # The flow itself: trigger, repeat policy with its interval, cancel on reply, hand-off policy.
     page.locator(".react-flow__pane").click(position={"x": 10, "y": 10})
