@@ -445,3 +445,23 @@ def test_no_more_than_max_in_flight_deliveries_are_leased_at_once(rt, clock):
     assert len(delivery.claim_due(rt, limit=100, max_in_flight=3)) == 3
     assert delivery.claim_due(rt, limit=100, max_in_flight=3) == []
     assert len(delivery.claim_due(rt, limit=100, max_in_flight=5)) == 2
+
+
+def test_a_lease_shorter_than_a_webhooks_time_limit_still_delivers(rt, settings, clock, receiver):
+    """A lease of a few seconds (LEMBRA_LEASE_SECONDS=3) left every delivery `stale` for good:
+    none had 10 s of lease left to begin. The POST's limit shrinks to the send timeout instead."""
+    from engine.core.config import Settings
+    from engine.store.runtime import Runtime
+
+    hooks, server = receiver
+    world = clinic(rt)
+    _endpoint(rt, world, server.url, hooks=hooks)
+    reminded(rt, clock, world)
+    assert reply(rt, world.channels["whatsapp"], text="CANCELAR") == ["cancelled"]
+    short = Runtime.build(Settings(**{**settings.__dict__, "lease": timedelta(seconds=3), "send_timeout": 1.0}))
+    try:
+        [row] = _deliveries(short)
+        assert delivery.deliver_claimed(short, delivery.claim_due(short, limit=10)) == {row.id: "delivered"}
+    finally:
+        short.close()
+    assert len(hooks.verified) == 1

@@ -46,6 +46,10 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.settings.channels import ChannelView
     from admin.views.settings.rules import ReminderRuleView
     from admin.views.settings.templates import TemplateView
+    # settings pages: Campos, Agenda, Webhooks (i33/settings)
+    from admin.views.settings.agenda import AgendaView
+    from admin.views.settings.fields import FieldsView
+    from admin.views.settings.webhooks import WebhooksView
     from engine.store.models import Agent, ApiKey, Enrollment, InboxItem, User
 
     factory = sessionmaker(bind=rt.db.engine)
@@ -92,6 +96,11 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     admin.add_view(ChannelView(Channel, s, name=_l("Canais"), endpoint="channels", category=settings))
     admin.add_view(ApiKeyView(ApiKey, s, name=_l("Chaves de API"), endpoint="apikeys", category=settings))
     admin.add_view(UserView(User, s, name=_l("Usuários"), endpoint="users", category=settings))
+    # settings pages: Campos, Agenda, Webhooks (i33/settings)
+    admin.add_view(FieldsView(name=_l("Campos"), endpoint="settings_fields", url="settings/fields", category=settings))
+    admin.add_view(AgendaView(name=_l("Agenda"), endpoint="settings_agenda", url="settings/agenda", category=settings))
+    admin.add_view(WebhooksView(name=_l("Avisos por webhook"), endpoint="settings_webhooks", url="settings/webhooks",
+                                category=settings))
     admin.add_view(AuditView(AuditLog, s, name=_l("Auditoria"), endpoint="audit", category=settings))
     return admin
 

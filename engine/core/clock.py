@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
-from typing import Protocol
+from typing import Iterator, Protocol
 
 UTC = timezone.utc
 
@@ -48,11 +50,25 @@ class FrozenClock:
 
 
 _clock: Clock = SystemClock()
+#: A clock for this context alone (a builder's rehearsal jumps over waits without moving the
+#: process's clock, which every other request and worker thread reads).
+_local: ContextVar[Clock | None] = ContextVar("lembra_local_clock", default=None)
 
 
 def now() -> datetime:
-    """The engine's current instant (aware, UTC)."""
-    return _clock.now()
+    """The engine's current instant (aware, UTC): this context's clock when one is set."""
+    local = _local.get()
+    return (local or _clock).now()
+
+
+@contextlib.contextmanager
+def local(clock: Clock) -> Iterator[Clock]:
+    """Use `clock` for `now()` in this context (thread, task) only, until the block ends."""
+    token = _local.set(clock)
+    try:
+        yield clock
+    finally:
+        _local.reset(token)
 
 
 def use(clock: Clock) -> Clock:

@@ -20,6 +20,7 @@ the broker at all, at once (`release_unhanded`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,7 +31,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.flows import lifecycle, nodes, replies
-from engine.flows.entry import Entry, entry
+from engine.flows.entry import entry
 from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation import floor
 from engine.flows.ai.base import AI
@@ -394,8 +395,8 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
                       status=start.status, next_eval_at=start.next_eval_at)
         if decision.keep_reply and snap.reply is not None:
             # The next node reads the reply the run holds: a node that waits for one reads it now.
-            start = Entry(start.status, now if start.status == "waiting_reply" else start.next_eval_at,
-                                start.outcome, start.reason)
+            if start.status == "waiting_reply":
+                start = dataclasses.replace(start, next_eval_at=now)
             values.update(next_eval_at=start.next_eval_at)
         else:
             values.update(pending_inbound_id=None)

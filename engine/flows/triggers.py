@@ -329,7 +329,8 @@ def on_free_text(conn: Connection, org: Any, contact_id: int, inbound: Any, appo
     conversation): start the org's flows
     bound to what it means (an `intent` trigger), read by the built-in reader (no model call on the
     inbound path). The run reads this message as its first reply: "posso remarcar para sexta de
-    manhã?" already says the day and the period its `ask` would ask for."""
+    manhã?" already says the day and the period its `ask` would ask for. One message starts one
+    conversation: when several flows are bound to the same intent, the oldest one takes it."""
     bound = _active_flows(conn, org.id, ("intent",))
     if not bound or facts.humans_holding(conn, [(org.id, contact_id)]):
         return []  # a person holding the conversation answers it, not a new run
@@ -348,13 +349,19 @@ def on_free_text(conn: Connection, org: Any, contact_id: int, inbound: Any, appo
                         trigger_key=f"intent:{inbound.id}", payload={"intent": reading.intent},
                         appointment_id=appointment_id)
         if result.created and result.enrollment_id is not None:
-            conn.execute(update(enrollments).where(enrollments.c.org_id == org.id,
-                                                   enrollments.c.id == result.enrollment_id)
-                         .values(pending_inbound_id=inbound.id))
-            conn.execute(update(inbound_messages).where(
-                inbound_messages.c.org_id == org.id, inbound_messages.c.id == inbound.id,
-                inbound_messages.c.flow_enrollment_id.is_(None)).values(flow_enrollment_id=result.enrollment_id))
-            lifecycle.record_event(conn, org.id, result.enrollment_id, "reply", f"reply:{inbound.id}",
-                                   payload={"inbound_id": inbound.id, "taken": True})
+            take_first_reply(conn, org.id, result.enrollment_id, inbound.id)
         started.append(result)
+        break  # two runs answering one message would talk over each other
     return started
+
+
+def take_first_reply(conn: Connection, org_id: int, enrollment_id: int, inbound_id: int) -> None:
+    """The run just started reads the message that started it as its first reply (its trigger
+    hands it on to the first `ask` or classifier); the reply is the run's in Conversas."""
+    conn.execute(update(enrollments).where(enrollments.c.org_id == org_id, enrollments.c.id == enrollment_id)
+                 .values(pending_inbound_id=inbound_id))
+    conn.execute(update(inbound_messages).where(
+        inbound_messages.c.org_id == org_id, inbound_messages.c.id == inbound_id,
+        inbound_messages.c.flow_enrollment_id.is_(None)).values(flow_enrollment_id=enrollment_id))
+    lifecycle.record_event(conn, org_id, enrollment_id, "reply", f"reply:{inbound_id}",
+                           payload={"inbound_id": inbound_id, "taken": True})

@@ -680,6 +680,21 @@ CATALOGUE: dict[str, Text] = {
                                   "(%(detail)s)."),
     "availability_refused": N_("O endereço de horários livres da clínica (%(host)s) não é permitido: ele aponta para "
                                "a rede interna."),
+    # --- the builder's rehearsal, "Testar" (engine/messaging/rehearsal.py) -------------------------------------
+    "rehearsal_bad_version": N_("Escolha testar o rascunho ou a versão publicada."),
+    "rehearsal_bad_replies": N_("As respostas do paciente precisam ser textos, sem nenhuma vazia."),
+    "rehearsal_too_many_replies": N_("O teste vai até %(max)s respostas do paciente. Clique em Recomeçar."),
+    "rehearsal_reply_too_long": N_("A resposta passa de %(max)s caracteres. Encurte o texto."),
+    "rehearsal_not_published": N_("Este fluxo ainda não tem versão publicada. Teste o rascunho ou publique-o."),
+    "rehearsal_no_channel": N_("A clínica não tem um canal de WhatsApp ou SMS: o teste precisa de um para simular "
+                               "as respostas do paciente."),
+    "rehearsal_not_started": N_("O paciente de teste não pôde entrar no fluxo."),
+    # --- console settings pages (admin/views/settings/: fields, webhooks) ---------------------------------------
+    "field_in_published_flow": N_("O campo %(field)s não foi apagado: o fluxo publicado %(flows)s pergunta por ele. "
+                                  "Tire o campo do fluxo e publique de novo, depois apague o campo."),
+    "webhook_delivery_pending": N_("Na fila: será enviado na próxima tentativa."),
+    "webhook_delivery_delivered": N_("Entregue: o sistema da clínica confirmou o recebimento."),
+    "webhook_delivery_dead": N_("Não entregue: o Lembra parou de tentar."),
 }
 
 

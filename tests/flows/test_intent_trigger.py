@@ -39,7 +39,7 @@ def flows(world):
     return Flows(world)
 
 
-def remarcar(flows: Flows, repeat: str = "always") -> int:
+def remarcar(flows: Flows, repeat: str = "always", name: str = "Remarcar") -> int:
     graph = {"nodes": [node("inicio", "trigger"), node("quando", "ask", fields=["data", "periodo"]),
                        node("oferta", "do", action="offer_slots", date_field="data", period_field="periodo"),
                        node("remarca", "do", action="move"), node("feito", "end", outcome="converted"),
@@ -50,7 +50,7 @@ def remarcar(flows: Flows, repeat: str = "always") -> int:
                        edge("oferta", "falhou", "failed"), edge("oferta", "falhou", "no_reply"),
                        edge("remarca", "feito", "ok"), edge("remarca", "falhou", "unavailable"),
                        edge("remarca", "falhou", "failed")]}
-    return flows.flow(graph, name="Remarcar", trigger={"kind": "intent", "intent": "reschedule", "repeat": repeat})
+    return flows.flow(graph, name=name, trigger={"kind": "intent", "intent": "reschedule", "repeat": repeat})
 
 
 def runs(flows: Flows) -> list:
@@ -111,3 +111,14 @@ def test_another_orgs_intent_flow_never_starts_for_this_org(world, flows, clock,
     world.appointment(contact, BOOKED_AT, professional_id=world.professional_id)
     turn(flows, clock, "posso remarcar para sexta?")
     assert runs(flows) == [] and runs(Flows(other)) == []
+
+
+def test_one_message_starts_one_conversation_when_two_flows_share_an_intent(world, flows, clock, rt):
+    first = remarcar(flows)
+    remarcar(flows, name="Remarcar outra vez")
+    contact = world.contact()
+    world.appointment(contact, BOOKED_AT, professional_id=world.professional_id)
+    turn(flows, clock, "posso remarcar para sexta de manhã?")
+    [run] = runs(flows)
+    assert run.pointer_id == first, "the oldest flow bound to the intent takes the message"
+    assert len(flows.followups(run.id)) == 1, "one offer, not two flows talking over each other"

@@ -14,6 +14,7 @@ import {
 } from './graph.js';
 import { layoutPositions } from './layout.js';
 import { BuilderContext, FlowNode } from './nodes.jsx';
+import { RehearsalPanel } from './TestPanel.jsx';
 
 const NODE_COMPONENTS = { lembra: FlowNode };
 const AUTOSAVE_MS = 1200;
@@ -505,6 +506,7 @@ export function App({ boot }) {
                       onClick={() => setShowMap((on) => !on)}>{showMap ? ui.minimap_hide : ui.minimap_show}</button>
             </div>
           </div>
+          {canEdit && boot.urls.rehearse && <RehearsalPanel boot={boot} />}
           <aside className="lf-side">
             <ul className="nav nav-tabs lf-tabs" role="tablist">
               {[['config', selectedNode ? ui.node : selectedEdge ? ui.edge : ui.settings],

@@ -38,6 +38,7 @@ from admin.i18n import _, current_locale, translate
 from admin.ids import parse_id
 from admin.json_body import BodyRefused, request_json
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
+from admin.views.followup import rehearse as rehearsing
 from admin.views.followup.flow_list import FLOW_STATUS_LABELS, list_page
 from admin.views.settings.templates import preview
 from engine.tenants.channels import default_channel
@@ -109,7 +110,7 @@ def ui_strings() -> dict[str, Any]:
         # A line under a field that needs one.
         "help": {
             "fields": _("Clique nos campos para perguntar, na ordem em que forem escolhidos. Os campos da clínica "
-                        "são cadastrados pela API (/api/v1/fields) ou com lembra fields."),
+                        "são cadastrados em Configuração → Campos."),
             "max_asks": _("Quantas vezes no máximo pergunta cada campo antes de seguir por Desistiu."),
             "signal": _("Um código curto que o sistema da clínica recebe, como reagendar_pedido."),
             "action_offer_slots": _("Saídas: Feito (escolheu um horário), Sem horário, Falhou e Sem resposta."),
@@ -242,13 +243,14 @@ def ui_strings() -> dict[str, Any]:
                                "vírgulas vira várias palavras."),
             "classes_help": _("Escreva o nome da classe como quiser (\"Não quer\") e tecle Enter; cada classe "
                               "ganha uma saída com esse nome."),
-            "no_fields": _("A clínica ainda não tem campos: cadastre-os pela API (/api/v1/fields) ou com lembra fields."), "close": _("Fechar"), "cancel": _("Cancelar"),
+            "no_fields": _("A clínica ainda não tem campos: cadastre-os em Configuração → Campos."), "close": _("Fechar"), "cancel": _("Cancelar"),
             "node_id": _("Identificador: %(id)s"),
             "config_read_only": _("Configuração (somente leitura)"),
             "config_api_only": _("O construtor ainda não edita esta etapa: a configuração muda pela API "
                                  "(/api/v1/flows) e é salva de volta como está."), "version_short": _("v%(versao)s"),
         },
         "status": {key: str(label) for key, label in FLOW_STATUS_LABELS.items()},
+        "rehearse": rehearsing.ui_strings(),  # the "Testar" chat panel (rehearse.py)
         # React Flow's own accessibility texts (its `ariaLabelConfig`), which it would say in English.
         "aria": {
             "node.a11yDescription.default": _("Tecle Enter ou espaço para selecionar uma etapa; Delete para "
@@ -442,7 +444,7 @@ class FlowBuilderView(TenantPageView):
             "test_contacts": sandbox_contacts(conn, oid),
             "strings": ui_strings(),
             "urls": {name: url_for(f".{name}", flow_id=pk) for name in
-                     ("data", "save", "publish", "disable", "rollback", "test")},
+                     ("data", "save", "publish", "disable", "rollback", "test", "rehearse")},
             "locale": current_locale(),
             "flows_url": _flows_url(),
         }
@@ -546,6 +548,31 @@ class FlowBuilderView(TenantPageView):
             return 200, {"enrollment_id": result.enrollment_id, "links": run_links(result.enrollment_id, contact_id)}
 
         return self._answer(run, flow_id)
+
+    @expose("/<flow_id>/rehearse", methods=("POST",))
+    def rehearse(self, flow_id: str) -> Any:
+        """"Testar" as a chat: the patient's replies played against the draft or the published
+        version (admin/views/followup/rehearse.py); nothing is sent and nothing is kept."""
+        pk = parse_id(flow_id)
+        if pk is None:
+            return _error(404, _("Fluxo não encontrado."))
+        if not current_user.can_edit:
+            return _error(403, _("Apenas proprietários e gestores alteram fluxos."))
+        session = db_session()
+        try:
+            body = _body()
+            session.rollback()  # the rehearsal has its own transaction; hold no other meanwhile
+            return jsonify(rehearsing.answer(session.connection(), org_id(), pk, body, ui_strings()))
+        except BuilderError as exc:
+            return _error(exc.status, exc.message, **exc.extra)
+        except versions.FlowNotFound:
+            return _error(404, _("Fluxo não encontrado."))
+        except versions.FlowRejected as exc:
+            return _error(422, _("O rascunho tem problemas: corrija-os para testá-lo."), issues=issues_out(exc.issues))
+        except rehearsing.RehearsalRefused as exc:
+            return _error(400, translate(exc.text), code=exc.code)
+        finally:
+            session.rollback()
 
     # --- plumbing ---------------------------------------------------------------------------------
     def _answer(self, run: Any, flow_id: str, *, write: bool = True, rejected: str | None = None) -> Any:

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 #: The wait before each retry, attempt by attempt; a transient failure after the last is `dead`.
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2), timedelta(minutes=10), timedelta(hours=1),
            timedelta(hours=6))
-#: How long one POST may take, connect to last byte (seconds).
+#: How long one POST may take, connect to last byte (seconds), at most: a shorter
+#: LEMBRA_SEND_TIMEOUT shortens it (`post_timeout`).
 TIMEOUT = 10.0
 #: How much of the receiver's answer is read: only its status matters.
 MAX_ANSWER = 64 * 1024
@@ -153,9 +154,17 @@ def release_unhanded(rt: Runtime, claims: Sequence[Sequence[int]]) -> int:
 
 # --- the worker's side ---------------------------------------------------------------------------
 
-def deliver_claimed(rt: Runtime, claims: Sequence[Sequence[int]], *, timeout: float = TIMEOUT) -> dict[int, str]:
+def post_timeout(rt: Runtime) -> float:
+    """How long one POST may take here: TIMEOUT, or the send timeout when that is shorter. The
+    settings keep the send timeout inside a lease, so a POST always fits in one; a lease shorter
+    than TIMEOUT would otherwise leave every delivery `stale`, never begun and never failed."""
+    return min(TIMEOUT, rt.settings.send_timeout)
+
+
+def deliver_claimed(rt: Runtime, claims: Sequence[Sequence[int]], *, timeout: float | None = None) -> dict[int, str]:
     """Deliver each claimed delivery ([id, revision] pairs); returns each one's result
     (`delivered`, `retry`, `dead`, or `stale` when its claim was no longer this one)."""
+    timeout = post_timeout(rt) if timeout is None else timeout
     client = http.Client(rt.settings.egress)  # every connection passes the egress guard, at send time
     results: dict[int, str] = {}
     try:
@@ -171,8 +180,9 @@ def deliver_claimed(rt: Runtime, claims: Sequence[Sequence[int]], *, timeout: fl
 
 
 def deliver_one(rt: Runtime, client: http.Client, delivery_id: int, revision: int, *,
-                timeout: float = TIMEOUT) -> str:
+                timeout: float | None = None) -> str:
     """One attempt of one claimed delivery; returns its result."""
+    timeout = post_timeout(rt) if timeout is None else timeout
     now = clock.now()
     with rt.db.begin() as conn:
         row = conn.execute(select(webhook_deliveries).where(
