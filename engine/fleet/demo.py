@@ -62,26 +62,28 @@ FLOW_NAME = "Retomar contato"
 #: one patient at once, so the follow-up shows in the sandbox within a minute of start.
 FLOW_GRAPH = {
     "nodes": [
-        {"id": "inicio", "type": "trigger", "label": "Início", "position": {"x": 0, "y": 0}, "config": {}},
-        {"id": "pergunta", "type": "action", "label": "Perguntar se quer agendar", "position": {"x": 0, "y": 120},
+        {"id": "inicio", "type": "trigger", "label": "Início", "config": {}},
+        {"id": "pergunta", "type": "action", "label": "Perguntar se quer agendar",
          "config": {"mode": "template", "template": "followup_checkin"}},
-        {"id": "resposta", "type": "ai_classify", "label": "Ler a resposta", "position": {"x": 0, "y": 240},
-         "config": {"classes": ["confirm", "reschedule", "not_interested"], "grace_minutes": 1440}},
-        {"id": "obrigado", "type": "action", "label": "Agradecer", "position": {"x": -260, "y": 380},
+        {"id": "resposta", "type": "ai_classify", "label": "Ler a resposta",
+         "config": {"classes": ["confirm", "reschedule", "not_interested"], "grace_minutes": 1440,
+                    "labels": {"confirm": "Quer agendar", "reschedule": "Quer remarcar",
+                               "not_interested": "Não quer"}}},
+        {"id": "obrigado", "type": "action", "label": "Agradecer",
          "config": {"mode": "template", "template": "followup_reply_ack"}},
-        {"id": "agendar", "type": "end", "label": "Quer agendar", "position": {"x": -260, "y": 500},
+        {"id": "agendar", "type": "end", "label": "Quer agendar",
          "config": {"outcome": "converted"}},
-        {"id": "recepcao", "type": "action", "label": "Avisar que a recepção vai falar", "position": {"x": 0, "y": 380},
+        {"id": "recepcao", "type": "action", "label": "Avisar que a recepção vai falar",
          "config": {"mode": "template", "template": "followup_reply_ack"}},
-        {"id": "remarcar", "type": "end", "label": "Remarcar com a recepção", "position": {"x": 0, "y": 500},
+        {"id": "remarcar", "type": "end", "label": "Remarcar com a recepção",
          "config": {"outcome": "custom", "note": "A recepção combina o novo horário."}},
-        {"id": "sem_interesse", "type": "end", "label": "Sem interesse", "position": {"x": 260, "y": 380},
+        {"id": "sem_interesse", "type": "end", "label": "Sem interesse",
          "config": {"outcome": "exhausted"}},
-        {"id": "espera", "type": "wait", "label": "Esperar 3 dias", "position": {"x": 520, "y": 380},
+        {"id": "espera", "type": "wait", "label": "Esperar 3 dias",
          "config": {"mode": "fixed", "minutes": 4320}},
-        {"id": "lembrar", "type": "action", "label": "Convidar para remarcar", "position": {"x": 520, "y": 500},
+        {"id": "lembrar", "type": "action", "label": "Convidar para remarcar",
          "config": {"mode": "template", "template": "followup_rebook"}},
-        {"id": "fim", "type": "end", "label": "Encerrar", "position": {"x": 520, "y": 620},
+        {"id": "fim", "type": "end", "label": "Encerrar",
          "config": {"outcome": "exhausted"}},
     ],
     "edges": [
@@ -100,8 +102,9 @@ FLOW_GRAPH = {
     ],
 }
 
-def _n(node_id: str, node_type: str, label: str, x: int, y: int, **config: object) -> dict:
-    return {"id": node_id, "type": node_type, "label": label, "position": {"x": x, "y": y}, "config": config}
+def _n(node_id: str, node_type: str, label: str, **config: object) -> dict:
+    # No position: the builder lays the demo's flows out itself (left to right, nothing overlapping).
+    return {"id": node_id, "type": node_type, "label": label, "config": config}
 
 
 def _e(source: str, target: str, condition: str = "always") -> dict:
@@ -110,15 +113,15 @@ def _e(source: str, target: str, condition: str = "always") -> dict:
 
 #: When the patient cannot find a time, the reception takes over: told, and the patient told so.
 _TO_RECEPTION = (
-    _n("avisar", "action", "Avisar que a recepção vai falar", 420, 480, mode="template", template="followup_reply_ack"),
-    _n("recepcao", "do", "Avisar a equipe", 420, 600, action="notify_staff",
+    _n("avisar", "action", "Avisar que a recepção vai falar", mode="template", template="followup_reply_ack"),
+    _n("recepcao", "do", "Avisar a equipe", action="notify_staff",
        note="Paciente quer outro horário e não encontrou um livre; fale com ele em Conversas."),
-    _n("com_recepcao", "end", "Com a recepção", 420, 720, outcome="custom"),
+    _n("com_recepcao", "end", "Com a recepção", outcome="custom"),
 )
 _ASK_AND_OFFER = (
-    _n("quando", "ask", "Perguntar dia e período", 0, 240, fields=["data", "periodo"], max_asks=2,
+    _n("quando", "ask", "Perguntar dia e período", fields=["data", "periodo"], max_asks=2,
        grace_minutes=240),
-    _n("oferta", "do", "Oferecer horários livres", 0, 360, action="offer_slots", date_field="data",
+    _n("oferta", "do", "Oferecer horários livres", action="offer_slots", date_field="data",
        period_field="periodo", limit=3),
 )
 
@@ -126,11 +129,11 @@ RESCHEDULE_FLOW = "Remarcar"
 #: Started by a patient who writes that they want another time ("posso remarcar para sexta de
 #: manhã?"): asks what is missing, offers free times, moves the appointment, confirms it.
 RESCHEDULE_GRAPH = {
-    "nodes": [_n("inicio", "trigger", "Paciente quer remarcar", 0, 120), *_ASK_AND_OFFER,
-              _n("remarca", "do", "Remarcar a consulta", 0, 480, action="move"),
-              _n("confirma", "action", "Confirmar o novo horário", 0, 600, mode="template",
+    "nodes": [_n("inicio", "trigger", "Paciente quer remarcar"), *_ASK_AND_OFFER,
+              _n("remarca", "do", "Remarcar a consulta", action="move"),
+              _n("confirma", "action", "Confirmar o novo horário", mode="template",
                  template="session_confirmation"),
-              _n("remarcado", "end", "Remarcado", 0, 720, outcome="converted"), *_TO_RECEPTION],
+              _n("remarcado", "end", "Remarcado", outcome="converted"), *_TO_RECEPTION],
     "edges": [_e("inicio", "quando"), _e("quando", "oferta", "complete"), _e("quando", "avisar", "gave_up"),
               _e("quando", "avisar", "no_reply"), _e("oferta", "remarca", "ok"), _e("oferta", "avisar", "unavailable"),
               _e("oferta", "avisar", "failed"), _e("oferta", "avisar", "no_reply"), _e("remarca", "confirma", "ok"),
@@ -143,13 +146,13 @@ NO_SHOW_FLOW = "Remarcar falta"
 #: answer as the day and period, offers free times and books a new appointment (the demo's
 #: "Confirmação ao agendar" rule confirms it).
 NO_SHOW_GRAPH = {
-    "nodes": [_n("inicio", "trigger", "Paciente faltou", 0, 0),
-              _n("convite", "action", "Convidar para remarcar", 0, 120, mode="template", template="followup_rebook"),
-              _n("espera", "wait", "Esperar a resposta", 0, 180, mode="fixed", minutes=2880),
+    "nodes": [_n("inicio", "trigger", "Paciente faltou"),
+              _n("convite", "action", "Convidar para remarcar", mode="template", template="followup_rebook"),
+              _n("espera", "wait", "Esperar a resposta", mode="fixed", minutes=2880),
               *_ASK_AND_OFFER,
-              _n("marca", "do", "Marcar nova consulta", 0, 480, action="book"),
-              _n("remarcado", "end", "Remarcado", 0, 600, outcome="converted"),
-              _n("sem_resposta", "end", "Sem resposta", -300, 300, outcome="exhausted"), *_TO_RECEPTION],
+              _n("marca", "do", "Marcar nova consulta", action="book"),
+              _n("remarcado", "end", "Remarcado", outcome="converted"),
+              _n("sem_resposta", "end", "Sem resposta", outcome="exhausted"), *_TO_RECEPTION],
     "edges": [_e("inicio", "convite"), _e("convite", "espera"), _e("espera", "quando", "replied"),
               _e("espera", "sem_resposta"), _e("quando", "oferta", "complete"), _e("quando", "avisar", "gave_up"),
               _e("quando", "avisar", "no_reply"), _e("oferta", "marca", "ok"), _e("oferta", "avisar", "unavailable"),

@@ -45,6 +45,8 @@ MAX_NODES = 200
 MAX_EDGES = 400
 MAX_CLASSES = 10
 MAX_KEYWORDS = 20
+#: A class's name as the clinic wrote it ("Não quer"); the class itself is the slug the engine reads.
+MAX_CLASS_LABEL = 60
 MAX_CONDITIONS = conditions.MAX_CHECKS
 #: An `ask` node: how many fields it may collect, and how many times it may ask for one.
 MAX_ASK_FIELDS = 10
@@ -87,6 +89,7 @@ MSG_REPEATED = "Items must not repeat."
 MSG_RESERVED_CLASS = "no_reply is reserved for the no-reply edge."
 MSG_MIN_OVER_MAX = "min_minutes must not exceed max_minutes."
 MSG_KEYWORD_CLASS = "Keywords are only for the classes listed in classes."
+MSG_LABEL_CLASS = "Labels are only for the classes listed in classes."
 MSG_COOLDOWN_REQUIRED = "Required when repeat is cooldown."
 MSG_COOLDOWN_FORBIDDEN = "Only allowed when repeat is cooldown."
 MSG_OP_NOT_ALLOWED = "This op is not allowed for this field."
@@ -222,11 +225,16 @@ class ClassifyConfig(_Strict):
                            values=fields.List(PlainText(validate=validate.Length(1, 60)),
                                               validate=validate.Length(max=MAX_KEYWORDS)),
                            load_default=dict)
+    # The builder's names of the classes, by slug: shown instead of the slug, never read by the
+    # engine. Optional and without a default, so a config without names normalizes as before.
+    labels = fields.Dict(keys=PlainText(), values=PlainText(validate=validate.Length(1, MAX_CLASS_LABEL)))
 
     @validates_schema
     def _keywords_of_declared_classes(self, data: Mapping[str, Any], **kwargs: Any) -> None:
         if set(data["keywords"]) - set(data["classes"]):
             raise ValidationError(MSG_KEYWORD_CLASS, "keywords")
+        if set(data.get("labels", {})) - set(data["classes"]):
+            raise ValidationError(MSG_LABEL_CLASS, "labels")
 
 
 class AskConfig(_Strict):
@@ -511,6 +519,7 @@ _CUSTOM_DETAILS: Mapping[str, Callable[[Mapping[str, Any]], Text]] = {
     MSG_RESERVED_CLASS: lambda data: describe("detail_reserved_class"),
     MSG_MIN_OVER_MAX: lambda data: describe("detail_min_over_max"),
     MSG_KEYWORD_CLASS: lambda data: describe("detail_keyword_class"),
+    MSG_LABEL_CLASS: lambda data: describe("detail_label_class"),
     MSG_COOLDOWN_REQUIRED: lambda data: describe("detail_cooldown_required"),
     MSG_COOLDOWN_FORBIDDEN: lambda data: describe("detail_cooldown_forbidden"),
     MSG_OP_NOT_ALLOWED: lambda data: describe("detail_choice", choices=", ".join(conditions.FIELDS[data["field"]].ops)),
@@ -526,7 +535,7 @@ DETAIL_CODES = (
     "detail_text_range", "detail_text_any", "detail_choice", "detail_list", "detail_too_many", "detail_repeated",
     "detail_slug", "detail_node_id", "detail_reserved_class", "detail_min_over_max", "detail_keyword_class",
     "detail_cooldown_required", "detail_cooldown_forbidden", "detail_no_value", "detail_class_value",
-    "detail_unstorable",
+    "detail_unstorable", "detail_label_class",
 )
 
 

@@ -58,6 +58,8 @@ CATALOGUE: dict[str, Text] = {
     "detail_reserved_class": N_("no_reply é reservado para a saída sem resposta; use outro nome"),
     "detail_min_over_max": N_("o tempo mínimo não pode passar do máximo; ajuste os dois"),
     "detail_keyword_class": N_("informe palavras-chave só para classes da lista de classes"),
+    # flow builder: class names (i33/builder)
+    "detail_label_class": N_("dê nomes só às classes da lista de classes"),
     "detail_cooldown_required": N_("obrigatório quando a repetição é com intervalo (cooldown)"),
     "detail_cooldown_forbidden": N_("só vale quando a repetição é com intervalo (cooldown); remova-o"),
     "detail_no_value": N_("esta operação não usa valor; deixe-o vazio"),

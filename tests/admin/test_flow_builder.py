@@ -6,6 +6,7 @@ org's ids answer 404 as if they did not exist."""
 from __future__ import annotations
 
 import copy
+import html
 import json
 import re
 
@@ -17,6 +18,7 @@ from engine.tenants.channels import create_channel
 from engine.flows import versions
 from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login
+from tests.flows.helpers import Flows, edge, node
 
 GOOD_GRAPH = {
     "nodes": [
@@ -424,7 +426,7 @@ def test_ask_and_do_steps_get_their_words_in_both_languages(owner, rt, flows):
     boot = _boot(owner.get(_url(mine)).text)
     strings = boot["strings"]
     assert {"config_ask", "config_do"} <= set(boot["schema"]["$defs"])
-    assert (strings["node_types"]["ask"]["name"], strings["node_types"]["do"]["name"]) == ("Perguntar", "Agir")
+    assert (strings["node_types"]["ask"]["name"], strings["node_types"]["do"]["name"]) == ("Perguntar", "Ação")
     assert {key: strings["edges"][key] for key in ("complete", "gave_up", "no_reply", "ok", "failed", "unavailable")} \
         == {"complete": "Completo", "gave_up": "Desistiu", "no_reply": "Sem resposta", "ok": "Feito",
             "failed": "Falhou", "unavailable": "Sem horário"}
@@ -442,7 +444,7 @@ def test_ask_and_do_steps_get_their_words_in_both_languages(owner, rt, flows):
     with rt.db.begin() as conn:
         conn.execute(users.update().where(users.c.email == "owner@a.com.br").values(locale="en"))
     english = _boot(owner.get(_url(mine)).text)["strings"]
-    assert (english["node_types"]["ask"]["name"], english["node_types"]["do"]["name"]) == ("Ask", "Act")
+    assert (english["node_types"]["ask"]["name"], english["node_types"]["do"]["name"]) == ("Ask", "Action")
     assert (english["edges"]["complete"], english["edges"]["gave_up"], english["edges"]["unavailable"]) == \
         ("Complete", "Gave up", "No free time")
     assert english["choices"]["action"]["offer_slots"] == "Offer free times"
@@ -476,3 +478,142 @@ def test_a_draft_with_ask_and_do_steps_reloads_exactly_and_a_wrong_exit_is_flagg
     published = _post(owner, mine, "publish", {}, token)
     assert published.status_code == 200, published.text
     assert published.get_json()["flow"]["draft_graph"] == ASK_AND_DO
+
+
+# --- the palette's Perguntar / Ação / Oferecer horários steps (issue 33) --------------------------------
+
+#: A graph as the builder writes it right after three steps are dropped: Perguntar with no field chosen
+#: yet, an Ação with no action picked, "Oferecer horários" (a `do` preset) and a Fim with no outcome.
+DROPPED = {
+    "nodes": [
+        {"id": "gatilho_1", "type": "trigger", "label": "Gatilho 1", "position": {"x": 0, "y": 0}, "config": {}},
+        {"id": "pergunta_1", "type": "ask", "label": "Perguntar 1", "position": {"x": 300, "y": 0},
+         "config": {"fields": [], "max_asks": 3}},
+        {"id": "acao_1", "type": "do", "label": "Ação 1", "position": {"x": 600, "y": 0}, "config": {}},
+        {"id": "acao_2", "type": "do", "label": "Oferecer horários 1", "position": {"x": 600, "y": 200},
+         "config": {"action": "offer_slots", "limit": 3, "same_professional": True, "max_asks": 2}},
+        {"id": "fim_1", "type": "end", "label": "Fim 1", "position": {"x": 900, "y": 0}, "config": {}},
+    ],
+    "edges": [
+        {"id": "ligacao_1", "source": "gatilho_1", "target": "pergunta_1", "condition": {"type": "always"}},
+        {"id": "ligacao_2", "source": "pergunta_1", "target": "acao_2", "condition": {"type": "complete"}},
+        {"id": "ligacao_3", "source": "acao_2", "target": "fim_1", "condition": {"type": "ok"}},
+    ],
+}
+
+
+def test_the_builder_hands_over_the_orgs_fields_other_flows_and_the_words_of_the_new_forms(owner, rt, tenants,
+                                                                                            flows):
+    a, b = tenants
+    mine, theirs = flows
+    other = _flow(rt, a.world.org_id, "Remarcar")
+    with rt.db.begin() as conn:
+        create_field(conn, a.world.org_id, {"slug": "periodo", "label": "Período", "type": "period",
+                                            "question": "De manhã ou à tarde?"})
+        create_field(conn, a.world.org_id, {"slug": "data", "label": "Data", "type": "date", "question": "Que dia?"})
+        create_field(conn, b.world.org_id, {"slug": "so_da_b", "label": "Só da B", "type": "text",
+                                            "question": "?"})
+    boot = _boot(owner.get(_url(mine)).text)
+    # Only this org's fields (by slug) and its other flows: never the other tenant's, never this flow.
+    assert boot["fields"] == [{"slug": "data", "label": "Data", "type": "date"},
+                              {"slug": "periodo", "label": "Período", "type": "period"}]
+    assert boot["flows"] == [{"id": other, "name": "Remarcar"}]
+    assert theirs not in {f["id"] for f in boot["flows"]}
+    strings = boot["strings"]
+    assert strings["palette"]["offer_slots"]["name"] == "Oferecer horários"
+    assert (strings["fields"]["fields"], strings["fields"]["max_asks"]) == ("Campos a perguntar",
+                                                                            "Insistir até quantas vezes")
+    assert (strings["ui"]["organize"], strings["ui"]["minimap_show"]) == ("Organizar", "Mostrar miniatura")
+    assert "vírgula" in strings["ui"]["keywords_help"]
+    # The forms refuse a value with the catalogue's own sentences (placeholders filled by the bundle).
+    assert strings["details"]["detail_required"] == "campo obrigatório; preencha-o"
+    assert strings["details"]["detail_list"] == "use uma lista de %(min)s a %(max)s itens"
+
+    with rt.db.begin() as conn:
+        conn.execute(users.update().where(users.c.email == "owner@a.com.br").values(locale="en"))
+    english = _boot(owner.get(_url(mine)).text)["strings"]
+    assert english["palette"]["offer_slots"]["name"] == "Offer free times"
+    assert (english["fields"]["max_asks"], english["ui"]["organize"]) == ("Ask up to how many times", "Arrange")
+    assert english["details"]["detail_required"] == "required field; fill it in"
+    assert english["details"]["detail_list"] == "use a list of %(min)s to %(max)s items"
+
+
+def test_freshly_dropped_ask_and_do_steps_save_and_publish_says_what_each_one_still_needs(owner, rt, tenants, flows):
+    a, _ = tenants
+    mine, _ = flows
+    with rt.db.begin() as conn:
+        create_field(conn, a.world.org_id, {"slug": "data", "label": "Data", "type": "date", "question": "Que dia?"})
+    token = _token(owner, mine)
+    # A draft is work in progress: incomplete configs are saved as they are, labels and all.
+    saved = _post(owner, mine, "draft", {"draft_graph": DROPPED}, token)
+    assert saved.status_code == 200, saved.text
+    assert _pointer(rt, mine).draft_graph == DROPPED
+
+    refused = _post(owner, mine, "publish", {}, token)
+    assert refused.status_code == 422
+    issues = refused.get_json()["issues"]
+    by_node = {}
+    for issue in issues:
+        by_node.setdefault(issue["node_id"], []).append(issue)
+    ask = {i["code"]: i["message"] for i in by_node["pergunta_1"]}
+    assert "use uma lista de 1 a 10 itens" in ask["invalid_config"]
+    act = {i["code"]: i["message"] for i in by_node["acao_1"]}
+    assert "action" in act["invalid_config"] and "campo obrigatório" in act["invalid_config"]
+    offer = [(i["code"], i["message"]) for i in by_node["acao_2"]]
+    assert ("missing_edge", "Falta a saída unavailable desta etapa. Ligue essa saída à próxima etapa.") in offer
+    end = {i["code"]: i["message"] for i in by_node["fim_1"]}
+    assert "outcome" in end["invalid_config"] and "campo obrigatório" in end["invalid_config"]  # no default outcome
+
+    # Filled in as the forms do it, with a field the org does not have: that one is named on its step.
+    fixed = copy.deepcopy(DROPPED)
+    fixed["nodes"][1]["config"]["fields"] = ["data", "sumiu"]
+    fixed["nodes"][2]["config"] = {"action": "notify_staff", "note": "Paciente quer remarcar"}
+    fixed["nodes"][3]["config"]["date_field"] = "data"
+    fixed["nodes"][4]["config"] = {"outcome": "custom", "note": ""}
+    fixed["edges"] = [
+        {"id": "ligacao_1", "source": "gatilho_1", "target": "pergunta_1", "condition": {"type": "always"}},
+        {"id": "ligacao_2", "source": "pergunta_1", "target": "acao_2", "condition": {"type": "complete"}},
+        {"id": "ligacao_3", "source": "pergunta_1", "target": "acao_1", "condition": {"type": "gave_up"}},
+        {"id": "ligacao_4", "source": "pergunta_1", "target": "fim_1", "condition": {"type": "no_reply"}},
+        *[{"id": f"ligacao_{5 + n}", "source": "acao_2", "target": "acao_1", "condition": {"type": exit_}}
+          for n, exit_ in enumerate(("ok", "failed", "unavailable", "no_reply"))],
+        {"id": "ligacao_9", "source": "acao_1", "target": "fim_1", "condition": {"type": "ok"}},
+    ]
+    assert _post(owner, mine, "draft", {"draft_graph": fixed}, token).status_code == 200
+    refused = _post(owner, mine, "publish", {}, token)
+    assert refused.status_code == 422
+    assert [(i["node_id"], i["code"], i["message"]) for i in refused.get_json()["issues"]] == [
+        ("pergunta_1", "unknown_field",
+         "A clínica não tem o campo sumiu. Crie o campo em Campos ou tire-o desta etapa.")]
+    with rt.db.begin() as conn:
+        conn.execute(users.update().where(users.c.email == "owner@a.com.br").values(locale="en"))
+    english = _post(owner, mine, "publish", {}, token).get_json()
+    assert english["issues"][0]["message"].startswith("The clinic has no field sumiu.")
+    assert english["error"] == "The flow was not published: fix the problems shown."
+
+    fixed["nodes"][1]["config"]["fields"] = ["data"]
+    assert _post(owner, mine, "draft", {"draft_graph": fixed}, token).status_code == 200
+    published = _post(owner, mine, "publish", {}, token)
+    assert published.status_code == 200, published.text
+
+
+def test_a_class_named_in_words_is_shown_by_its_name_in_the_runs_timeline(owner, rt, tenants, clock):
+    """The builder names a class "Não quer" (slug `nao_quer` for the engine): Execuções says the reply
+    was understood as "Não quer", never the slug."""
+    a, _ = tenants
+    flows = Flows(a.world)
+    classify = node("resposta", "ai_classify", classes=["nao_quer"], grace_minutes=60,
+                    keywords={"nao_quer": ["não quero"]}, labels={"nao_quer": "Não quer"})
+    graph = {
+        "nodes": [node("inicio", "trigger"), classify, node("fim", "end", outcome="exhausted")],
+        "edges": [edge("inicio", "resposta"), edge("resposta", "fim", "class_match", "nao_quer"),
+                  edge("resposta", "fim", "no_reply"), edge("resposta", "fim")],
+    }
+    run = flows.enroll(flows.flow(graph), a.contact_id)
+    flows.run()
+    flows.reply("Obrigada, mas não quero.")
+    flows.run()
+    assert flows.enrollment(run).status == "completed"
+    page = html.unescape(owner.get(f"/admin/followup_runs/?enrollment={run}").get_data(as_text=True))
+    assert "A resposta do paciente foi entendida como Não quer." in page
+    assert "nao_quer" not in page

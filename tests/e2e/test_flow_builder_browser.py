@@ -42,6 +42,7 @@ from sqlalchemy import insert, select
 from admin.app import create_app
 from engine.core import clock as engine_clock
 from engine.flows.conversation.fields import create_field
+from engine.flows import versions
 from engine.store.models import enrollments, flow_pointers, templates
 from engine.tenants.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
@@ -215,6 +216,8 @@ def test_owner_draws_publishes_and_runs_a_follow_up_flow(rt, clock, server, page
     classes.press("Enter")
     expect(_node(page, "classificar_1").locator('[data-output="class:remarcar"]')).to_have_text("remarcar")
     _drop(page, "end", 1000, 30)
+    expect(_node(page, "fim_1").locator(".lf-node-label")).to_have_text("Fim 1")  # named in words; its id a slug
+    _panel_field(page, "outcome").locator("select").select_option("converted")  # a new end has no outcome yet
     _drop(page, "end", 1000, 320)
     _panel_field(page, "outcome").locator("select").select_option("exhausted")
     expect(_node(page, "fim_2")).to_contain_text("Esgotado")
@@ -329,7 +332,7 @@ def test_owner_draws_publishes_and_runs_a_follow_up_flow(rt, clock, server, page
     timeline = page.locator("#lembra-timeline")
     for sentence in ("O paciente entrou no fluxo.", "O fluxo começou.", "A espera terminou.",
                      "A mensagem foi para a fila de envio.", "Uma pessoa da equipe assumiu a conversa.", "Retomado",
-                     "A resposta do paciente foi entendida como remarcar.", "segue para Fim (fim_1)"):
+                     "A resposta do paciente foi entendida como remarcar.", "segue para Fim 1"):
         expect(timeline).to_contain_text(sentence)
     steps.shot("execucao")
 
@@ -419,12 +422,22 @@ def test_the_side_panel_edits_each_step_with_real_controls_and_an_agent_only_rea
     page.select_option("#lf-escreve-fallback_template", "checkin_pos_consulta")
     expect(_panel_field(page, "fallback_template").locator(".lf-preview")).to_contain_text("Como você está")
     _panel_field(page, "channel_kinds").locator('input[data-kind="email"]').uncheck()
-    # Classes and their keywords as tags.
+    # Classes and their keywords as tags: a class named in words gets a slug the person never reads,
+    # and a list of keywords typed or pasted with commas becomes one tag each.
     _select(page, "entende")
-    keyword = _panel_field(page, "keywords").locator("input")
+    classes = _panel_field(page, "classes").locator("input")
+    classes.fill("Não quer")
+    classes.press("Enter")
+    expect(_panel_field(page, "classes").locator('[data-tag="nao_quer"]')).to_have_text("Não quer×")
+    expect(_node(page, "entende").locator('[data-output="class:nao_quer"]')).to_have_text("Não quer")
+    keyword = page.locator("#lf-entende-kw-remarcar")
     keyword.fill("outra data")
     keyword.press("Enter")
     expect(_panel_field(page, "keywords").locator('[data-tag="outra data"]')).to_be_visible()
+    page.locator("#lf-entende-kw-nao_quer").fill("não quero, sem interesse; pare")
+    page.locator("#lf-entende-kw-nao_quer").press("Enter")
+    expect(_panel_field(page, "keywords").locator(".lf-keyword-class").nth(1).locator("[data-tag]")).to_have_count(3)
+    expect(_panel_field(page, "keywords")).to_contain_text("vírgula")  # the field says how it splits
     steps.shot("painel-da-etapa")
 
     saved = _saved(rt, flow_id, page)
@@ -433,7 +446,10 @@ def test_the_side_panel_edits_each_step_with_real_controls_and_an_agent_only_rea
     assert configs["espera"] == {"mode": "smart", "min_minutes": 1440, "max_minutes": 4320}
     assert configs["escreve"] == {"mode": "ai_message", "prompt_hint": "Pergunte com carinho como o paciente está.",
                                   "fallback_template": "checkin_pos_consulta", "channel_kinds": ["whatsapp", "sms"]}
-    assert configs["entende"] == {"classes": ["remarcar"], "grace_minutes": 60, "keywords": {"remarcar": ["outra data"]}}
+    assert configs["entende"] == {"classes": ["remarcar", "nao_quer"], "grace_minutes": 60,
+                                  "labels": {"nao_quer": "Não quer"},
+                                  "keywords": {"remarcar": ["outra data"],
+                                               "nao_quer": ["não quero", "sem interesse", "pare"]}}
 
     # The flow itself: trigger, repeat policy with its interval, cancel on reply, hand-off policy.
     page.locator(".react-flow__pane").click(position={"x": 10, "y": 10})
@@ -547,7 +563,7 @@ def test_ask_and_do_steps_open_with_every_exit_and_save_back_unchanged(rt, clock
 
     # Each step shows its type, a summary and one labelled output per exit its action has.
     expect(_node(page, "quando").locator(".lf-node-type")).to_have_text("Perguntar")
-    expect(_node(page, "quando").locator(".lf-node-summary")).to_have_text("data, periodo")
+    expect(_node(page, "quando").locator(".lf-node-summary")).to_have_text("Data, Período")  # the fields' labels
     assert _outputs(page, "quando") == ["complete", "gave_up", "no_reply"]
     expect(_node(page, "quando").locator(".lf-outputs")).to_have_text(re.compile("Completo.*Desistiu.*Sem resposta"))
     summaries = {"oferta": "Oferecer horários", "remarca": "Remarcar", "confirma": "Confirmar",
@@ -555,28 +571,26 @@ def test_ask_and_do_steps_open_with_every_exit_and_save_back_unchanged(rt, clock
     exits = {"oferta": ["ok", "failed", "unavailable", "no_reply"], "remarca": ["ok", "failed", "unavailable"],
              "confirma": ["ok", "failed"], "avisa": ["ok"], "pessoa": ["ok"]}
     for node_id, text in summaries.items():
-        expect(_node(page, node_id).locator(".lf-node-type")).to_have_text("Agir")
+        expect(_node(page, node_id).locator(".lf-node-type")).to_have_text("Ação")
         expect(_node(page, node_id).locator(".lf-node-summary")).to_have_text(text)
         assert _outputs(page, node_id) == exits[node_id], node_id
     expect(_node(page, "oferta").locator(".lf-outputs")).to_have_text(
         re.compile("Feito.*Falhou.*Sem horário.*Sem resposta"))
-    # Not in the palette yet (the console issue adds their forms).
-    expect(page.locator(".lf-palette [data-palette]")).to_have_count(6)
-    expect(page.locator('[data-palette="ask"], [data-palette="do"]')).to_have_count(0)
+    expect(page.locator('[data-palette="ask"], [data-palette="do"], [data-palette="offer_slots"]')).to_have_count(3)
     page.get_by_role("button", name="Ajustar à tela").click()
     page.wait_for_timeout(400)  # the fit's animation
     steps.shot("aberto")
 
-    # Their config shows read-only in the side panel, exactly as stored.
-    configs = {n["id"]: n["config"] for n in ASK_AND_DO["nodes"]}
-    for node_id in ("quando", "oferta"):
-        _select(page, node_id)
-        panel = page.locator('[data-panel="node"]')
-        expect(panel.locator('[data-field="config"]')).to_contain_text("Configuração (somente leitura)")
-        expect(panel.locator('[data-field="config"]')).to_contain_text("pela API")
-        assert json.loads(panel.locator(".lf-config-json").inner_text()) == configs[node_id]
-        expect(panel.locator("select, input:not([id$='-label'])")).to_have_count(0)
-    steps.shot("painel-somente-leitura")
+    # Their forms show the config as stored (opening one changes nothing).
+    _select(page, "quando")
+    panel = page.locator('[data-panel="node"]')
+    expect(panel.locator('[data-field="fields"] [data-chip]')).to_have_text(["Data×", "Período×"])
+    expect(panel.locator('[data-field="max_asks"] input')).to_have_value("2")
+    _select(page, "oferta")
+    expect(panel.locator('[data-field="action"] select')).to_have_value("offer_slots")
+    expect(panel.locator('[data-field="limit"] input')).to_have_value("4")
+    expect(panel.locator('[data-field="period_field"] select')).to_have_value("periodo")
+    steps.shot("paineis")
     page.wait_for_timeout(2000)  # longer than the auto-save's delay: opening and selecting save nothing
     expect(page.locator(".lf-builder")).to_have_attribute("data-dirty", "false")
     assert _draft(rt, flow_id) == ASK_AND_DO
@@ -616,3 +630,116 @@ def test_ask_and_do_steps_open_with_every_exit_and_save_back_unchanged(rt, clock
     expect(page.locator(".react-flow__edge")).to_have_count(len(ASK_AND_DO["edges"]))
     expect(page.locator(".react-flow__edge-text").filter(has_text="Sem horário")).to_have_count(2)
     assert _draft(rt, flow_id) == moved
+
+
+def _boxes(page) -> dict[str, dict]:
+    """Each step's box on the screen, by id."""
+    return {node: page.locator(f'.react-flow__node[data-id="{node}"]').bounding_box()
+            for node in page.locator(".react-flow__node").evaluate_all("ns => ns.map(n => n.dataset.id)")}
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
+def test_perguntar_and_oferecer_horarios_from_the_palette_then_organizar(rt, clock, server, page, tmp_path) -> None:
+    """Issue 33: a Perguntar step (the org's fields as chips, "insistir até N vezes"), an "Oferecer
+    horários" step and an Ação step added with the mouse, their forms filled (each refusing what the
+    server would, in the catalogue's words), their exits connected, saved and published; then
+    "Organizar" lays the steps out left to right without overlaps, with text readable at the view."""
+    world = World(rt, slug="bem-viver")
+    world.channel("whatsapp")
+    with rt.db.begin() as conn:
+        create_user(conn, org_id=world.org_id, email=EMAIL, role="owner", password=PASSWORD)
+        create_field(conn, world.org_id, {"slug": "data", "label": "Data", "type": "date",
+                                          "question": "Qual dia fica melhor para você?"})
+        create_field(conn, world.org_id, {"slug": "periodo", "label": "Período", "type": "period",
+                                          "question": "De manhã ou à tarde?"})
+        flow_id = versions.create_flow(conn, world.org_id, name=FLOW)
+    _sign_in(page, server, EMAIL, PASSWORD)
+    page.goto(f"{server}/admin/followup/builder/{flow_id}/")
+    for name in ("Perguntar", "Ação", "Oferecer horários"):
+        expect(page.locator(".lf-palette")).to_contain_text(name)
+
+    _drop(page, "trigger", 20, 140)
+    _drop(page, "ask", 260, 140)
+    ask = _node(page, "pergunta_1")
+    expect(ask.locator(".lf-node-label")).to_have_text("Perguntar 1")  # a name in words; the id stays a slug
+    fields = _panel_field(page, "fields")
+    expect(fields.locator(".lf-problem")).to_have_text("use uma lista de 1 a 10 itens")  # as the validator says
+    fields.locator('[data-add-chip="data"]').click()
+    fields.locator('[data-add-chip="periodo"]').click()
+    expect(fields.locator(".lf-problem")).to_have_count(0)
+    _panel_field(page, "max_asks").locator("input").fill("2")
+    expect(ask.locator(".lf-node-summary")).to_have_text("Data, Período")
+    assert _outputs(page, "pergunta_1") == ["complete", "gave_up", "no_reply"]
+
+    _drop(page, "offer_slots", 520, 40)
+    offer = _node(page, "acao_1")
+    expect(offer.locator(".lf-node-label")).to_have_text("Oferecer horários 1")
+    assert _outputs(page, "acao_1") == ["ok", "failed", "unavailable", "no_reply"]
+    expect(offer.locator(".lf-outputs")).to_have_text(re.compile("Feito.*Falhou.*Sem horário.*Sem resposta"))
+    _panel_field(page, "limit").locator("input").fill("4")
+    _panel_field(page, "date_field").locator("select").select_option("data")
+    _panel_field(page, "period_field").locator("select").select_option("periodo")
+
+    _drop(page, "do", 520, 320)
+    act = _node(page, "acao_2")
+    expect(act.locator(".lf-node-label")).to_have_text("Ação 1")
+    _panel_field(page, "action").locator("select").select_option("notify_staff")
+    expect(_panel_field(page, "note").locator(".lf-problem")).to_have_text("campo obrigatório; preencha-o")
+    _panel_field(page, "note").locator("input").fill("Paciente quer falar com a recepção.")
+    expect(_panel_field(page, "note").locator(".lf-problem")).to_have_count(0)
+    assert _outputs(page, "acao_2") == ["ok"]
+
+    _drop(page, "end", 800, 140)
+    expect(_panel_field(page, "outcome").locator("select")).to_have_value("")  # no outcome chosen for the person
+    _panel_field(page, "outcome").locator("select").select_option("custom")
+
+    for source, handle, target in (("gatilho_1", "always", "pergunta_1"), ("pergunta_1", "complete", "acao_1"),
+                                   ("pergunta_1", "gave_up", "acao_2"), ("pergunta_1", "no_reply", "fim_1"),
+                                   ("acao_1", "ok", "fim_1"), ("acao_1", "failed", "acao_2"),
+                                   ("acao_1", "unavailable", "acao_2"), ("acao_1", "no_reply", "fim_1"),
+                                   ("acao_2", "ok", "fim_1")):
+        _connect(page, source, handle, target)
+    expect(page.locator(".react-flow__edge")).to_have_count(9)
+
+    saved = _saved(rt, flow_id, page).draft_graph
+    nodes = {n["id"]: n for n in saved["nodes"]}
+    assert {k: (n["label"], n["config"]) for k, n in nodes.items()} == {
+        "gatilho_1": ("Gatilho 1", {}),
+        "pergunta_1": ("Perguntar 1", {"fields": ["data", "periodo"], "max_asks": 2}),
+        "acao_1": ("Oferecer horários 1", {"action": "offer_slots", "limit": 4, "same_professional": True,
+                                           "max_asks": 2, "date_field": "data", "period_field": "periodo"}),
+        "acao_2": ("Ação 1", {"action": "notify_staff", "note": "Paciente quer falar com a recepção."}),
+        "fim_1": ("Fim 1", {"outcome": "custom"}),
+    }
+    assert sorted((e["source"], e["condition"]["type"], e["target"]) for e in saved["edges"]) == sorted([
+        ("gatilho_1", "always", "pergunta_1"), ("pergunta_1", "complete", "acao_1"),
+        ("pergunta_1", "gave_up", "acao_2"), ("pergunta_1", "no_reply", "fim_1"), ("acao_1", "ok", "fim_1"),
+        ("acao_1", "failed", "acao_2"), ("acao_1", "unavailable", "acao_2"), ("acao_1", "no_reply", "fim_1"),
+        ("acao_2", "ok", "fim_1")])
+    page.get_by_role("button", name="Publicar").click()
+    expect(page.locator(".lf-notice")).to_contain_text("Versão 1 publicada.")
+
+    # "Organizar": no two steps overlap, every edge runs left to right, the text reads at ≥ 12 px.
+    page.locator('[data-action="organize"]').click()
+    expect(page.locator(".lf-builder")).to_have_attribute("data-dirty", "true")
+    positions = _saved(rt, flow_id, page).draft_graph
+    page.wait_for_timeout(300)  # the view's 200 ms move
+    boxes = _boxes(page)
+    assert len(boxes) == 5
+    pairs = [(a, b) for a in boxes for b in boxes if a < b and _overlap(boxes[a], boxes[b])]
+    assert not pairs, pairs
+    for edge in saved["edges"]:
+        assert boxes[edge["source"]]["x"] + boxes[edge["source"]]["width"] < boxes[edge["target"]]["x"], edge
+    zoom = page.locator(".react-flow__viewport").evaluate("v => new DOMMatrix(getComputedStyle(v).transform).a")
+    smallest = page.locator(".lf-node *").evaluate_all(
+        "els => Math.min(...els.filter(e => e.textContent.trim()).map(e => parseFloat(getComputedStyle(e).fontSize)))")
+    assert smallest * zoom >= 12, (smallest, zoom)
+    assert {n["id"] for n in positions["nodes"]} == set(nodes)  # the new positions are saved, nothing else moved
+    assert [(n["label"], n["config"]) for n in positions["nodes"]] == [(n["label"], n["config"]) for n in saved["nodes"]]
+    folder = ROOT / "docs" / "screenshots" if os.environ.get("LEMBRA_SCREENSHOTS") else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / "builder.png"))

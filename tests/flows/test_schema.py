@@ -265,6 +265,17 @@ def test_details_of_classify_configs() -> None:
         ("keywords.sim.1", "use um texto de 1 a 60 caracteres")]
 
 
+
+def test_classes_keep_the_names_the_clinic_gave_them_by_slug() -> None:
+    named = {"classes": ["nao_quer", "sim"], "grace_minutes": 60, "labels": {"nao_quer": "Não quer"}}
+    assert normalize_node_config("ai_classify", named)["labels"] == {"nao_quer": "Não quer"}
+    assert "labels" not in normalize_node_config("ai_classify", {"classes": ["sim"], "grace_minutes": 60})
+    assert problems("ai_classify", {**named, "labels": {"outra": "Outra"}}) == [
+        ("labels", "dê nomes só às classes da lista de classes")]
+    assert problems("ai_classify", {**named, "labels": {"nao_quer": "x" * 61}}) == [
+        ("labels.nao_quer", "use um texto de 1 a 60 caracteres")]
+
+
 def test_details_of_checks() -> None:
     def check(**item: Any) -> list[tuple[str, str]]:
         return problems("condition", {"checks": [item]})

@@ -4,18 +4,23 @@
 // publish problems, the version history, "Testar").
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import {
-  Background, MiniMap, ReactFlow, applyEdgeChanges, applyNodeChanges, useReactFlow,
+  Background, MiniMap, ReactFlow, applyEdgeChanges, applyNodeChanges, useNodesInitialized, useReactFlow,
 } from '@xyflow/react';
 import { RequestFailed, postJSON } from './api.js';
-import { Duration, Field, SchemaForm } from './forms.jsx';
+import { DoForm, Duration, Field, SchemaForm } from './forms.jsx';
 import {
-  PALETTE_TYPES, decorateEdge, defaultConfig, edgeText, fromFlow, newEdgeId, newNodeId, outputsOf, toFlow,
+  PALETTE, PALETTE_TYPES, decorateEdge, defaultConfig, edgeText, fromFlow, newEdgeId, newNodeId, newNodeLabel,
+  outputsOf, toFlow,
 } from './graph.js';
+import { layoutPositions } from './layout.js';
 import { BuilderContext, FlowNode } from './nodes.jsx';
 import { RehearsalPanel } from './TestPanel.jsx';
 
 const NODE_COMPONENTS = { lembra: FlowNode };
 const AUTOSAVE_MS = 1200;
+/** The view: the whole flow when it fits, but never so far out that a step's text drops under 12 px
+ * (the smallest node text is 14 px: at 0.9 it reads as 12.6 px); the minimap and panning reach the rest. */
+const FIT = { minZoom: 0.9, maxZoom: 1, margin: 28 };
 const SETTINGS = ['name', 'trigger_config', 'handoff_policy', 'cancel_on_reply', 'max_steps', 'resume_grace_minutes'];
 
 /** "%(name)s" placeholders, as the server's gettext strings write them. */
@@ -63,11 +68,13 @@ export function App({ boot }) {
   const [notice, setNotice] = useState(null); // {kind: 'success'|'danger'|'info', text, links?}
   const [busy, setBusy] = useState(false);
   const [confirmDisable, setConfirmDisable] = useState(false);
+  const [showMap, setShowMap] = useState(false);
   const wrapper = useRef(null);
   const saving = useRef(null);
   // The last revision the server has (set as soon as a save returns, before React renders again).
   const savedRef = useRef(0);
-  const { screenToFlowPosition, setCenter, getNode, fitView, zoomIn, zoomOut } = useReactFlow();
+  const { screenToFlowPosition, setCenter, getNode, getNodes, getNodesBounds, setViewport, zoomIn, zoomOut } = useReactFlow();
+  const nodesReady = useNodesInitialized();
   const dirty = revision !== savedRevision;
 
   const touch = useCallback(() => setRevision((r) => r + 1), []);
@@ -167,7 +174,7 @@ export function App({ boot }) {
       const edge = decorateEdge({
         id, source: connection.source, target: connection.target, sourceHandle: connection.sourceHandle,
         data: { condition: { ...output.condition } },
-      }, source.data.type, strings);
+      }, source.data, strings);
       return [...kept, edge];
     });
     touch();
@@ -178,23 +185,71 @@ export function App({ boot }) {
     event.dataTransfer.dropEffect = 'move';
   }, []);
 
-  const addNode = useCallback((type, position) => {
-    const id = newNodeId(type, new Set(latest.current.nodes.map((n) => n.id)));
-    const node = { id, type: 'lembra', position, selected: true, data: { type, config: defaultConfig(type) } };
+  const addNode = useCallback((key, position) => {
+    const item = PALETTE.find((p) => p.key === key);
+    const type = item.type;
+    const present = latest.current.nodes;
+    const id = newNodeId(type, new Set(present.map((n) => n.id)));
+    // Named in the reader's words ("Esperar 2"); the id stays the engine's slug ("espera_2").
+    const label = newNodeLabel(paletteWords(strings, item).name, new Set(present.map((n) => n.data.label)));
+    const config = item.config ? item.config() : defaultConfig(type);
+    const node = { id, type: 'lembra', position, selected: true, data: { type, label, config } };
     setNodes((current) => [...current.map((n) => (n.selected ? { ...n, selected: false } : n)), node]);
     setEdges((current) => current.map((e) => (e.selected ? { ...e, selected: false } : e)));
     setSelection({ kind: 'node', id });
     setTab('config');
     touch();
-  }, [touch]);
+  }, [touch, strings]);
 
   const onDrop = useCallback((event) => {
     event.preventDefault();
-    const type = event.dataTransfer.getData('application/x-lembra-node');
-    if (!canEdit || !PALETTE_TYPES.includes(type)) return;
+    const key = event.dataTransfer.getData('application/x-lembra-node');
+    if (!canEdit || !PALETTE.some((p) => p.key === key)) return;
     const point = screenToFlowPosition({ x: event.clientX, y: event.clientY });
-    addNode(type, { x: Math.round(point.x - 90), y: Math.round(point.y - 30) });
+    addNode(key, { x: Math.round(point.x - 90), y: Math.round(point.y - 30) });
   }, [canEdit, screenToFlowPosition, addNode]);
+
+  /** The whole flow in view when it fits at a readable zoom; else the view starts where the flow
+   * starts (its left, its top), so the trigger is in sight, and the rest is a pan away. */
+  const fitView = useCallback((options = {}) => {
+    const shown = getNodes();
+    const box = wrapper.current && wrapper.current.getBoundingClientRect();
+    if (!shown.length || !box || !box.width) return;
+    const bounds = getNodesBounds(shown);
+    const room = { width: box.width - 2 * FIT.margin, height: box.height - 2 * FIT.margin };
+    const fits = Math.min(room.width / Math.max(bounds.width, 1), room.height / Math.max(bounds.height, 1));
+    const zoom = Math.min(FIT.maxZoom, Math.max(FIT.minZoom, fits));
+    const place = (start, size, space) => (size * zoom <= space
+      ? FIT.margin + (space - size * zoom) / 2 - start * zoom : FIT.margin - start * zoom);
+    setViewport({
+      x: place(bounds.x, bounds.width, room.width), y: place(bounds.y, bounds.height, room.height), zoom,
+    }, options.duration ? { duration: options.duration } : undefined);
+  }, [getNodes, getNodesBounds, setViewport]);
+
+  // The first view, once React Flow has measured the steps (an empty flow keeps its view: the
+  // first step dropped must stay where it was dropped); and the view after "Organizar".
+  const firstFit = useRef(initial.nodes.length === 0);
+  const fitAfterLayout = useRef(false);
+  useEffect(() => {
+    if (nodesReady && !firstFit.current) {
+      firstFit.current = true;
+      fitView();
+    }
+  }, [nodesReady, fitView]);
+  useEffect(() => {
+    if (!fitAfterLayout.current) return undefined;
+    fitAfterLayout.current = false;
+    const frame = window.requestAnimationFrame(() => fitView({ duration: 200 }));
+    return () => window.cancelAnimationFrame(frame);
+  }, [nodes, fitView]);
+
+  /** "Organizar": every step where the automatic layout puts it (left to right), then the view. */
+  const organize = useCallback(() => {
+    const placed = layoutPositions(latest.current.nodes, latest.current.edges);
+    setNodes((current) => current.map((n) => (placed.has(n.id) ? { ...n, position: placed.get(n.id) } : n)));
+    touch();
+    fitAfterLayout.current = true; // the view once React Flow has the new positions
+  }, [touch]);
 
   const onSelectionChange = useCallback(({ nodes: picked, edges: pickedEdges }) => {
     if (picked.length === 1) setSelection({ kind: 'node', id: picked[0].id });
@@ -227,15 +282,26 @@ export function App({ boot }) {
     if (node.data.type === 'ai_classify') {
       // Keywords are only for declared classes, and a removed class takes its output's edge along.
       const classes = Array.isArray(next.classes) ? next.classes : [];
-      if (next.keywords) {
-        const kept = Object.fromEntries(Object.entries(next.keywords).filter(([k]) => classes.includes(k)));
-        next = { ...next, keywords: kept };
+      for (const key of ['keywords', 'labels']) {
+        if (next[key]) {
+          const kept = Object.fromEntries(Object.entries(next[key]).filter(([k]) => classes.includes(k)));
+          next = { ...next, [key]: kept };
+        }
+      }
+      if (next.labels && !Object.keys(next.labels).length) {
+        next = { ...next };
+        delete next.labels;
       }
       setEdges((current) => current.filter((e) => !(e.source === id && e.data.condition
         && e.data.condition.type === 'class_match' && !classes.includes(e.data.condition.value))));
     }
     updateNode(id, (data) => ({ ...data, config: next }));
-  }, [updateNode]);
+    if (node.data.type === 'ai_classify') {
+      // A class's edge reads as the class's name: write its label again.
+      setEdges((current) => current.map((e) => (e.source === id
+        ? decorateEdge(e, { type: node.data.type, config: next }, strings) : e)));
+    }
+  }, [updateNode, strings]);
 
   const setLabel = useCallback((id, label) => {
     updateNode(id, (data) => {
@@ -325,10 +391,12 @@ export function App({ boot }) {
     return map;
   }, [issues, nodes]);
 
-  const context = useMemo(() => ({ strings, issues: issuesByNode }), [strings, issuesByNode]);
+  const fieldLabels = useMemo(() => new Map((boot.fields || []).map((f) => [f.slug, f.label])), [boot.fields]);
+  const context = useMemo(() => ({ strings, issues: issuesByNode, fieldLabels }), [strings, issuesByNode, fieldLabels]);
   const aria = useMemo(() => ariaConfig(strings.aria), [strings]);
   const formCtx = {
     defs: boot.schema.$defs, strings, templates: boot.templates, disabled: !canEdit, idPrefix: 'lf',
+    orgFields: boot.fields || [], flows: boot.flows || [], validate: canEdit,
   };
   const selectedNode = selection && selection.kind === 'node' ? nodes.find((n) => n.id === selection.id) : null;
   const selectedEdge = selection && selection.kind === 'edge' ? edges.find((e) => e.id === selection.id) : null;
@@ -395,14 +463,14 @@ export function App({ boot }) {
             <aside className="lf-palette" aria-label={ui.palette}>
               <h6>{ui.palette}</h6>
               <p className="lf-help">{ui.palette_help}</p>
-              {PALETTE_TYPES.map((type) => (
-                <div key={type} className={`lf-palette-item lf-node-${type}`} draggable data-palette={type}
+              {PALETTE.map((item) => (
+                <div key={item.key} className={`lf-palette-item lf-node-${item.type}`} draggable data-palette={item.key}
                      onDragStart={(event) => {
-                       event.dataTransfer.setData('application/x-lembra-node', type);
+                       event.dataTransfer.setData('application/x-lembra-node', item.key);
                        event.dataTransfer.effectAllowed = 'move';
                      }}>
-                  <strong>{strings.node_types[type].name}</strong>
-                  <small>{strings.node_types[type].help}</small>
+                  <strong>{paletteWords(strings, item).name}</strong>
+                  <small>{paletteWords(strings, item).help}</small>
                 </div>
               ))}
             </aside>
@@ -414,12 +482,14 @@ export function App({ boot }) {
               onSelectionChange={onSelectionChange}
               nodesDraggable={canEdit} nodesConnectable={canEdit} elementsSelectable
               deleteKeyCode={canEdit ? ['Backspace', 'Delete'] : null}
-              fitView={initial.nodes.length > 0} fitViewOptions={{ padding: 0.2, maxZoom: 1 }}
               minZoom={0.2} maxZoom={2}
               ariaLabelConfig={aria}
             >
               <Background gap={20} />
-              <MiniMap pannable zoomable ariaLabel={strings.aria['minimap.ariaLabel']} />
+              {showMap && (
+                <MiniMap pannable zoomable position="top-right" style={{ width: 160, height: 100 }}
+                         ariaLabel={strings.aria['minimap.ariaLabel']} />
+              )}
             </ReactFlow>
             <div className="lf-zoom">
               <button type="button" className="btn btn-sm btn-light" title={strings.aria['controls.zoomIn.ariaLabel']}
@@ -427,7 +497,13 @@ export function App({ boot }) {
               <button type="button" className="btn btn-sm btn-light" title={strings.aria['controls.zoomOut.ariaLabel']}
                       aria-label={strings.aria['controls.zoomOut.ariaLabel']} onClick={() => zoomOut()}>−</button>
               <button type="button" className="btn btn-sm btn-light" title={ui.zoom_fit}
-                      onClick={() => fitView({ padding: 0.2, maxZoom: 1 })}>{ui.zoom_fit}</button>
+                      onClick={() => fitView({ duration: 200 })}>{ui.zoom_fit}</button>
+              {canEdit && (
+                <button type="button" className="btn btn-sm btn-light" data-action="organize" title={ui.organize_help}
+                        disabled={!nodes.length} onClick={organize}>{ui.organize}</button>
+              )}
+              <button type="button" className="btn btn-sm btn-light" aria-pressed={showMap} data-action="minimap"
+                      onClick={() => setShowMap((on) => !on)}>{showMap ? ui.minimap_hide : ui.minimap_show}</button>
             </div>
           </div>
           {canEdit && boot.urls.rehearse && <RehearsalPanel boot={boot} />}
@@ -478,12 +554,17 @@ export function App({ boot }) {
   );
 }
 
+/** A palette item's name and help: its own words (a preset), else its node type's. */
+function paletteWords(strings, item) {
+  return (strings.palette && strings.palette[item.key]) || strings.node_types[item.type];
+}
+
 function NodePanel({ node, ctx, strings, canEdit, issues, onConfig, onLabel, onDelete }) {
   const kind = strings.node_types[node.data.type] || { name: node.data.type, help: '' };
   const schema = { $ref: `#/$defs/config_${node.data.type}` };
-  // Only the palette's types have forms; another type's config is shown as it is stored and never
-  // rewritten here (its `do` shapes share an `action` enum the generic oneOf form cannot pick by).
+  // Every known type has a form; a `do` step's shapes share an `action` enum, so it has its own.
   const editable = PALETTE_TYPES.includes(node.data.type);
+  const nodeCtx = { ...ctx, idPrefix: `lf-${node.id}` };
   return (
     <div className="lf-panel" data-panel="node" data-node-id={node.id}>
       <h6>{kind.name}</h6>
@@ -495,10 +576,11 @@ function NodePanel({ node, ctx, strings, canEdit, issues, onConfig, onLabel, onD
       )}
       <Field name="label" schema={{ type: 'string', maxLength: 120 }} value={node.data.label} ctx={ctx}
              onChange={(value) => onLabel(value || '')} />
-      {editable ? (
-        <SchemaForm schema={schema} value={node.data.config} onChange={onConfig}
-                    ctx={{ ...ctx, idPrefix: `lf-${node.id}` }} />
-      ) : (
+      {editable && node.data.type === 'do' && <DoForm value={node.data.config} onChange={onConfig} ctx={nodeCtx} />}
+      {editable && node.data.type !== 'do' && (
+        <SchemaForm schema={schema} value={node.data.config} onChange={onConfig} ctx={nodeCtx} />
+      )}
+      {!editable && (
         <div className="lf-field" data-field="config" data-read-only="true">
           <label>{strings.ui.config_read_only}</label>
           <p className="lf-help">{strings.ui.config_api_only}</p>
@@ -519,7 +601,7 @@ function EdgePanel({ edge, nodes, strings, canEdit, onDelete }) {
   const name = (node) => (node ? node.data.label || node.id : '?');
   return (
     <div className="lf-panel" data-panel="edge">
-      <h6>{strings.ui.edge}: {edgeText(edge.data.condition, source && source.data.type, strings)}</h6>
+      <h6>{strings.ui.edge}: {edgeText(edge.data.condition, source && source.data.type, strings, source && source.data.config)}</h6>
       <p>{name(source)} → {name(target)}</p>
       {canEdit && (
         <button type="button" className="btn btn-sm btn-outline-danger" onClick={onDelete}>{strings.ui.delete_edge}</button>

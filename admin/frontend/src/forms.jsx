@@ -3,13 +3,63 @@
 // where a bare input would be a poor fit (durations in days/hours/minutes, the template picker with
 // its preview, classes as tags, condition checks). Every word comes from `ctx.strings`.
 import { useState } from 'react';
-import { joinMinutes, splitMinutes } from './graph.js';
+import { classLabel, classSlug, doConfig, joinMinutes, splitKeywords, splitMinutes } from './graph.js';
+
+/** "%(name)s" placeholders, as the server's gettext strings write them. */
+function fillIn(text, params) {
+  return String(text || '').replace(/%\((\w+)\)s/g, (_m, key) => (params[key] !== undefined ? params[key] : ''));
+}
+
+/** What is wrong with one value by its JSON Schema, in the catalogue's words (`strings.details`, the
+ * same `detail_*` sentences the server's validator answers with); null when nothing is. Checks
+ * what the schema states (required, type, length, pattern, range, items); the rules only the
+ * server knows still come back from it as issues. */
+export function problemOf(schema, value, required, strings) {
+  const d = (strings && strings.details) || {};
+  const empty = value === undefined || value === null || value === '' || (Array.isArray(value) && value.length === 0);
+  if (empty) {
+    if (!required) return null;
+    if (Array.isArray(value) && schema.minItems) return fillIn(d.detail_list, { min: schema.minItems, max: schema.maxItems });
+    return d.detail_required || null;
+  }
+  const type = mainType(schema);
+  if (type === 'string' && typeof value === 'string') {
+    if (schema.pattern && !new RegExp(schema.pattern).test(value)) return fillIn(d.detail_slug, { max: schema.maxLength || 40 });
+    if (schema.maxLength && value.length > schema.maxLength) return fillIn(d.detail_text, { max: schema.maxLength });
+    if (schema.minLength && value.length < schema.minLength) {
+      return fillIn(d.detail_text_range, { min: schema.minLength, max: schema.maxLength });
+    }
+  }
+  if ((type === 'integer' || type === 'number') && typeof value === 'number') {
+    if ((type === 'integer' && !Number.isInteger(value))
+        || (schema.minimum !== undefined && value < schema.minimum)
+        || (schema.maximum !== undefined && value > schema.maximum)) {
+      if (schema.maximum === undefined) return fillIn(d.detail_integer_min, { min: schema.minimum });
+      return fillIn(d.detail_integer_range, { min: schema.minimum, max: schema.maximum });
+    }
+  }
+  if (type === 'array' && Array.isArray(value)) {
+    if ((schema.minItems && value.length < schema.minItems) || (schema.maxItems && value.length > schema.maxItems)) {
+      return fillIn(d.detail_list, { min: schema.minItems || 0, max: schema.maxItems });
+    }
+    if (schema.uniqueItems && new Set(value).size !== value.length) return d.detail_repeated || null;
+    if (schema.items && schema.items.pattern) {
+      const regex = new RegExp(schema.items.pattern);
+      if (value.some((v) => typeof v !== 'string' || !regex.test(v))) {
+        return fillIn(d.detail_slug, { max: schema.items.maxLength || 40 });
+      }
+    }
+  }
+  return null;
+}
 
 /** Properties that hold whole minutes: shown as days, hours and minutes. */
 const DURATIONS = new Set(['minutes', 'min_minutes', 'max_minutes', 'grace_minutes', 'cooldown_minutes',
   'resume_grace_minutes']);
 /** What a required property gets when a person switches to a shape that needs it. */
 const FILL = { minutes: 1440, min_minutes: 60, max_minutes: 1440, grace_minutes: 60, cooldown_minutes: 10080 };
+/** Properties edited by another one's control (a class's name goes with the class). */
+const HIDDEN = new Set(['labels']);
 /** Shown after the other properties (the trigger's repeat policy and entry conditions). */
 const LAST = ['repeat', 'cooldown_minutes', 'conditions'];
 
@@ -89,7 +139,7 @@ export function SchemaForm({ schema, value, onChange, ctx }) {
 
 function ObjectFields({ schema, value, onChange, ctx, skip }) {
   const props = schema.properties || {};
-  const names = Object.keys(props).filter((n) => n !== skip);
+  const names = Object.keys(props).filter((n) => n !== skip && !HIDDEN.has(n));
   names.sort((a, b) => LAST.indexOf(a) - LAST.indexOf(b));
   const set = (name, next) => {
     let updated = next === undefined ? withoutKey(value, name) : { ...value, [name]: next };
@@ -100,13 +150,21 @@ function ObjectFields({ schema, value, onChange, ctx, skip }) {
     }
     onChange(updated);
   };
+  // Several properties at once (a class and its name); an undefined value removes its key.
+  const patch = (changes) => {
+    let updated = { ...value };
+    for (const [name, next] of Object.entries(changes)) {
+      updated = next === undefined ? withoutKey(updated, name) : { ...updated, [name]: next };
+    }
+    onChange(updated);
+  };
   return (
     <div className="lf-form">
       {names.map((name) => {
         if (name === 'cooldown_minutes' && value.repeat !== 'cooldown') return null;
         return (
           <Field key={name} name={name} schema={resolve(props[name], ctx.defs)} value={value[name]}
-                 siblings={value} onChange={(next) => set(name, next)} ctx={ctx}
+                 siblings={value} onChange={(next) => set(name, next)} onPatch={patch} ctx={ctx}
                  required={(schema.required || []).includes(name)} />
         );
       })}
@@ -114,8 +172,10 @@ function ObjectFields({ schema, value, onChange, ctx, skip }) {
   );
 }
 
-export function Field({ name, schema, value, onChange, ctx, siblings, label }) {
+export function Field({ name, schema, value, onChange, onPatch, ctx, siblings, label, required }) {
   const id = `${ctx.idPrefix}-${name}`;
+  const problem = ctx.validate ? problemOf(schema, value, required, ctx.strings) : null;
+  const help = ctx.strings.help && ctx.strings.help[name];
   const text = label || ctx.strings.fields[name] || name;
   const disabled = ctx.disabled;
   let control;
@@ -125,11 +185,26 @@ export function Field({ name, schema, value, onChange, ctx, siblings, label }) {
                         optional={nullable(schema)} />;
   } else if (name === 'template' || name === 'fallback_template') {
     control = <TemplatePicker id={id} value={value} onChange={onChange} ctx={ctx} optional={nullable(schema)} />;
+  } else if (name === 'classes' && onPatch) {
+    control = <ClassTags id={id} config={siblings || {}} onPatch={onPatch} ctx={ctx} max={schema.maxItems} />;
   } else if (name === 'classes') {
     control = <Tags id={id} value={value || []} onChange={onChange} ctx={ctx}
                     pattern={schema.items && schema.items.pattern} forbidden={['no_reply']} max={schema.maxItems} />;
+  } else if (name === 'fields' && ctx.orgFields) {
+    control = <FieldChips id={id} value={Array.isArray(value) ? value : []} onChange={onChange} ctx={ctx} max={schema.maxItems} />;
+  } else if (/_field$/.test(name) && ctx.orgFields) {
+    control = <FieldPicker id={id} name={name} value={value} onChange={onChange} ctx={ctx} />;
+  } else if (name === 'flow_id' && ctx.flows) {
+    control = (
+      <select id={id} className="form-control form-control-sm" disabled={disabled} value={value ?? ''}
+              onChange={(e) => onChange(e.target.value === '' ? undefined : Number(e.target.value))}>
+        <option value="">{ctx.strings.ui.choose}</option>
+        {ctx.flows.map((f) => <option key={f.id} value={f.id}>{f.name}</option>)}
+        {value && !ctx.flows.some((f) => f.id === value) && <option value={value}>{`#${value}`}</option>}
+      </select>
+    );
   } else if (name === 'keywords') {
-    control = <Keywords value={value || {}} classes={(siblings && siblings.classes) || []} onChange={onChange}
+    control = <Keywords value={value || {}} classes={(siblings && siblings.classes) || []} labels={siblings} onChange={onChange}
                         ctx={ctx} />;
   } else if (name === 'checks' || name === 'conditions') {
     control = <Checks value={value || []} onChange={onChange} ctx={ctx} max={schema.maxItems || 20} />;
@@ -170,9 +245,86 @@ export function Field({ name, schema, value, onChange, ctx, siblings, label }) {
     );
   }
   return (
-    <div className="lf-field" data-field={name}>
+    <div className={`lf-field${problem ? ' has-problem' : ''}`} data-field={name}>
       <label htmlFor={id}>{text}</label>
       {control}
+      {help && <small className="lf-help d-block">{help}</small>}
+      {problem && <small className="text-danger d-block lf-problem" role="alert">{problem}</small>}
+    </div>
+  );
+}
+
+/** The org's conversation fields as chips: a click adds one (asked in the order chosen) or takes
+ * it out; a slug the org no longer declares shows in red until it is removed. */
+function FieldChips({ id, value, onChange, ctx, max }) {
+  const known = new Map(ctx.orgFields.map((f) => [f.slug, f]));
+  const left = ctx.orgFields.filter((f) => !value.includes(f.slug));
+  return (
+    <div className="lf-chips" id={id}>
+      <div className="lf-tag-list">
+        {value.map((slug) => (
+          <span key={slug} className={`lf-tag${known.has(slug) ? '' : ' lf-tag-unknown'}`} data-chip={slug}>
+            {known.has(slug) ? known.get(slug).label : slug}
+            {!ctx.disabled && (
+              <button type="button" aria-label={`${ctx.strings.ui.remove} ${slug}`}
+                      onClick={() => onChange(value.filter((v) => v !== slug))}>×</button>
+            )}
+          </span>
+        ))}
+      </div>
+      {!ctx.disabled && left.length > 0 && (!max || value.length < max) && (
+        <div className="lf-chip-choices">
+          {left.map((f) => (
+            <button key={f.slug} type="button" className="btn btn-sm btn-outline-secondary lf-chip-add"
+                    data-add-chip={f.slug} onClick={() => onChange([...value, f.slug])}>+ {f.label}</button>
+          ))}
+        </div>
+      )}
+      {!ctx.orgFields.length && <small className="text-muted d-block">{ctx.strings.ui.no_fields}</small>}
+    </div>
+  );
+}
+
+/** One of the org's fields (optional): where an action reads the patient's day, period or time. */
+function FieldPicker({ id, name, value, onChange, ctx }) {
+  const wanted = { date_field: 'date', period_field: 'period', time_field: 'time' }[name];
+  // The fields of the right type first; any field may be chosen (a text field can hold a day).
+  const fields = [...ctx.orgFields].sort((a, b) => (b.type === wanted) - (a.type === wanted));
+  return (
+    <select id={id} className="form-control form-control-sm" disabled={ctx.disabled} value={value || ''}
+            onChange={(e) => onChange(e.target.value === '' ? null : e.target.value)}>
+      <option value="">{ctx.strings.ui.none}</option>
+      {fields.map((f) => <option key={f.slug} value={f.slug}>{f.label}</option>)}
+      {value && !fields.some((f) => f.slug === value) && <option value={value}>{value}</option>}
+    </select>
+  );
+}
+
+/** A `do` step's form: the action from a list, then that action's own settings (its shape in
+ * `$defs.config_do`, picked by the action). Switching the action keeps nothing of the other's. */
+export function DoForm({ value, onChange, ctx }) {
+  const current = value && typeof value === 'object' ? value : {};
+  const variants = resolve({ $ref: '#/$defs/config_do' }, ctx.defs).oneOf.map((v) => resolve(v, ctx.defs));
+  const actions = variants.flatMap((v) => v.properties.action.enum);
+  const chosen = variants.find((v) => v.properties.action.enum.includes(current.action));
+  const labels = ctx.strings.choices.action || {};
+  const id = `${ctx.idPrefix}-action`;
+  const problem = ctx.validate && !chosen ? ctx.strings.details.detail_required : null;
+  return (
+    <div className="lf-form">
+      <div className={`lf-field${problem ? ' has-problem' : ''}`} data-field="action">
+        <label htmlFor={id}>{ctx.strings.fields.action}</label>
+        <select id={id} className="form-control form-control-sm" disabled={ctx.disabled} value={chosen ? current.action : ''}
+                onChange={(e) => onChange(e.target.value ? doConfig(e.target.value) : {})}>
+          {!chosen && <option value="">{ctx.strings.ui.choose}</option>}
+          {actions.map((a) => <option key={a} value={a}>{labels[a] || a}</option>)}
+        </select>
+        {chosen && ctx.strings.help[`action_${current.action}`] && (
+          <small className="lf-help d-block">{ctx.strings.help[`action_${current.action}`]}</small>
+        )}
+        {problem && <small className="text-danger d-block lf-problem" role="alert">{problem}</small>}
+      </div>
+      {chosen && <ObjectFields schema={chosen} value={current} onChange={onChange} ctx={ctx} skip="action" />}
     </div>
   );
 }
@@ -229,21 +381,25 @@ function TemplatePicker({ id, value, onChange, ctx, optional }) {
   );
 }
 
-export function Tags({ id, value, onChange, ctx, pattern, forbidden = [], max, maxLength }) {
+export function Tags({ id, value, onChange, ctx, pattern, forbidden = [], max, maxLength, split, help }) {
   const [draft, setDraft] = useState('');
   const [bad, setBad] = useState(false);
   const regex = pattern ? new RegExp(pattern) : null;
-  const add = () => {
-    const item = draft.trim();
-    if (!item) return;
-    if ((regex && !regex.test(item)) || forbidden.includes(item) || (maxLength && item.length > maxLength)) {
-      setBad(true);
-      return;
+  const fits = (item) => !((regex && !regex.test(item)) || forbidden.includes(item) || (maxLength && item.length > maxLength));
+  const addAll = (text) => {
+    // With `split`, "remarcar, sexta, outro dia" is three items (commas, semicolons or lines).
+    const items = split ? splitKeywords(text) : [text.trim()].filter(Boolean);
+    if (!items.length) return;
+    const wrong = items.filter((item) => !fits(item));
+    const next = [...value];
+    for (const item of items) {
+      if (fits(item) && !next.includes(item) && (!max || next.length < max)) next.push(item);
     }
-    if (!value.includes(item) && (!max || value.length < max)) onChange([...value, item]);
-    setDraft('');
-    setBad(false);
+    if (next.length !== value.length) onChange(next);
+    setDraft(wrong.join(', '));
+    setBad(wrong.length > 0);
   };
+  const add = () => addAll(draft);
   return (
     <div className="lf-tags">
       <div className="lf-tag-list">
@@ -260,22 +416,79 @@ export function Tags({ id, value, onChange, ctx, pattern, forbidden = [], max, m
       {!ctx.disabled && (
         <input id={id} className={`form-control form-control-sm${bad ? ' is-invalid' : ''}`} value={draft}
                onChange={(e) => { setDraft(e.target.value); setBad(false); }}
+               onPaste={split ? (e) => {
+                 const text = e.clipboardData.getData('text');
+                 if (/[,;\n]/.test(text)) { e.preventDefault(); addAll(`${draft}${text}`); }
+               } : undefined}
                onKeyDown={(e) => { if (e.key === 'Enter' || e.key === ',') { e.preventDefault(); add(); } }}
                onBlur={add} />
       )}
       {pattern && <small className={bad ? 'text-danger' : 'text-muted'}>{ctx.strings.ui.tags_help}</small>}
+      {help && <small className={`d-block ${bad ? 'text-danger' : 'text-muted'}`}>{help}</small>}
     </div>
   );
 }
 
-function Keywords({ value, classes, onChange, ctx }) {
+/** Classes named freely ("Não quer"): each gets an engine slug ("nao_quer") the person never reads,
+ * and its name is kept in `labels` (only when it differs from the slug). Removing a class takes its
+ * name and keywords along. */
+function ClassTags({ id, config, onPatch, ctx, max }) {
+  const classes = Array.isArray(config.classes) ? config.classes : [];
+  const labels = config.labels && typeof config.labels === 'object' ? config.labels : {};
+  const [draft, setDraft] = useState('');
+  const [bad, setBad] = useState(false);
+  const shown = new Set(classes.map((c) => classLabel(config, c).toLowerCase()));
+  const add = () => {
+    const name = draft.trim();
+    if (!name) return;
+    const slug = classSlug(name, new Set(classes));
+    if (!slug || name.length > 60) { setBad(true); return; }
+    if (!shown.has(name.toLowerCase()) && (!max || classes.length < max)) {
+      const named = name === slug ? labels : { ...labels, [slug]: name };
+      onPatch({ classes: [...classes, slug], labels: Object.keys(named).length ? named : undefined });
+    }
+    setDraft('');
+    setBad(false);
+  };
+  const remove = (slug) => {
+    const named = withoutKey(labels, slug);
+    const keywords = config.keywords ? withoutKey(config.keywords, slug) : undefined;
+    onPatch({ classes: classes.filter((c) => c !== slug), labels: Object.keys(named).length ? named : undefined,
+              ...(config.keywords ? { keywords } : {}) });
+  };
+  return (
+    <div className="lf-tags">
+      <div className="lf-tag-list">
+        {classes.map((slug) => (
+          <span key={slug} className="lf-tag" data-tag={slug}>
+            {classLabel(config, slug)}
+            {!ctx.disabled && (
+              <button type="button" aria-label={`${ctx.strings.ui.remove} ${classLabel(config, slug)}`}
+                      onClick={() => remove(slug)}>×</button>
+            )}
+          </span>
+        ))}
+      </div>
+      {!ctx.disabled && (
+        <input id={id} className={`form-control form-control-sm${bad ? ' is-invalid' : ''}`} value={draft}
+               onChange={(e) => { setDraft(e.target.value); setBad(false); }}
+               onKeyDown={(e) => { if (e.key === 'Enter') { e.preventDefault(); add(); } }}
+               onBlur={add} />
+      )}
+      <small className={bad ? 'text-danger' : 'text-muted'}>{ctx.strings.ui.classes_help}</small>
+    </div>
+  );
+}
+
+function Keywords({ value, classes, labels, onChange, ctx }) {
   if (!classes.length) return <small className="text-muted">—</small>;
   return (
     <div className="lf-keywords">
       {classes.map((cls) => (
         <div key={cls} className="lf-keyword-class">
-          <span className="lf-keyword-name">{cls}</span>
-          <Tags id={`${ctx.idPrefix}-kw-${cls}`} value={value[cls] || []} ctx={ctx} max={20} maxLength={60}
+          <span className="lf-keyword-name">{classLabel(labels, cls)}</span>
+          <Tags id={`${ctx.idPrefix}-kw-${cls}`} value={value[cls] || []} ctx={ctx} max={20} maxLength={60} split
+                help={ctx.strings.ui.keywords_help}
                 onChange={(list) => onChange(list.length ? { ...value, [cls]: list } : withoutKey(value, cls))} />
         </div>
       ))}

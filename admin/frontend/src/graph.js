@@ -3,13 +3,20 @@
 // The engine rejects unknown keys, so what goes back to the server is rebuilt from the schema's
 // own keys only (id, type, label, position, config; id, source, target, condition, priority) and
 // never carries React Flow's bookkeeping (selected, measured, dragging, width …).
+import { layoutPositions } from './layout.js';
 
 /** Every node type the engine knows (engine/flows/schema.py NODE_TYPES): each one is drawn with its outputs. */
 export const NODE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'ask', 'action', 'do', 'end'];
-/** The types the palette offers and the side panel edits with a form. `ask` and `do` are drawn,
- * connected and saved back as they are, but their config is changed through the API until the
- * console issue gives them forms (the panel shows it read-only). */
-export const PALETTE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'action', 'end'];
+/** The types the side panel edits with a form (every type but none). */
+export const PALETTE_TYPES = ['trigger', 'wait', 'condition', 'ai_classify', 'ask', 'action', 'do', 'end'];
+/** What the palette offers: each item a node type with its first config; `offer_slots` is a `do`
+ * step with that action already chosen (its words are `strings.palette[key]`, else the type's). */
+export const PALETTE = [
+  { key: 'trigger', type: 'trigger' }, { key: 'wait', type: 'wait' }, { key: 'condition', type: 'condition' },
+  { key: 'ai_classify', type: 'ai_classify' }, { key: 'ask', type: 'ask' }, { key: 'action', type: 'action' },
+  { key: 'do', type: 'do' }, { key: 'offer_slots', type: 'do', config: () => doConfig('offer_slots') },
+  { key: 'end', type: 'end' },
+];
 
 /** A `do` node's exits by its action (engine/flows/validate.py DO_EXITS). */
 export const DO_EXITS = {
@@ -29,10 +36,31 @@ export function defaultConfig(type) {
     case 'condition': return { checks: [{ field: 'enrollment.replies', op: 'eq', value: 0 }], combinator: 'all' };
     case 'ai_classify': return { classes: [], grace_minutes: 60 };
     case 'action': return { mode: 'template' };
-    case 'end': return { outcome: 'converted' };
-    case 'ask': return { fields: [] };
-    case 'do': return { action: 'handoff' };
+    // No outcome picked for the person: "Convertido" would count every new end as a success.
+    case 'end': return {};
+    case 'ask': return { fields: [], max_asks: 3 };
+    case 'do': return {};
     default: return {};
+  }
+}
+
+/** A `do` step's first config for `action`: the action and the required values a form starts from. */
+export function doConfig(action) {
+  switch (action) {
+    case 'offer_slots': return { action, limit: 3, same_professional: true, max_asks: 2 };
+    case 'notify_staff': return { action, note: '' };
+    case 'set_stage': return { action, stage: '' };
+    case 'notify_clinic': return { action, signal: '' };
+    default: return { action };
+  }
+}
+
+/** A new step's name in the reader's words: its kind and the first number no step of the graph
+ * uses in that name yet ("Esperar 2"). The node id stays an engine-safe slug (`newNodeId`). */
+export function newNodeLabel(kindName, labels) {
+  for (let n = 1; ; n += 1) {
+    const label = `${kindName} ${n}`;
+    if (!labels.has(label)) return label;
   }
 }
 
@@ -77,7 +105,9 @@ export function outputsOf(type, config) {
     case 'ai_classify': {
       const classes = Array.isArray(config && config.classes) ? config.classes.filter((c) => typeof c === 'string') : [];
       return [
-        ...classes.map((name) => ({ handle: `class:${name}`, condition: { type: 'class_match', value: name }, text: name })),
+        ...classes.map((name) => ({
+          handle: `class:${name}`, condition: { type: 'class_match', value: name }, text: classLabel(config, name),
+        })),
         { handle: 'no_reply', condition: { type: 'no_reply' }, labelKey: 'no_reply' },
         { handle: 'always', condition: { type: 'always' }, labelKey: 'fallback' },
       ];
@@ -107,13 +137,39 @@ export function handleOf(condition) {
   }
 }
 
-/** What an edge means, in the reader's words (`strings.edges`). */
-export function edgeText(condition, sourceType, strings) {
+/** A class as the person named it ("Não quer"); its slug when the step keeps no name for it. */
+export function classLabel(config, slug) {
+  const labels = config && config.labels && typeof config.labels === 'object' ? config.labels : {};
+  return typeof labels[slug] === 'string' && labels[slug] ? labels[slug] : slug;
+}
+
+/** The engine-safe slug of a class name a person typed: "Não quer" → "nao_quer" (CLASS_SLUG:
+ * a lowercase letter first, then letters, digits and _, at most 40), never `no_reply`, and not
+ * one of `taken`. Empty when the name has no letter or digit at all. */
+export function classSlug(label, taken = new Set()) {
+  let base = String(label).normalize('NFD').replace(/[\u0300-\u036f]/g, '').toLowerCase()
+    .replace(/[^a-z0-9]+/g, '_').replace(/^_+|_+$/g, '');
+  if (!base) return '';
+  if (!/^[a-z]/.test(base)) base = `c_${base}`;
+  base = base.slice(0, 36).replace(/_+$/, '');
+  if (base === 'no_reply') base = 'no_reply_1';
+  let slug = base;
+  for (let n = 2; taken.has(slug); n += 1) slug = `${base}_${n}`;
+  return slug;
+}
+
+/** Keywords typed or pasted at once: "remarcar, sexta; outro dia" (or one a line) → each one. */
+export function splitKeywords(text) {
+  return String(text).split(/[,;\n]+/).map((k) => k.trim()).filter(Boolean);
+}
+
+/** What an edge means, in the reader's words (`strings.edges`); a class edge reads as the class's name. */
+export function edgeText(condition, sourceType, strings, sourceConfig) {
   const words = strings.edges;
   if (!condition) return words.always;
   switch (condition.type) {
     case 'cond_result': return condition.value === false ? words.cond_false : words.cond_true;
-    case 'class_match': return String(condition.value);
+    case 'class_match': return classLabel(sourceConfig, String(condition.value));
     default:
       if (PLAIN_EXITS.has(condition.type)) return words[condition.type] || condition.type;
       return sourceType === 'ai_classify' ? words.fallback : words.always;
@@ -126,8 +182,14 @@ function copy(value) {
 
 /** The engine's graph as React Flow state. Keeps what it needs to write the same graph back. */
 export function toFlow(graph, strings) {
-  const nodes = (graph.nodes || []).map((node, index) => {
-    const placed = node.position ? { x: node.position.x, y: node.position.y } : { x: 40 + 240 * index, y: 80 };
+  const stored = graph.nodes || [];
+  // Steps saved without a position are placed where the automatic layout puts them.
+  const auto = stored.some((node) => !node.position)
+    ? layoutPositions(stored.map((node) => ({ id: node.id, data: { type: node.type, config: node.config } })),
+      graph.edges || [])
+    : new Map();
+  const nodes = stored.map((node) => {
+    const placed = node.position ? { x: node.position.x, y: node.position.y } : { ...auto.get(node.id) };
     return {
       id: node.id,
       type: 'lembra',
@@ -142,7 +204,7 @@ export function toFlow(graph, strings) {
       },
     };
   });
-  const typeOf = new Map(nodes.map((n) => [n.id, n.data.type]));
+  const dataOf = new Map(nodes.map((n) => [n.id, n.data]));
   const taken = new Set((graph.edges || []).map((e) => e.id).filter(Boolean));
   const edges = (graph.edges || []).map((edge) => {
     const keepId = typeof edge.id === 'string' && edge.id.length > 0;
@@ -158,16 +220,20 @@ export function toFlow(graph, strings) {
         ...(edge.priority !== undefined ? { priority: edge.priority } : {}),
         ...(keepId ? {} : { noId: true }),
       },
-    }, typeOf.get(edge.source), strings);
+    }, dataOf.get(edge.source), strings);
   });
   return { nodes, edges };
 }
 
-/** An edge with its label and arrow (presentation only; `fromFlow` ignores both). */
-export function decorateEdge(edge, sourceType, strings) {
+/** An edge with its label and arrow (presentation only; `fromFlow` ignores both). `source` is the
+ * source node's data ({type, config}). */
+export function decorateEdge(edge, source, strings) {
   return {
     ...edge,
-    label: edgeText(edge.data.condition, sourceType, strings),
+    label: edgeText(edge.data.condition, source && source.type, strings, source && source.config),
+    labelShowBg: true,
+    labelBgPadding: [4, 2],
+    labelBgBorderRadius: 4,
     markerEnd: { type: 'arrowclosed', width: 18, height: 18 },
     className: `lf-edge lf-edge-${(edge.data.condition && edge.data.condition.type) || 'always'}`,
   };

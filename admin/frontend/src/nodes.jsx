@@ -6,7 +6,7 @@ import { Handle, Position } from '@xyflow/react';
 import { outputsOf, splitMinutes } from './graph.js';
 
 /** Words, templates and the issues by node id, shared with every node without touching its data. */
-export const BuilderContext = createContext({ strings: null, issues: new Map() });
+export const BuilderContext = createContext({ strings: null, issues: new Map(), fieldLabels: new Map() });
 
 function duration(minutes, ui) {
   if (!Number.isFinite(minutes)) return '';
@@ -18,7 +18,7 @@ function duration(minutes, ui) {
   return parts.join(' ');
 }
 
-function summary(type, config, strings) {
+function summary(type, config, strings, fieldLabels) {
   const choices = strings.choices;
   const ui = strings.ui;
   switch (type) {
@@ -35,7 +35,7 @@ function summary(type, config, strings) {
     case 'action':
       return config.mode === 'ai_message' ? choices.mode.ai_message : (config.template || '');
     case 'ask':
-      return Array.isArray(config.fields) ? config.fields.join(', ') : '';
+      return Array.isArray(config.fields) ? config.fields.map((f) => fieldLabels.get(f) || f).join(', ') : '';
     case 'do':
       return (choices.action && choices.action[config.action]) || (config.action ? String(config.action) : '');
     case 'end':
@@ -46,11 +46,11 @@ function summary(type, config, strings) {
 }
 
 function FlowNodeInner({ id, data, selected }) {
-  const { strings, issues } = useContext(BuilderContext);
+  const { strings, issues, fieldLabels } = useContext(BuilderContext);
   const mine = issues.get(id) || [];
   const kind = strings.node_types[data.type] || { name: data.type };
   const outputs = outputsOf(data.type, data.config);
-  const text = summary(data.type, data.config || {}, strings);
+  const text = summary(data.type, data.config || {}, strings, fieldLabels || new Map());
   return (
     <div className={`lf-node lf-node-${data.type}${selected ? ' is-selected' : ''}${mine.length ? ' has-issues' : ''}`}
          data-node-id={id} data-node-type={data.type}>

@@ -44,8 +44,10 @@ from admin.views.settings.templates import preview
 from engine.tenants.channels import default_channel
 from engine.flows import queries, triggers, versions
 from engine.flows.schema import CHANNEL_KINDS, json_schema
-from engine.store.models import contacts, preferences, templates, users
+from engine.store.models import contacts, flow_pointers, preferences, templates, users
 from engine.core.errors import DomainError
+from engine.flows.conversation.fields import list_fields
+from engine.words.catalogue import CATALOGUE
 from engine.messaging.templates import find_template
 
 #: The built bundle (admin/frontend/build.mjs writes it; tests/admin/test_builder_bundle.py checks it).
@@ -54,6 +56,9 @@ BUNDLE = STATIC / "flows" / "builder.js"
 #: The fields of a flow the builder may change: the draft and the flow's own settings.
 EDITABLE = ("name", "draft_graph", "trigger_config", "handoff_policy", "cancel_on_reply", "max_steps",
             "resume_grace_minutes")
+#: The catalogue's `detail_*` sentences the node forms show for a value they refuse (forms.jsx problemOf).
+FORM_DETAILS = ("detail_required", "detail_text", "detail_text_range", "detail_slug", "detail_integer_min",
+                "detail_integer_range", "detail_list", "detail_repeated")
 #: Contacts offered by "Testar" (the first ones by name): enough to find a test patient.
 TEST_CONTACTS = 200
 #: Channel kinds whose default channel is the sandbox provider can only "send" into the sandbox inbox.
@@ -90,9 +95,27 @@ def ui_strings() -> dict[str, Any]:
                                                       "da conversa) e segue por Completo, Desistiu ou Sem resposta.")},
             "action": {"name": _("Enviar mensagem"), "help": _("Envia um modelo aprovado ou uma mensagem escrita "
                                                                "pela IA, com um modelo reserva.")},
-            "do": {"name": _("Agir"), "help": _("Confirma, cancela, remarca ou marca a consulta, oferece horários "
+            "do": {"name": _("Ação"), "help": _("Confirma, cancela, remarca ou marca a consulta, oferece horários "
                                                 "livres, avisa a equipe ou passa a conversa para uma pessoa.")},
             "end": {"name": _("Fim"), "help": _("Encerra o acompanhamento com um resultado.")},
+        },
+        # Palette items that are a step type with a preset config (their own name and help).
+        "palette": {
+            "offer_slots": {"name": _("Oferecer horários"),
+                            "help": _("Envia os horários livres que combinam com o que o paciente pediu e lê qual "
+                                      "ele escolheu.")},
+        },
+        # The catalogue's words for a value a form refuses, as the server's validator says them.
+        "details": {code: _(CATALOGUE[code].msgid) for code in FORM_DETAILS},
+        # A line under a field that needs one.
+        "help": {
+            "fields": _("Clique nos campos para perguntar, na ordem em que forem escolhidos. Os campos da clínica "
+                        "são cadastrados em Configuração → Campos."),
+            "max_asks": _("Quantas vezes no máximo pergunta cada campo antes de seguir por Desistiu."),
+            "signal": _("Um código curto que o sistema da clínica recebe, como reagendar_pedido."),
+            "action_offer_slots": _("Saídas: Feito (escolheu um horário), Sem horário, Falhou e Sem resposta."),
+            "action_move": _("Usa o horário escolhido numa oferta; sem oferta, a data e a hora coletadas."),
+            "action_book": _("Usa o horário escolhido numa oferta; sem oferta, a data e a hora coletadas."),
         },
         "edges": {"always": _("Sempre"), "cond_true": _("Sim"), "cond_false": _("Não"),
                   "no_reply": _("Sem resposta"), "replied": _("Respondeu"), "fallback": _("Outra resposta"),
@@ -116,6 +139,12 @@ def ui_strings() -> dict[str, Any]:
             "cancel_on_reply": _("Encerrar o acompanhamento quando o paciente responder"),
             "resume_grace_minutes": _("Retomar quanto tempo depois do fim do atendimento humano"),
             "max_steps": _("Limite de passos por paciente"),
+            "fields": _("Campos a perguntar"), "max_asks": _("Insistir até quantas vezes"),
+            "phrasing": _("Como perguntar"), "action": _("Ação"), "limit": _("Quantos horários oferecer"),
+            "date_field": _("Campo com a data"), "period_field": _("Campo com o período"),
+            "time_field": _("Campo com o horário"), "same_professional": _("Só horários do mesmo profissional"),
+            "intro": _("Texto antes da lista"), "outro": _("Texto depois da lista"),
+            "signal": _("Sinal para o sistema da clínica"), "flow_id": _("Fluxo a começar"),
         },
         "choices": {
             "mode": {"fixed": _("Tempo fixo"), "smart": _("Planejado pela IA (entre mínimo e máximo)"),
@@ -125,6 +154,8 @@ def ui_strings() -> dict[str, Any]:
                        "notify_staff": _("Avisar a equipe"), "handoff": _("Passar para uma pessoa"),
                        "set_stage": _("Mudar a etapa do contato"), "start_flow": _("Começar outro fluxo"),
                        "notify_clinic": _("Avisar o sistema da clínica")},
+            "phrasing": {"question": _("Com a pergunta do campo"),
+                         "ai": _("Com as palavras da IA (a pergunta do campo como base)")},
             "combinator": {"all": _("Todas precisam valer"), "any": _("Basta uma valer")},
             "outcome": {"converted": _("Convertido"), "exhausted": _("Esgotado (sem sucesso)"),
                         "custom": _("Outro")},
@@ -205,7 +236,14 @@ def ui_strings() -> dict[str, Any]:
             "open_run": _("Ver a execução"), "back": _("Voltar aos fluxos"),
             "error": _("Algo deu errado. Recarregue a página e tente de novo."),
             "leave": _("Há alterações não salvas. Sair mesmo assim?"),
-            "zoom_fit": _("Ajustar à tela"), "close": _("Fechar"), "cancel": _("Cancelar"),
+            "zoom_fit": _("Ajustar à tela"), "organize": _("Organizar"),
+            "organize_help": _("Arruma as etapas da esquerda para a direita, seguindo as ligações."),
+            "minimap_show": _("Mostrar miniatura"), "minimap_hide": _("Esconder miniatura"),
+            "keywords_help": _("Separe as palavras por vírgula, ponto e vírgula ou Enter; um texto colado com "
+                               "vírgulas vira várias palavras."),
+            "classes_help": _("Escreva o nome da classe como quiser (\"Não quer\") e tecle Enter; cada classe "
+                              "ganha uma saída com esse nome."),
+            "no_fields": _("A clínica ainda não tem campos: cadastre-os em Configuração → Campos."), "close": _("Fechar"), "cancel": _("Cancelar"),
             "node_id": _("Identificador: %(id)s"),
             "config_read_only": _("Configuração (somente leitura)"),
             "config_api_only": _("O construtor ainda não edita esta etapa: a configuração muda pela API "
@@ -269,6 +307,18 @@ def template_choices(conn: Connection, oid: int) -> list[dict[str, Any]]:
         entry = by_key.setdefault(key, {"key": key, "label": str(PURPOSE_LABELS.get(key, key)), "previews": {}})
         entry["previews"][kind] = {"channel": str(KIND_LABELS.get(kind, kind)), "text": text, "error": error}
     return list(by_key.values())
+
+
+def field_choices(conn: Connection, oid: int) -> list[dict[str, str]]:
+    """The org's conversation fields an `ask` step may collect and an action may read (slug, label, type)."""
+    return [{"slug": field.slug, "label": field.label, "type": field.type} for field in list_fields(conn, oid)]
+
+
+def flow_choices(conn: Connection, oid: int, flow_id: int) -> list[dict[str, Any]]:
+    """The org's other flows a `start_flow` action may start, by name."""
+    rows = conn.execute(select(flow_pointers.c.id, flow_pointers.c.name).where(
+        flow_pointers.c.org_id == oid, flow_pointers.c.id != flow_id).order_by(flow_pointers.c.name))
+    return [{"id": int(row.id), "name": row.name} for row in rows]
 
 
 def sandbox_contacts(conn: Connection, oid: int, contact_id: int | None = None) -> list[dict[str, Any]]:
@@ -389,6 +439,8 @@ class FlowBuilderView(TenantPageView):
             "can_edit": bool(current_user.can_edit),
             "schema": json_schema(),
             "templates": template_choices(conn, oid),
+            "fields": field_choices(conn, oid),
+            "flows": flow_choices(conn, oid, pk),
             "test_contacts": sandbox_contacts(conn, oid),
             "strings": ui_strings(),
             "urls": {name: url_for(f".{name}", flow_id=pk) for name in

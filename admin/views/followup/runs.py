@@ -40,6 +40,7 @@ from admin.views.followup.queue import (
     run_reason,
 )
 from engine.flows import lifecycle, queries
+from engine.flows.versions import FlowNotFound, graph_of
 from engine.flows.conversation.fields import fields_by_slug
 from engine.store.models import contacts, enrollment_events, enrollments, inbound_messages
 
@@ -86,7 +87,8 @@ def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
             status, color = str(ENROLLMENT_STATUS_LABELS[status_code]), ENROLLMENT_STATUS_COLORS[status_code]
         else:
             status, color = None, ""
-        reason = reason_text(step.reason, step.params) if step.reason else reason_text(step.event)
+        params = _named_class(conn, oid, int(run.version_id), step.node_id, step.reason, step.params)
+        reason = reason_text(step.reason, params) if step.reason else reason_text(step.event)
         lines.append(Line(
             at=local_dt(step.at, seconds=True), event=str(EVENT_LABELS.get(step.event, step.event)),
             node=node_label(conn, oid, int(run.version_id), step.node_id), status=status, status_color=color,
@@ -94,6 +96,20 @@ def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
             until=local_dt(step.until) if step.until else None, llm_calls=step.llm_calls,
         ))
     return lines
+
+
+def _named_class(conn: Connection, oid: int, version_id: int, node_id: str | None, reason: str | None,
+                 params: Any) -> Any:
+    """A classified reply's class under the name the builder gave it ("Não quer", kept in the node's
+    `labels`), never its slug; anything else as it is. (flow builder, i33/builder)"""
+    if reason != "classified" or not isinstance(params, Mapping) or not node_id:
+        return params
+    try:
+        labels = graph_of(conn, oid, version_id).node(node_id).get("config", {}).get("labels") or {}
+    except (FlowNotFound, KeyError):
+        return params
+    named = labels.get(params.get("class"))
+    return {**params, "class": named} if isinstance(named, str) and named else params
 
 
 def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str],
