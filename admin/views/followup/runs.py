@@ -101,7 +101,7 @@ def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
 def _named_class(conn: Connection, oid: int, version_id: int, node_id: str | None, reason: str | None,
                  params: Any) -> Any:
     """A classified reply's class under the name the builder gave it ("Não quer", kept in the node's
-    `labels`), never its slug; anything else as it is. (flow builder, i33/builder)"""
+    `labels`), never its slug; anything else as it is."""
     if reason != "classified" or not isinstance(params, Mapping) or not node_id:
         return params
     try:
@@ -198,7 +198,8 @@ def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
     readings: list[str | None] = []
     for message in inbound:
         result = message.flow_result if isinstance(message.flow_result, Mapping) else {}
-        params = _reading_params(events, message.id, result)
+        params = _named_class(conn, oid, int(row.version_id), result.get("node"), result.get("reason"),
+                              _reading_params(events, message.id, result))
         taken = params.get("taken")
         taken_by_reply.append([slug for slug in taken if isinstance(slug, str)] if isinstance(taken, list) else [])
         readings.append(reason_text(result["reason"], params) if isinstance(result.get("reason"), str) else None)
