@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from admin.api.schemas import MAX_ID, IdempotencyHeader, catalogue_detail
+from admin.api.schemas import MAX_ID, IdempotencyHeader, catalogue_detail, encode_cursor
 from admin.i18n import translate_to
 from admin.json_body import BodyRefused, request_json
 from engine.tenants.apikeys import ApiKeyIdentity, authenticate
@@ -242,3 +242,21 @@ def idempotency_key(body: Any, schema: Schema) -> tuple[str, dict[str, Any]]:
     data = load(schema, body, header_errors)
     assert key is not None
     return key["idempotency_key"], data
+
+
+def dump(schema: type[Schema], obj: Any, status: int = 200) -> Any:
+    """`obj` serialised by `schema` as the JSON response, with `status`."""
+    response = jsonify(schema().dump(obj))
+    response.status_code = status
+    return response
+
+
+def page(conn: Any, query: Any, id_column: Any, params: Mapping[str, Any]) -> tuple[list[Any], str | None]:
+    """One page of `query` in id order after the cursor, and the cursor of the next page."""
+    limit = params["limit"]
+    if params.get("cursor") is not None:
+        query = query.where(id_column > params["cursor"])
+    rows = list(conn.execute(query.order_by(id_column).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, encode_cursor(rows[-1].id) if more else None

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import jsonify
 from marshmallow import Schema, fields, validate
 from sqlalchemy import select
 
-from admin.api.core import ApiError, bp, caller, load_query, org_tx, path_id, require_key
+from admin.api.core import ApiError, bp, caller, dump, load_query, org_tx, page, path_id, require_key
 from admin.api.openapi import documented
-from admin.api.schemas import PageQuery, encode_cursor, page_schema
+from admin.api.schemas import PageQuery, page_schema
 from engine.flows.versions import HANDOFF_POLICIES
 from engine.store.models import CHANNEL_KINDS, agents, channels
 
@@ -84,21 +83,6 @@ def channel_out(row: Any) -> dict[str, Any]:
     return out
 
 
-def _page(conn: Any, query: Any, id_column: Any, params: dict[str, Any]) -> tuple[list[Any], str | None]:
-    """One page in id order after the cursor, as admin/api/views.py pages its lists."""
-    limit = params["limit"]
-    if params.get("cursor") is not None:
-        query = query.where(id_column > params["cursor"])
-    rows = list(conn.execute(query.order_by(id_column).limit(limit + 1)))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, encode_cursor(rows[-1].id) if more else None
-
-
-def _dump(schema: type[Schema], obj: Any) -> Any:
-    return jsonify(schema().dump(obj))
-
-
 # --- routes -------------------------------------------------------------------------------------
 
 _AGENT_COLUMNS = (agents.c.id, agents.c.name, agents.c.persona, agents.c.llm_model, agents.c.llm_api_key,
@@ -114,8 +98,8 @@ def list_agents() -> Any:
     params = load_query(PageQuery())
     query = select(*_AGENT_COLUMNS).where(agents.c.org_id == caller().org_id)
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, agents.c.id, params)
-    return _dump(AgentPage, {"data": [agent_out(r) for r in rows], "next_cursor": next_cursor})
+        rows, next_cursor = page(conn, query, agents.c.id, params)
+    return dump(AgentPage, {"data": [agent_out(r) for r in rows], "next_cursor": next_cursor})
 
 
 @bp.get("/agents/<int:agent_id>")
@@ -128,7 +112,7 @@ def get_agent(agent_id: int) -> Any:
                                                          agents.c.id == path_id(agent_id))).first()
     if row is None:
         raise ApiError(404)
-    return _dump(AgentOut, agent_out(row))
+    return dump(AgentOut, agent_out(row))
 
 
 _CHANNEL_SELECT = [channels.c[name] for name in CHANNEL_COLUMNS]
@@ -144,8 +128,8 @@ def list_channels() -> Any:
     if params.get("kind"):
         query = query.where(channels.c.kind == params["kind"])
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, channels.c.id, params)
-    return _dump(ChannelPage, {"data": [channel_out(r) for r in rows], "next_cursor": next_cursor})
+        rows, next_cursor = page(conn, query, channels.c.id, params)
+    return dump(ChannelPage, {"data": [channel_out(r) for r in rows], "next_cursor": next_cursor})
 
 
 @bp.get("/channels/<int:channel_id>")
@@ -158,4 +142,4 @@ def get_channel(channel_id: int) -> Any:
                                                           channels.c.id == path_id(channel_id))).first()
     if row is None:
         raise ApiError(404)
-    return _dump(ChannelOut, channel_out(row))
+    return dump(ChannelOut, channel_out(row))

@@ -6,19 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from flask import jsonify
-from marshmallow import Schema
 from sqlalchemy import select
 
 from admin.api import services
 from admin.api.core import (
     bp,
     caller,
+    dump,
     error_response,
     idempotency_key,
     json_body,
     load,
     load_query,
     org_tx,
+    page,
     path_id,
     require_key,
 )
@@ -55,7 +56,6 @@ from admin.api.schemas import (
     MessageQuery,
     VersionListOut,
     VersionOut,
-    encode_cursor,
 )
 from engine.tenants.audit import audit
 from engine.flows.contact_events import record_contact_event
@@ -63,23 +63,6 @@ from engine.flows import queries, versions
 from engine.flows.schema import json_schema
 from engine.store.models import appointments, contacts, enrollments, flow_pointers, messages
 from gateway.phones import normalize_phone
-
-
-def _dump(schema: type[Schema], obj: Any, status: int = 200) -> Any:
-    response = jsonify(schema().dump(obj))
-    response.status_code = status
-    return response
-
-
-def _page(conn: Any, query: Any, id_column: Any, params: dict[str, Any]) -> tuple[list[Any], str | None]:
-    """One page of `query` in id order after the cursor, and the cursor of the next page."""
-    limit = params["limit"]
-    if params.get("cursor") is not None:
-        query = query.where(id_column > params["cursor"])
-    rows = list(conn.execute(query.order_by(id_column).limit(limit + 1)))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, encode_cursor(rows[-1].id) if more else None
 
 
 def _audit(conn: Any, action: str, entity: str, entity_id: int, changes: dict[str, Any]) -> None:
@@ -103,7 +86,7 @@ def upsert_contact() -> Any:
         if created or changes:
             _audit(conn, "create" if created else "update", "contact", row.id, changes)
         out = services.contact_out(conn, row)
-    return _dump(ContactOut, out, 201 if created else 200)
+    return dump(ContactOut, out, 201 if created else 200)
 
 
 @bp.get("/contacts/<int:contact_id>")
@@ -114,7 +97,7 @@ def get_contact(contact_id: int) -> Any:
     with org_tx() as conn:
         row = services.find_contact(conn, caller().org_id, path_id(contact_id))
         out = services.contact_out(conn, row)
-    return _dump(ContactOut, out)
+    return dump(ContactOut, out)
 
 
 @bp.get("/contacts")
@@ -130,9 +113,9 @@ def list_contacts() -> Any:
     if params.get("phone") is not None:
         query = query.where(contacts.c.phone == normalize_phone(params["phone"]))
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, contacts.c.id, params)
+        rows, next_cursor = page(conn, query, contacts.c.id, params)
         data = [services.contact_out(conn, row) for row in rows]
-    return _dump(ContactPage, {"data": data, "next_cursor": next_cursor})
+    return dump(ContactPage, {"data": data, "next_cursor": next_cursor})
 
 
 # --- appointments -----------------------------------------------------------------------------
@@ -153,7 +136,7 @@ def upsert_appointment() -> Any:
         if created or changes:
             _audit(conn, "create" if created else "update", "appointment", row.id, changes)
         out = services.appointment_out(row)
-    return _dump(AppointmentOut, out, 201 if created else 200)
+    return dump(AppointmentOut, out, 201 if created else 200)
 
 
 @bp.get("/appointments/<int:appointment_id>")
@@ -163,7 +146,7 @@ def upsert_appointment() -> Any:
 def get_appointment(appointment_id: int) -> Any:
     with org_tx() as conn:
         row = services.find_appointment(conn, caller().org_id, path_id(appointment_id))
-    return _dump(AppointmentOut, services.appointment_out(row))
+    return dump(AppointmentOut, services.appointment_out(row))
 
 
 @bp.get("/appointments")
@@ -182,8 +165,8 @@ def list_appointments() -> Any:
     if params.get("contact_id") is not None:
         query = query.where(appointments.c.contact_id == params["contact_id"])
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, appointments.c.id, params)
-    return _dump(AppointmentPage, {"data": [services.appointment_out(r) for r in rows], "next_cursor": next_cursor})
+        rows, next_cursor = page(conn, query, appointments.c.id, params)
+    return dump(AppointmentPage, {"data": [services.appointment_out(r) for r in rows], "next_cursor": next_cursor})
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -199,8 +182,8 @@ def list_messages() -> Any:
         if params.get(field) is not None:
             query = query.where(messages.c[field] == params[field])
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, messages.c.id, params)
-    return _dump(MessagePage, {"data": [services.message_out(r) for r in rows], "next_cursor": next_cursor})
+        rows, next_cursor = page(conn, query, messages.c.id, params)
+    return dump(MessagePage, {"data": [services.message_out(r) for r in rows], "next_cursor": next_cursor})
 
 
 @bp.get("/messages/<int:message_id>")
@@ -210,7 +193,7 @@ def list_messages() -> Any:
 def get_message(message_id: int) -> Any:
     with org_tx() as conn:
         row = services.find_message(conn, caller().org_id, path_id(message_id))
-    return _dump(MessageOut, services.message_out(row))
+    return dump(MessageOut, services.message_out(row))
 
 
 @bp.post("/messages")
@@ -235,7 +218,7 @@ def send_message() -> Any:
                 "idempotency_key": key, "send_now": data["send_now"],
                 "text": data["text"], "subject": data.get("subject"),
             })
-    return _dump(MessageOut, services.message_out(row), 201 if created else 200)
+    return dump(MessageOut, services.message_out(row), 201 if created else 200)
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -261,7 +244,7 @@ def record_event() -> Any:
         _audit(conn, "record", "contact_event", event_id,
                {"type": data["type"], "contact_id": contact_id, "stage": data.get("stage"),
                 "started": [run["enrollment_id"] for run in started]})
-    return _dump(EventOut, {"id": event_id, "type": data["type"], "contact_id": contact_id,
+    return dump(EventOut, {"id": event_id, "type": data["type"], "contact_id": contact_id,
                             "stage": data.get("stage"), "at": at, "created_at": created_at, "started": started}, 201)
 
 
@@ -297,9 +280,9 @@ def list_flows() -> Any:
     if params.get("status"):
         query = query.where(flow_pointers.c.status == params["status"])
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, flow_pointers.c.id, params)
+        rows, next_cursor = page(conn, query, flow_pointers.c.id, params)
         data = services.flows_out(conn, org_id, rows)
-    return _dump(FlowPage, {"data": data, "next_cursor": next_cursor})
+    return dump(FlowPage, {"data": data, "next_cursor": next_cursor})
 
 
 @bp.post("/flows")
@@ -314,7 +297,7 @@ def create_flow() -> Any:
         flow_id = versions.create_flow(conn, org_id, **data)
         _audit(conn, "create", "flow", flow_id, services.flow_audit(data))
         out = services.flow_detail(conn, org_id, flow_id)
-    return _dump(FlowDetailOut, out, 201)
+    return dump(FlowDetailOut, out, 201)
 
 
 @bp.get("/flows/schema")
@@ -334,7 +317,7 @@ def flow_graph_schema() -> Any:
 def get_flow(flow_id: int) -> Any:
     with org_tx() as conn:
         out = services.flow_detail(conn, caller().org_id, path_id(flow_id))
-    return _dump(FlowDetailOut, out)
+    return dump(FlowDetailOut, out)
 
 
 @bp.patch("/flows/<int:flow_id>")
@@ -352,7 +335,7 @@ def update_flow(flow_id: int) -> Any:
         if data:
             _audit(conn, "update", "flow", flow_id, services.flow_audit(data))
         out = services.flow_detail(conn, org_id, flow_id)
-    return _dump(FlowDetailOut, out)
+    return dump(FlowDetailOut, out)
 
 
 @bp.post("/flows/<int:flow_id>/publish")
@@ -369,7 +352,7 @@ def publish_flow(flow_id: int) -> Any:
     with org_tx() as conn:
         row = versions.publish(conn, org_id, flow_id)
         _audit(conn, "publish", "flow", flow_id, {"version": row.version, "version_id": row.id})
-    return _dump(VersionOut, services.version_out(row))
+    return dump(VersionOut, services.version_out(row))
 
 
 @bp.post("/flows/<int:flow_id>/disable")
@@ -384,7 +367,7 @@ def disable_flow(flow_id: int) -> Any:
         cancelled = versions.disable(conn, org_id, flow_id, live=data["live"])
         _audit(conn, "disable", "flow", flow_id, {"live": data["live"], "cancelled": cancelled})
         out = services.flow_detail(conn, org_id, flow_id)
-    return _dump(FlowDisabledOut, {"flow": out, "cancelled": cancelled})
+    return dump(FlowDisabledOut, {"flow": out, "cancelled": cancelled})
 
 
 @bp.post("/flows/<int:flow_id>/rollback")
@@ -402,7 +385,7 @@ def rollback_flow(flow_id: int) -> Any:
     with org_tx() as conn:
         row = versions.rollback(conn, org_id, flow_id, data["version"])
         _audit(conn, "rollback", "flow", flow_id, {"version": row.version, "version_id": row.id})
-    return _dump(VersionOut, services.version_out(row))
+    return dump(VersionOut, services.version_out(row))
 
 
 @bp.get("/flows/<int:flow_id>/versions")
@@ -412,7 +395,7 @@ def rollback_flow(flow_id: int) -> Any:
 def list_flow_versions(flow_id: int) -> Any:
     with org_tx() as conn:
         rows = versions.list_versions(conn, caller().org_id, path_id(flow_id))
-    return _dump(VersionListOut, {"data": [services.version_summary_out(r) for r in rows]})
+    return dump(VersionListOut, {"data": [services.version_summary_out(r) for r in rows]})
 
 
 # --- enrollments ------------------------------------------------------------------------------
@@ -426,8 +409,8 @@ def list_enrollments() -> Any:
     query = queries.enrollments_query(caller().org_id, flow_id=params.get("flow_id"), status=params.get("status"),
                                       contact_id=params.get("contact_id"))
     with org_tx() as conn:
-        rows, next_cursor = _page(conn, query, enrollments.c.id, params)
-    return _dump(EnrollmentPage, {"data": [services.enrollment_out(r) for r in rows], "next_cursor": next_cursor})
+        rows, next_cursor = page(conn, query, enrollments.c.id, params)
+    return dump(EnrollmentPage, {"data": [services.enrollment_out(r) for r in rows], "next_cursor": next_cursor})
 
 
 @bp.get("/enrollments/<int:enrollment_id>")
@@ -439,7 +422,7 @@ def get_enrollment(enrollment_id: int) -> Any:
     with org_tx() as conn:
         row = services.find_enrollment(conn, org_id, path_id(enrollment_id))
         out = services.enrollment_detail(conn, org_id, row)
-    return _dump(EnrollmentDetailOut, out)
+    return dump(EnrollmentDetailOut, out)
 
 
 @bp.post("/enrollments")
@@ -462,7 +445,7 @@ def create_enrollment() -> Any:
             _audit(conn, "enroll", "enrollment", row.id, {
                 "flow_id": data["flow_id"], "contact_id": row.contact_id,
                 "appointment_id": data.get("appointment_id"), "idempotency_key": key})
-    return _dump(EnrollmentOut, services.enrollment_out(row), 201 if created else 200)
+    return dump(EnrollmentOut, services.enrollment_out(row), 201 if created else 200)
 
 
 @bp.post("/enrollments/<int:enrollment_id>/cancel")
@@ -477,7 +460,7 @@ def cancel_enrollment(enrollment_id: int) -> Any:
     with org_tx() as conn:
         row = services.cancel_enrollment(conn, caller().org_id, enrollment_id)
         _audit(conn, "cancel", "enrollment", enrollment_id, {"reason": "cancelled_by_clinic"})
-    return _dump(EnrollmentOut, services.enrollment_out(row))
+    return dump(EnrollmentOut, services.enrollment_out(row))
 
 
 # --- the document -----------------------------------------------------------------------------
