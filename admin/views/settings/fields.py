@@ -72,6 +72,14 @@ def errors_of(exc: FieldRejected) -> dict[str, list[str]]:
     return out
 
 
+
+def _field_or_404(conn: Any, oid: int, field_id: int) -> Any:
+    """The org's field `field_id`; another org's or a missing one is a 404."""
+    try:
+        return engine_fields.get_field(conn, oid, field_id)
+    except FieldNotFound:
+        abort(404)
+
 class FieldsView(AdminPageView):
     """Campos (endpoint `settings_fields`, /admin/settings/fields/)."""
 
@@ -112,10 +120,7 @@ class FieldsView(AdminPageView):
         session = db_session()
         conn = session.connection()
         oid = org_id()
-        try:
-            field = engine_fields.get_field(conn, oid, field_id)
-        except FieldNotFound:
-            abort(404)
+        field = _field_or_404(conn, oid, field_id)
         errors: dict[str, list[str]] = {}
         if request.method == "POST":
             values = {name: request.form.get(name, "") for name in INPUTS}
@@ -145,10 +150,7 @@ class FieldsView(AdminPageView):
         session = db_session()
         conn = session.connection()
         oid = org_id()
-        try:
-            field = engine_fields.get_field(conn, oid, field_id)
-        except FieldNotFound:
-            abort(404)
+        field = _field_or_404(conn, oid, field_id)
         users = flows_asking(conn, oid, field.slug)
         if users:
             session.rollback()
