@@ -72,7 +72,6 @@ def errors_of(exc: FieldRejected) -> dict[str, list[str]]:
     return out
 
 
-
 def _field_or_404(conn: Any, oid: int, field_id: int) -> Any:
     """The org's field `field_id`; another org's or a missing one is a 404."""
     try:
