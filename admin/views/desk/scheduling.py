@@ -213,24 +213,27 @@ def flash_outlook(conn: Any, org_id_: int, appointment_id: int, verb: str) -> No
     created = verb == "create"
     if not outlook.skipped and not outlook.in_past:
         if created:
-            flash(_("Agendamento criado; %(num)d lembrete(s) na fila.", num=outlook.queued), "success")
+            flash(ngettext("Agendamento criado; %(num)d lembrete na fila.", "Agendamento criado; %(num)d lembretes na fila.",
+                           outlook.queued), "success")
         return
     if outlook.in_past:
         head = (_("Agendamento criado com um horário que já passou: nenhum lembrete vai sair.") if created
                 else _("Agendamento salvo com um horário que já passou: nenhum lembrete vai sair."))
         if outlook.queued:  # an after-start follow-up still goes
-            head = (_("Agendamento criado com um horário que já passou; %(num)d mensagem(ns) na fila.",
-                      num=outlook.queued) if created
-                    else _("Agendamento salvo com um horário que já passou; %(num)d mensagem(ns) na fila.",
-                           num=outlook.queued))
+            head = (ngettext("Agendamento criado com um horário que já passou; %(num)d mensagem na fila.",
+                             "Agendamento criado com um horário que já passou; %(num)d mensagens na fila.",
+                             outlook.queued) if created
+                    else ngettext("Agendamento salvo com um horário que já passou; %(num)d mensagem na fila.",
+                                  "Agendamento salvo com um horário que já passou; %(num)d mensagens na fila.",
+                                  outlook.queued))
     elif not outlook.queued:
         head = (_("Agendamento criado, mas nenhum lembrete vai sair:") if created
                 else _("Agendamento salvo, mas nenhum lembrete vai sair:"))
     else:
-        head = (_("Agendamento criado; %(num)d lembrete(s) na fila, %(skipped)d não vai(ão) sair.",
-                  num=outlook.queued, skipped=len(outlook.skipped)) if created
-                else _("Agendamento salvo; %(num)d lembrete(s) na fila, %(skipped)d não vai(ão) sair.",
-                       num=outlook.queued, skipped=len(outlook.skipped)))
+        queued = ngettext("%(num)d lembrete na fila", "%(num)d lembretes na fila", outlook.queued)
+        skipped = ngettext("%(num)d não vai sair", "%(num)d não vão sair", len(outlook.skipped))
+        head = (_("Agendamento criado; %(queued)s, %(skipped)s.", queued=queued, skipped=skipped) if created
+                else _("Agendamento salvo; %(queued)s, %(skipped)s.", queued=queued, skipped=skipped))
     items = [Markup("<li>{} ({}): {}</li>").format(s.rule_name, timing_label(s.trigger, s.offset_minutes),
                                                   translate(describe(s.reason))) for s in outlook.skipped]
     body = Markup("{}<ul class='mb-0'>{}</ul>").format(head, Markup("").join(items)) if items else Markup(
@@ -331,10 +334,15 @@ class AppointmentView(PatientSearchMixin, TenantModelView):
                 else:
                     with runtime().db.begin() as conn:
                         write_audit(conn, "import", "appointments", None, report.counts())
-                    flash(_("Importação concluída: %(criados)d agendamento(s) criado(s), %(atualizados)d "
-                            "atualizado(s), %(iguais)d sem alteração, %(erros)d linha(s) com erro; %(lembretes)d "
-                            "lembrete(s) na fila.", criados=report.created, atualizados=report.updated,
-                            iguais=report.unchanged, erros=len(report.errors), lembretes=report.reminders_created),
+                    flash(_("Importação concluída: %(criados)s, %(atualizados)s, %(iguais)s, %(erros)s; "
+                            "%(lembretes)s.",
+                            criados=ngettext("%(num)d agendamento criado", "%(num)d agendamentos criados",
+                                             report.created),
+                            atualizados=ngettext("%(num)d atualizado", "%(num)d atualizados", report.updated),
+                            iguais=_("%(num)d sem alteração", num=report.unchanged),
+                            erros=ngettext("%(num)d linha com erro", "%(num)d linhas com erro", len(report.errors)),
+                            lembretes=ngettext("%(num)d lembrete na fila", "%(num)d lembretes na fila",
+                                               report.reminders_created)),
                           "warning" if report.errors else "success")
         return self.render("admin/appointment_import.html", form=form, report=report, columns=IMPORT_COLUMNS,
                            example_header=csv_import.EXAMPLE_HEADER, example_line=csv_import.EXAMPLE_LINE,

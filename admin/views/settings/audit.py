@@ -15,7 +15,7 @@ from flask import url_for
 from flask_babel.speaklater import LazyString
 from markupsafe import Markup
 
-from admin.i18n import _, _l, translate
+from admin.i18n import _, _l, ngettext, translate
 from admin.views.base import KIND_LABELS, STATUS_LABELS, TenantModelView, local_dt, org_id
 from admin.views.filters import OrgDateTimeBetweenFilter
 from engine.store.models import AuditLog, User
@@ -144,7 +144,7 @@ def _changes(view: Any, context: Any, model: Any, name: str) -> Markup:
     parts = [Markup("<div>{}: {}</div>").format(label, value) for label, value in lines]
     if hidden:
         parts.append(Markup('<div class="text-muted">{}</div>').format(
-            _("e mais %(num)s dado(s) técnico(s)", num=hidden)))
+            ngettext("e mais %(num)d dado técnico", "e mais %(num)d dados técnicos", hidden)))
     return Markup("").join(parts) if parts else Markup("—")
 
 
