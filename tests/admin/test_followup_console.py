@@ -243,6 +243,15 @@ def agent_rows(rt, org_id: int) -> list[Any]:
         return conn.execute(select(agents).where(agents.c.org_id == org_id).order_by(agents.c.id)).all()
 
 
+def test_the_agent_form_offers_the_flows_as_checkboxes(owner, world):
+    # A Ctrl-click list box loses the other flows with one plain click: one checkbox per flow instead.
+    page = owner.get("/admin/followup_agents/new/").text
+    assert "<select multiple" not in page and 'name="flow_ids"' in page
+    boxes = re.findall(r'<input[^>]*name="flow_ids"[^>]*>', page)
+    assert boxes and all('type="checkbox"' in box for box in boxes)
+    assert f'value="{world["retorno"]}"' in " ".join(boxes)
+
+
 def test_an_agent_profile_is_saved_and_its_key_is_never_shown(owner, rt, world):
     a = world["a"]
     before = len(agent_rows(rt, a.world.org_id))  # Flows made one ("Assistente")

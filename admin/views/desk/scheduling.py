@@ -84,6 +84,8 @@ from gateway.phones import InvalidPhone, normalize_phone
 
 STATUS_CHOICES = [("scheduled", _l("Agendado")), ("confirmed", _l("Confirmado")), ("cancelled", _l("Cancelado")),
                   ("completed", _l("Realizado")), ("no_show", _l("Faltou"))]
+#: An appointment's status in its own (masculine) words: "Cancelado" beside "Agendado".
+APPOINTMENT_STATUS_LABELS = dict(STATUS_CHOICES)
 MODE_CHOICES = [("", "—"), ("in_person", _l("Presencial")), ("online", _l("Online"))]
 
 
@@ -351,7 +353,7 @@ class AppointmentView(PatientSearchMixin, TenantModelView):
 
     column_formatters = {
         "contact_id": lambda v, c, m, n: _contact_name(v.session, m.contact_id),
-        "status": lambda v, c, m, n: badge(m.status),
+        "status": lambda v, c, m, n: badge(m.status, APPOINTMENT_STATUS_LABELS),
         "mode": lambda v, c, m, n: dict(MODE_CHOICES).get(m.mode or "", m.mode),
         "starts_at": lambda v, c, m, n: local_dt(m.starts_at),
     }

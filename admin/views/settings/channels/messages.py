@@ -1,7 +1,8 @@
 """What the channel pages say about a provider: connection states, errors by code, check results.
 
-A provider's error code is shown next to the sentence (support can look it up); the provider's
-body never is (it may echo a number or a key).
+A provider's error code the console has no sentence for is shown next to the general sentence
+(support can look it up); a code it knows is said in words only. The provider's body never is
+shown (it may echo a number or a key).
 """
 
 from __future__ import annotations
@@ -60,6 +61,26 @@ CONNECT_ERRORS = {
 }
 
 
+#: A provider field's choices as the form offers them (the stored value stays the code).
+CHOICE_LABELS = {
+    "starttls": _l("STARTTLS (porta 587, o mais comum)"),
+    "ssl": _l("SSL/TLS (porta 465)"),
+    "none": _l("Sem criptografia (só numa rede de testes)"),
+}
+
+
+def status_detail_text(detail: str | None, provider: str | None) -> str:
+    """A channel's recorded detail ("connecting", "close:connection_error", a send's error code) in
+    words: the phone's link state and, after it, what went wrong."""
+    if not detail:
+        return "—"
+    state, _sep, rest = detail.partition(":")
+    if state in CONNECTION_LABELS:
+        label = str(CONNECTION_LABELS[state])
+        return f"{label}: {provider_error(rest, provider)}" if rest else label
+    return provider_error(detail, provider)
+
+
 def connection_badge(state: str | None) -> Markup:
     """A badge for a connection state ("—" when none is known)."""
     if not state:
@@ -74,11 +95,14 @@ def connect_error(code: str | None) -> str:
     code = (code or "").strip()[:60] or "error"
     if code in CONNECT_ERRORS:
         message = str(CONNECT_ERRORS[code])
+    elif code in PROVIDER_ERRORS:
+        message = str(PROVIDER_ERRORS[code])
     elif code.startswith(("http_5", "http_429")):
         message = _("O servidor Evolution está com problemas. Tente de novo em instantes.")
     else:
         message = _("Não foi possível falar com o servidor Evolution.")
-    return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+        return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+    return message
 
 
 def egress_error(exc: EgressRefused) -> str:
@@ -131,4 +155,5 @@ def provider_error(code: str | None, provider: str | None = None) -> str:
         message = _("O provedor está com problemas ou limitando os pedidos. Tente de novo em instantes.")
     else:
         message = _("O provedor recusou o pedido ou não respondeu como esperado.")
-    return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+        return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+    return message
