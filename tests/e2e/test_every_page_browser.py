@@ -60,9 +60,12 @@ PLURAL = re.compile(r"(?<!\bhttp)(?<=\w)\((?:s|ns|es|is|ão|ões)\)", re.I)
 #: Codes a person must not read that are not snake_case, matched whole and case-sensitively
 #: (STARTTLS in capitals is the protocol's name; "starttls" the stored value).
 RAW = re.compile(r"\b(?:connecting|starttls|pt_BR|en_US|EXCEL)\b|\bEdge from\b|\[redacted\]")
-#: A label followed by nothing but a lowercase code ("Provedor: meta", "Resultado: failed").
+#: A label followed by nothing but a stored code ("Provedor: meta", "Resultado: failed"): the codes
+#: listed, so that a value in words ("Resultado: falhou") is never taken for one.
 LABELLED = re.compile(r"(?m)^[^\S\n]*(?:Provedor|Provider|Resultado|Result|Origem|Source|Modalidade|Mode|Idioma|"
-                      r"Language|Modelo|Template|Situação|Status):[^\S\n]*([a-z][a-z0-9_]*)[^\S\n]*$")
+                      r"Language|Modelo|Template|Situação|Status|Segurança|Security):[^\S\n]*"
+                      r"(ok|failed|unsupported|created|online|none|ssl|sent|delivered|read|pending|"
+                      r"sandbox|evolution|meta|smtp|resend|twilio|zenvia|open|close)[^\S\n]*$")
 #: A provider's registry name alone in a cell.
 PROVIDERS = {"sandbox", "evolution", "meta", "smtp", "resend", "twilio", "zenvia"}
 #: Pages the menu does not link to that show a case the checks must see (a provider's choices).

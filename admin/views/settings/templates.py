@@ -193,7 +193,8 @@ class TemplateView(TenantModelView):
                 description=_l("Só para WhatsApp pela API oficial da Meta: o modelo aprovado que sai quando o "
                                "paciente não escreve há mais de 24 horas. Em branco, vale o do modelo padrão."))
             meta_lang = StringField(_l("Idioma do modelo na Meta"), validators=[Optional(), Length(max=20)],
-                                    description=_l("Como no Gerenciador do WhatsApp: pt_BR, en_US, es…"))
+                                    description=_l("Como no Gerenciador do WhatsApp: <code>pt_BR</code>, <code>en_US</code>, "
+                                                    "<code>es</code>…"))
             meta_params = StringField(
                 _l("Variáveis do modelo na Meta, na ordem"), validators=[Optional(), Length(max=600)],
                 description=_l("Uma variável do Lembra para cada {{1}}, {{2}}… do texto aprovado, separadas por "

@@ -35,19 +35,20 @@ CONNECT_ERRORS = {
     "unsupported": _l("Este canal não se conecta por QR code: só canais Evolution (o WhatsApp do celular da "
                       "clínica) têm essa etapa."),
     "connection_error": _l("O servidor Evolution não respondeu. Verifique se ele está no ar e se o endereço "
-                           "(base_url) do canal está certo."),
+                           "do servidor Evolution, no canal, está certo."),
     "connect_timeout": _l("O servidor Evolution não respondeu. Verifique se ele está no ar e se o endereço "
-                          "(base_url) do canal está certo."),
+                          "do servidor Evolution, no canal, está certo."),
     "timeout": _l("O servidor Evolution demorou demais para responder. Tente de novo em instantes."),
     "request_error": _l("O servidor Evolution não respondeu. Verifique se ele está no ar e se o endereço "
-                        "(base_url) do canal está certo."),
-    "unauthorized": _l("O Evolution recusou a chave de API do canal. Confira a api_key nas credenciais do canal."),
-    "forbidden": _l("O Evolution recusou a chave de API do canal. Confira a api_key nas credenciais do canal."),
+                        "do servidor Evolution, no canal, está certo."),
+    "unauthorized": _l("O Evolution recusou a chave de API do canal. Confira a chave de API nas credenciais do canal."),
+    "forbidden": _l("O Evolution recusou a chave de API do canal. Confira a chave de API nas credenciais do canal."),
     "instance_not_found": _l("A instância configurada no canal não existe no Evolution. Confira o nome da "
-                             "instância (instance) nas credenciais do canal."),
-    "not_found": _l("O endereço do canal não parece ser um servidor Evolution API v2. Confira a base_url."),
-    "not_configured": _l("Faltam credenciais neste canal (base_url, api_key ou instance). Edite o canal e "
-                         "preencha."),
+                             "instância nas credenciais do canal."),
+    "not_found": _l("O endereço do canal não parece ser um servidor Evolution API v2. Confira o endereço do "
+                    "servidor Evolution."),
+    "not_configured": _l("Faltam credenciais neste canal (endereço do servidor, chave de API ou nome da "
+                         "instância). Edite o canal e preencha."),
     "invalid_number": _l("Número de telefone inválido. Informe o número do WhatsApp da clínica com DDD, por "
                          "exemplo +55 16 99999-0000."),
     "connect_failed": _l("O Evolution não conseguiu iniciar a conexão. Tente de novo em alguns segundos."),
@@ -55,7 +56,7 @@ CONNECT_ERRORS = {
     "bad_response": _l("O Evolution respondeu algo inesperado. Confira se o servidor é um Evolution API v2."),
     "instance_name_in_use": _l("Já existe uma instância com esse nome no Evolution, e a chave de API não pôde "
                                "configurá-la. Confira o nome da instância ou use a chave global do servidor."),
-    "egress_refused": _l("Endereço não permitido: o base_url deste canal aponta para a rede interna (localhost, "
+    "egress_refused": _l("Endereço não permitido: o endereço do servidor deste canal aponta para a rede interna (localhost, "
                          "rede privada ou link-local). Use um endereço público, ou peça a quem opera o Lembra "
                          "para liberá-lo em LEMBRA_PROVIDER_ALLOW."),
 }
