@@ -60,6 +60,8 @@ def translate(value: object) -> str:
     """A sentence from the engine (`engine.words.texts.Text`) in the reader's language; anything else as is."""
     if isinstance(value, Text):
         params = {k: translate(v) if isinstance(v, Text) else v for k, v in value.params.items()}
+        if value.plural is not None and value.count is not None:
+            return ngettext(value.msgid, value.plural, value.count, **params)
         return _(value.msgid, **params)
     return str(value)
 
@@ -70,7 +72,11 @@ def translate_to(text: Text, locale: str) -> str:
     Nested Texts (a `detail` inside an issue's sentence) are translated first; a msgid the
     catalog does not hold yet stays in Portuguese, as the console shows it."""
     params = {k: translate_to(v, locale) if isinstance(v, Text) else v for k, v in text.params.items()}
-    translated = catalog(normalize(locale) or DEFAULT_LOCALE).gettext(text.msgid)
+    books = catalog(normalize(locale) or DEFAULT_LOCALE)
+    if text.plural is not None and text.count is not None:
+        translated = books.ngettext(text.msgid, text.plural, text.count)
+    else:
+        translated = books.gettext(text.msgid)
     if not params:
         return translated
     try:

@@ -76,3 +76,18 @@ def test_a_message_code_the_flows_already_use_is_read_through_its_send_side_sent
         assert code in CATALOGUE and ALIASES[code] in CATALOGUE
         assert message_reason(code) == describe(ALIASES[code])
     assert message_reason("http_401") != describe("http_401")  # the AI's fragment is not a message's reason
+
+
+def test_a_sentence_with_a_count_reads_in_the_singular_or_the_plural_never_with_parentheses() -> None:
+    # "problema(s)" reads as a form nobody fills in: the count picks the form, in both languages.
+    from admin.i18n import translate_to
+
+    assert str(describe("more_issues", count=1)).startswith("E mais 1 problema, mostrado")
+    assert str(describe("more_issues", count=3)).startswith("E mais 3 problemas, mostrados")
+    assert translate_to(describe("more_issues", count=1), "en").startswith("And 1 more problem, shown")
+    assert translate_to(describe("more_issues", count=7), "en").startswith("And 7 more problems, shown")
+    assert str(describe("do_slots_offered", offered=1)) == \
+        "O fluxo ofereceu 1 horário livre ao paciente e espera a escolha."
+    parenthesised = re.compile(r"\w\((?:s|ns|es|ão|ões)\)")
+    assert [code for code, text in CATALOGUE.items()
+            if parenthesised.search(text.msgid + (text.plural or "")) and "http(s)" not in text.msgid] == []

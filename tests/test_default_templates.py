@@ -7,6 +7,7 @@ compared whole, character by character, and the reminder also end to end through
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -163,3 +164,31 @@ def test_the_readme_tells_a_clinic_on_meta_which_templates_to_create_as_the_defa
         assert not re.match(r"\s*\{\{", text) and not re.search(r"\}\}\s*$", text), "Meta refuses a variable at an end"
         expected = ", ".join(BUTTON_TITLES[b] for b in default.meta_buttons) or "—"
         assert replies == expected
+
+
+#: What a patient reads when an optional value is missing and the template did not plan for it.
+BROKEN = {
+    "a double space": re.compile(r"[^\S\n]{2,}"),
+    "a space before punctuation": re.compile(r"[^\S\n][,.;:!?)]"),
+    "a dangling preposition": re.compile(r"\b(?:com|de|da|do|em|para|por|às)[^\S\n]*(?:[,.;:!?]|\n|$)", re.I),
+    "empty parentheses": re.compile(r"\(\s*\)"),
+    "an empty label": re.compile(r"^[^\S\n]*\w+:[^\S\n]*$", re.M),
+    "a comma after a line break or a doubled one": re.compile(r"(?:^|\n)[^\S\n]*,|,[^\S\n]*,"),
+}
+#: The variables a reminder may lack: no professional, place, mode or patient's name on record.
+OPTIONAL = {"profissional": "", "local": "", "modalidade": "", "nome": "", "nome_completo": ""}
+
+
+@pytest.mark.parametrize("missing", [*OPTIONAL, "all"])
+def test_every_default_template_reads_well_when_an_optional_value_is_missing(rt, missing):
+    # "Sua sessão com  foi agendada": an appointment without a professional must not show the hole.
+    empty = OPTIONAL if missing == "all" else {missing: ""}
+    problems = []
+    for key, (subject, body) in sorted(_defaults(rt).items()):
+        for part, source in (("subject", subject), ("body", body)):
+            if not source:
+                continue
+            text = render_text(source, {**VARIABLES, **empty})
+            problems += [f"{key} {part}: {what} in {text!r}" for what, pattern in BROKEN.items()
+                         if pattern.search(text)]
+    assert not problems, "\n".join(problems)

@@ -90,7 +90,8 @@ def add(org_slug: str, name: str, slot_minutes: int, hour_specs: tuple[str, ...]
         linked = link_appointments(conn, org.id)
     click.echo(_show(made))
     if linked:
-        click.echo(f"{linked} agendamento(s) com este nome ligados ao profissional")
+        click.echo(f"{linked} agendamento com este nome ligado ao profissional" if linked == 1
+                   else f"{linked} agendamentos com este nome ligados ao profissional")
 
 
 def _day(value: str | None, option: str) -> date | None:

@@ -111,7 +111,7 @@ def scheduler(once: bool) -> None:
             tick = embedded.scheduler.tick(force_populate=True)
             embedded.drain()
             embedded.stop_workers()
-            click.echo(f"claimed {tick.claimed} message(s)")
+            click.echo(f"claimed {tick.claimed} message" + ("" if tick.claimed == 1 else "s"))
             return
         embedded.start()
         try:
@@ -129,7 +129,7 @@ def scheduler(once: bool) -> None:
                       enqueue_webhooks=lambda claims: actors.deliver_webhooks.send([list(c) for c in claims]))
     if once:
         tick = sched.tick(force_populate=True)
-        click.echo(f"claimed {tick.claimed} message(s)")
+        click.echo(f"claimed {tick.claimed} message" + ("" if tick.claimed == 1 else "s"))
         return
     stop = threading.Event()
     try:

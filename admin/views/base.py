@@ -51,6 +51,7 @@ from admin.i18n import _, _l, current_locale
 from admin.ids import MAX_ID, parse_id
 from engine.core import clock
 from engine.store.models import Org, audit_log
+from engine.tenants.audit import redact
 from engine.store.runtime import Runtime
 
 #: Columns that hold secrets (sealed credentials, hashes): never listed, in forms or exported.
@@ -91,7 +92,7 @@ PURPOSE_LABELS = {
     "followup_reply_ack": _l("Follow-up: resposta recebida"),
 }
 #: A template's language, as the Modelos page names it.
-LOCALE_LABELS = {"pt_BR": _l("Português"), "en": _l("Inglês"), "es": _l("Espanhol")}
+LOCALE_LABELS = {"pt_BR": _l("Português (Brasil)"), "en": _l("Inglês"), "es": _l("Espanhol")}
 
 
 def select_choices(pairs: Iterable[tuple[Any, Any]]) -> list[SelectChoice]:
@@ -152,6 +153,15 @@ def csv_safe(value: Any) -> Any:
     return value
 
 
+def org_name() -> str:
+    """The signed-in user's clinic's name (a template's preview greets as the clinic does)."""
+    name = g.get("lembra_org_name")
+    if name is None:
+        org = db_session().get(Org, org_id())
+        name = g.lembra_org_name = org.name if org is not None else ""
+    return name
+
+
 def org_timezone() -> str:
     tz = g.get("lembra_org_tz")
     if tz is None:
@@ -173,11 +183,14 @@ def local_dt(value: datetime | None, fmt: str | None = None, *, seconds: bool = 
     return value.astimezone(ZoneInfo(org_timezone())).strftime(fmt)
 
 
-def badge(status: str | None) -> Markup:
+def badge(status: str | None, labels: Mapping[str, Any] | None = None) -> Markup:
+    """A status as a coloured badge. `labels` overrides the words where one column needs its own
+    grammatical gender (an appointment is "Cancelado" beside "Agendado"; a message "Cancelada")."""
     if not status:
         return Markup("—")
     color = STATUS_COLORS.get(status, "light")
-    return Markup('<span class="badge badge-{}">{}</span>').format(color, STATUS_LABELS.get(status, status))
+    label = (labels or {}).get(status) or STATUS_LABELS.get(status, status)
+    return Markup('<span class="badge badge-{}">{}</span>').format(color, label)
 
 
 def _fmt_datetime(view: Any, value: datetime, name: str | None = None) -> str:
@@ -190,8 +203,9 @@ def _fmt_bool(view: Any, value: bool, name: str | None = None) -> str:
 
 def write_audit(conn: Connection, action: str, entity: str, entity_id: int | None,
                 changes: Mapping[str, Any] | None = None) -> None:
-    """One audit row for a console change; secret keys never reach it."""
-    clean = {k: _jsonable(v) for k, v in (changes or {}).items() if k not in SECRET_COLUMNS}
+    """One audit row for a console change; secret keys never reach it, personal data is redacted
+    as the API's rows are (engine.tenants.audit.redact)."""
+    clean = redact({k: _jsonable(v) for k, v in (changes or {}).items() if k not in SECRET_COLUMNS}, entity)
     conn.execute(insert(audit_log).values(
         org_id=org_id(), user_id=int(current_user.id), action=action, entity=entity,
         entity_id=entity_id, changes=clean or None, created_at=clock.now(),
@@ -294,6 +308,7 @@ class TenantModelView(SignedInOrgAccess, ModelView):
     inline_models: Any = None
     column_editable_list: Any = ()
     list_template = "admin/lembra_list.html"
+    details_template = "admin/lembra_details.html"
     column_type_formatters = {datetime: _fmt_datetime, bool: _fmt_bool, type(None): lambda v, x, n=None: "—"}
     column_type_formatters_detail = column_type_formatters
     column_type_formatters_export = {datetime: _fmt_datetime, bool: _fmt_bool, type(None): lambda v, x, n=None: ""}
@@ -475,13 +490,20 @@ class TenantModelView(SignedInOrgAccess, ModelView):
 
 def _replace_generic_save_flash() -> None:
     """Flask-Admin says only "Failed to create record." when a form does not validate; say what
-    to do instead (the fields' own errors are shown beside them)."""
+    to do instead (the fields' own errors are shown beside them). And a save says one thing: when
+    the view said what the save did ("Agendamento criado; 2 lembretes na fila"), Flask-Admin's own
+    "Registro salvo com sucesso" beside it is dropped."""
     from flask import session
     from flask_admin.babel import gettext as admin_gettext
 
     flashes = session.get("_flashes")
     if not flashes:
         return
+    saved = {admin_gettext("Record was successfully created."), admin_gettext("Record was successfully saved."),
+             "Record was successfully created.", "Record was successfully saved."}
+    if len(flashes) > 1 and any(message in saved for _, message in flashes) and \
+            any(message not in saved for _, message in flashes):
+        flashes = session["_flashes"] = [(c, m) for c, m in flashes if m not in saved]
     generic = {admin_gettext("Failed to create record."), admin_gettext("Failed to save record."),
                "Failed to create record.", "Failed to save record."}
     if any(message in generic for _, message in flashes):

@@ -8,8 +8,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from admin.i18n import _, translate
-from engine.words.reasons import event_label, message_reason, reply_outcome, row_reason
+from babel import Locale, UnknownLocaleError
+
+from admin.i18n import _, current_locale, translate
+from engine.words.catalogue import known
+from engine.words.reasons import event_label, message_reason, reply_outcome, row_reason, status_label
+
+
+def language_name(code: str | None) -> str:
+    """A language code (pt_BR, en_US, es) as its name in the reader's language ("Português (Brasil)");
+    a code babel does not know stays as typed (it is what the clinic typed at Meta)."""
+    if not code:
+        return "—"
+    try:
+        name = Locale.parse(code.replace("-", "_")).get_display_name(current_locale())
+    except (UnknownLocaleError, ValueError, TypeError):
+        return code
+    return (name[:1].upper() + name[1:]) if name else code
 
 
 def message_reason_text(message: Any) -> str:
@@ -27,6 +42,14 @@ def code_text(code: str | None, *, kind: str | None = None) -> str:
 def reply_outcome_text(outcome: str | None) -> str:
     """What Lembra did with a patient's reply (not yet processed when `outcome` is None)."""
     return translate(reply_outcome(outcome))
+
+
+def provider_status_text(status: str | None) -> str | None:
+    """What the provider said of a message ("sent", "delivered") as the console's status label;
+    None for a status Lembra has no word for (the page then shows the provider's own code as code)."""
+    if not status or not known(f"message_status_{status}"):
+        return None
+    return translate(status_label(status))
 
 
 def event_text(event: str) -> str:

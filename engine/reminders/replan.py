@@ -36,9 +36,12 @@ REPLANNED = "replanned"
 
 @dataclass
 class ReplaceResult:
-    """What one re-placement did: reminders given a new time, and those left without any."""
+    """What one re-placement did: reminders rewritten (`moved`), those of them whose send time
+    actually changed (`retimed`: a row rewritten only because the rule's window flag changed keeps
+    its time, and a person is told only of times that changed), and those left without any time."""
 
     moved: int = 0
+    retimed: int = 0
     skipped: int = 0
 
 
@@ -95,8 +98,9 @@ def replace_pending(conn: Connection, org_id: int, rule_ids: Sequence[int] | Non
             return result
         last_id = rows[-1].id
         moved, skips = _decide(rows, policy, now)
-        _write(conn, org_id, moved, skips, now)
+        _write(conn, org_id, [{k: v for k, v in row.items() if k != "retimed"} for row in moved], skips, now)
         result.moved += len(moved)
+        result.retimed += sum(1 for row in moved if row["retimed"])
         result.skipped += len(skips)
 
 
@@ -116,11 +120,12 @@ def _decide(rows: Sequence[Any], policy: Any, now: datetime) -> tuple[list[dict[
             due, reason = earliest, None
         if due is None:
             skips.append({"mid": row.id, "reason": reason})
-        elif row.respect_window != row.queued_respect_window or (
-                due != row.due_at and not (due <= now and row.due_at is not None and row.due_at <= now)):
+        else:
             # Both "due now" is no move: the scheduler claims it at its next tick either way.
-            moved.append({"mid": row.id, "nominal": nominal, "due": due, "expires": deadline,
-                          "respect_window": bool(row.respect_window)})
+            retimed = due != row.due_at and not (due <= now and row.due_at is not None and row.due_at <= now)
+            if retimed or row.respect_window != row.queued_respect_window:
+                moved.append({"mid": row.id, "nominal": nominal, "due": due, "expires": deadline,
+                              "respect_window": bool(row.respect_window), "retimed": retimed})
     return moved, skips
 
 

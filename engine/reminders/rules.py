@@ -67,7 +67,7 @@ def reflect_rule_changes(conn: Connection, oid: int, rule_ids: Sequence[int],
         change.cancelled = len(cancelled)
     replaced = replace_pending(conn, oid, None if window_changed else list(rule_ids))
     populated = populate_org(conn, oid, horizon=horizon)
-    change.rescheduled = replaced.moved
+    change.rescheduled = replaced.retimed  # what a person is told: only reminders whose time changed
     change.cancelled += populated.cancelled
     change.created = populated.planned
     change.skipped = replaced.skipped + populated.skipped

@@ -1,13 +1,15 @@
 """The one catalogue of codes a person may read: every reason, status and error that reaches
 the console, the API's `details` or the CLI is a code here with its pt-BR sentence. The console's
 English catalog (admin/translations/en) translates the sentence; `describe` binds parameters.
+A sentence with a count is an `Np_` pair (singular, plural) that the reader's language picks
+with ngettext from the count parameter: never "(s)".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.words.texts import N_, Text
+from engine.words.texts import N_, Np_, Text
 
 CATALOGUE: dict[str, Text] = {
     # --- flow publish rules (engine/flows/validate.py) -----------------------------------------
@@ -112,7 +114,9 @@ CATALOGUE: dict[str, Text] = {
     "do_booked": N_("O fluxo marcou uma nova consulta para %(starts_at)s; os lembretes foram planejados."),
     "do_agenda_unreachable": N_("O sistema de agenda da clínica não respondeu; o fluxo seguiu pela saída falhou."),
     "do_no_free_slots": N_("Não há horários livres que atendam ao pedido; o fluxo seguiu pela saída indisponível."),
-    "do_slots_offered": N_("O fluxo ofereceu %(offered)s horários livres ao paciente e espera a escolha."),
+    "do_slots_offered": Np_("O fluxo ofereceu %(offered)s horário livre ao paciente e espera a escolha.",
+                            "O fluxo ofereceu %(offered)s horários livres ao paciente e espera a escolha.",
+                            number="offered"),
     "do_slot_picked": N_("O paciente escolheu o horário %(starts_at)s."),
     "do_no_pick": N_("O paciente não escolheu nenhum dos horários oferecidos; o fluxo seguiu pela saída falhou."),
     "do_staff_notified": N_("O fluxo avisou a equipe em Pendências."),
@@ -162,7 +166,8 @@ CATALOGUE: dict[str, Text] = {
     "invalid_resume_grace": N_("O tempo para retomar depois do atendimento humano deve ser de 0 a 10080 minutos."),
     "invalid_name": N_("Dê ao fluxo um nome de 1 a 120 caracteres."),
     # A refusal lists its first issues (engine/flows/issues.py MAX_ISSUES) and counts the rest.
-    "more_issues": N_("E mais %(count)s problema(s), mostrados depois que estes forem corrigidos."),
+    "more_issues": Np_("E mais %(count)s problema, mostrado depois que estes forem corrigidos.",
+                       "E mais %(count)s problemas, mostrados depois que estes forem corrigidos."),
     # --- request bodies and documents from outside (engine/core/strict_json.py, admin/json_body.py) ----
     "body_not_json": N_("O pedido não é um JSON válido em UTF-8. Confira o que foi enviado e envie de novo."),
     "body_too_large": N_("O pedido passa do limite de %(max)s KB. Envie um pedido menor."),
@@ -734,7 +739,7 @@ def describe(code: str, /, **params: Any) -> Text:
         entry = CATALOGUE[code]
     except KeyError:
         raise UnknownCode(code) from None
-    return Text(entry.msgid, params)
+    return Text(entry.msgid, params, plural=entry.plural, number=entry.number)
 
 
 def known(code: str) -> bool:

@@ -19,7 +19,7 @@ SMTP_FIELDS: tuple[CredentialField, ...] = (
         pattern=r"[1-9]\d{0,4}", example="587", endpoint=True),
     CredentialField(
         "security", N_("Segurança"),
-        N_("STARTTLS para a porta 587, SSL para a porta 465. \"none\" só numa rede de testes."),
+        N_("STARTTLS para a porta 587, SSL para a porta 465. Sem criptografia, só numa rede de testes."),
         choices=("starttls", "ssl", "none"), endpoint=True),
     CredentialField(
         "from_email", N_("E-mail do remetente"),

@@ -44,6 +44,17 @@ def test_the_new_channel_page_shows_only_the_chosen_providers_fields_with_help(o
     assert 'nonce="' in page  # the toggle runs under the strict CSP
 
 
+def test_a_blank_new_channel_form_says_nothing_is_missing_before_anything_is_typed(owner, tenants):
+    # The checks ran on every GET: each required field greeted the clinic with "Preencha este campo.".
+    for provider in ("meta", "smtp", "evolution"):
+        text = html.unescape(owner.get(f"/admin/channels/new/?provider={provider}").text)
+        assert "Preencha este campo." not in text and "is-invalid" not in text, provider
+    smtp = html.unescape(owner.get("/admin/channels/new/?provider=smtp").text)
+    # The security choices are said in words; the stored values stay the codes.
+    assert "STARTTLS (porta 587, o mais comum)" in smtp and '<option value="starttls"' in smtp
+    assert ">starttls<" not in smtp and ">none<" not in smtp
+
+
 def test_a_malformed_or_missing_credential_is_a_form_error_and_nothing_is_saved(owner, tenants, rt):
     page = owner.get("/admin/channels/new/?provider=twilio")
     before = count(rt)
@@ -155,7 +166,9 @@ def test_testar_conexao_asks_the_provider_and_says_what_it_answered(owner, tenan
         cid = evolution_channel(rt, a.world.org_id, server.url, instance="clinica")
         page = html.unescape(owner.post(f"/admin/channels/check/{cid}/", data={"csrf_token": token},
                                         follow_redirects=True).text)
-        assert "A conexão falhou" in page and "código: unauthorized" in page
+        # A code the console knows is said in words only: a person never reads "unauthorized".
+        assert "A conexão falhou" in page and "O Evolution recusou a chave de API do canal" in page
+        assert "unauthorized" not in page and "código:" not in page
     sandbox = html.unescape(owner.post(f"/admin/channels/check/{a.channel_id}/", data={"csrf_token": token},
                                        follow_redirects=True).text)
     assert "o canal está pronto para testes" in sandbox

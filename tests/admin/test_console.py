@@ -91,6 +91,9 @@ def test_template_syntax_error_is_shown_in_the_form_and_preview_renders_sample_d
     assert preview.get_json() == {"text": "Oi Ana, 14:00", "error": None, "meta": None, "meta_error": None,
                                   "meta_inherited": False}
     assert owner.post("/admin/templates/preview/", data={"body": "x"}).status_code == 400  # CSRF
+    # The sample patient is made up, but the clinic is the reader's own, never "Clínica Exemplo".
+    signed = owner.post("/admin/templates/preview/", data={"body": "{{ clinica }}"}, headers={"X-CSRFToken": token})
+    assert signed.get_json()["text"] == "Clínica Clinica-A"
 
     edit = owner.get(f"/admin/templates/edit/?id={a.template_id}")
     assert "Pré-visualização" in edit.text and "Modelo da clinica-a: Ana" in edit.text
@@ -331,3 +334,32 @@ def test_sandbox_empty_state_login_and_old_address(app, owner, agent, tenants):
     assert owner.get("/").headers["Location"].endswith("/admin/")
     menu = owner.get("/admin/").get_data(as_text=True)
     assert 'href="/admin/sandbox/"' in menu and 'href="/sandbox"' not in menu
+
+
+def test_the_audit_page_says_codes_in_words_and_redacts_only_personal_data(owner, tenants, rt):
+    # "Resultado: failed", "Origem: console_bulk", "Modelo: session_reminder", "Idioma: pt_BR",
+    # "Provedor: meta" and a flow named "[redacted]" were what Auditoria used to show.
+    import html as html_lib
+
+    from engine.tenants.audit import audit
+
+    a, b = tenants
+    with rt.db.begin() as conn:
+        for entity, changes in (
+                ("channels", {"result": "failed", "provider": "meta"}),
+                ("enrollments", {"source": "console_bulk"}),
+                ("appointments", {"mode": "in_person"}),
+                ("templates", {"key": "session_reminder", "locale": "pt_BR"}),
+                ("flows", {"name": "Retomar contato"}),
+                ("contacts", {"name": "Ana Clara Souza"})):
+            audit(conn, org_id=a.world.org_id, action="update", entity=entity, entity_id=1, changes=changes)
+    raw = owner.get("/admin/audit/").text
+    page = html_lib.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"(?s)<(style|script)\b.*?</\1>", "", raw)))
+    page = re.sub(r"[ \t]+", " ", page)
+    for said in ("Resultado: falhou", "Provedor: Meta WhatsApp Cloud API (oficial)",
+                 "Origem: pelo console, vários de uma vez", "Modalidade: Presencial",
+                 "Modelo: Lembrete de sessão", "Idioma: Português (Brasil)", "Nome: Retomar contato",
+                 "Nome: alterado (dado pessoal, não registrado)"):
+        assert said in page, said
+    for code in ("failed", "console_bulk", "in_person", "session_reminder", "pt_BR", "[redacted]", "Ana Clara"):
+        assert code not in page, code  # the visible text

@@ -243,6 +243,15 @@ def agent_rows(rt, org_id: int) -> list[Any]:
         return conn.execute(select(agents).where(agents.c.org_id == org_id).order_by(agents.c.id)).all()
 
 
+def test_the_agent_form_offers_the_flows_as_checkboxes(owner, world):
+    # A Ctrl-click list box loses the other flows with one plain click: one checkbox per flow instead.
+    page = owner.get("/admin/followup_agents/new/").text
+    assert "<select multiple" not in page and 'name="flow_ids"' in page
+    boxes = re.findall(r'<input[^>]*name="flow_ids"[^>]*>', page)
+    assert boxes and all('type="checkbox"' in box for box in boxes)
+    assert f'value="{world["retorno"]}"' in " ".join(boxes)
+
+
 def test_an_agent_profile_is_saved_and_its_key_is_never_shown(owner, rt, world):
     a = world["a"]
     before = len(agent_rows(rt, a.world.org_id))  # Flows made one ("Assistente")
@@ -458,7 +467,7 @@ def test_bulk_enroll_from_contatos_is_idempotent(owner, rt, world):
                       data={**form, "flow_id": world["retorno"], "ids": ids})
     text = text_of(done)
     assert "2 pacientes incluídos no fluxo." in text
-    assert "1 não incluído(s): O paciente já está neste fluxo." in text  # A's contact is in Retorno already
+    assert "1 não incluído: O paciente já está neste fluxo." in text  # A's contact is in Retorno already
     repeat = text_of(owner.post("/admin/contacts/enroll-bulk/", follow_redirects=True,
                                 data={**form, "flow_id": world["retorno"], "ids": ids}))
     assert "0 pacientes incluídos no fluxo." in repeat and "2 já tinham sido incluídos por este mesmo pedido." in repeat
@@ -485,7 +494,7 @@ def test_handoff_from_the_contact_page_pauses_and_ending_it_resumes(agent, rt, w
     started = agent.post(f"/admin/contacts/handoff/{a.contact_id}/", follow_redirects=True,
                          data={"csrf_token": csrf(page), "op": "start"})
     text = text_of(started)
-    assert "Atendimento humano iniciado: 1 acompanhamento(s) pausado(s)" in text
+    assert "Atendimento humano iniciado: 1 acompanhamento pausado" in text
     assert 'data-handoff="on"' in text and "Encerrar atendimento humano" in text
     assert status_of(rt, run) == "paused_handoff"
     assert "Pausado: atendimento humano" in text_of(agent.get("/admin/followup_queue/"))
@@ -493,7 +502,7 @@ def test_handoff_from_the_contact_page_pauses_and_ending_it_resumes(agent, rt, w
     clock.advance(timedelta(minutes=10))
     ended = agent.post(f"/admin/contacts/handoff/{a.contact_id}/", follow_redirects=True,
                        data={"csrf_token": csrf(page), "op": "end"})
-    assert "1 acompanhamento(s) retomado(s)" in text_of(ended)
+    assert "1 acompanhamento retomado" in text_of(ended)
     with rt.db.connect() as conn:
         row = conn.execute(select(enrollments).where(enrollments.c.id == run)).one()
     # A 10-minute hand-off in a 60-minute wait: the wait ends when it would have (not 30 min after).

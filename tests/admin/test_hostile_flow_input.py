@@ -180,14 +180,14 @@ def test_the_many_issues_of_a_huge_refusal_end_with_a_count_of_the_rest(setup):
     raw, _, _ = DRAFT_CASES["unknown_keys_in_a_node"]
     issues = _builder(setup, "draft", raw).get_json()["issues"]
     assert len(issues) == MAX_ISSUES + 1 and issues[-1]["code"] == "more_issues"
-    assert issues[-1]["message"] == f"E mais {45_000 - MAX_ISSUES} problema(s), mostrados depois que estes forem corrigidos."
+    assert issues[-1]["message"] == f"E mais {45_000 - MAX_ISSUES} problemas, mostrados depois que estes forem corrigidos."
     details = _api(setup, "patch", f"/flows/{setup['flow_id']}", raw).get_json()["details"]
-    assert details[-1]["message_en"] == f"And {45_000 - MAX_ISSUES} more problem(s), shown once these are fixed."
+    assert details[-1]["message_en"] == f"And {45_000 - MAX_ISSUES} more problems, shown once these are fixed."
     # The API's own field errors are bounded too: 45,000 unknown top-level keys.
     fields = _api(setup, "patch", f"/flows/{setup['flow_id']}", "{" + UNKNOWN_KEYS + "}")
     assert fields.status_code == 422 and len(fields.data) <= MAX_ANSWER_BYTES
     more = fields.get_json()["details"]["_more"]
-    assert more["count"] == 45_000 - 50 and more["message_en"].startswith("And 44950 more problem(s)")
+    assert more["count"] == 45_000 - 50 and more["message_en"].startswith("And 44950 more problems")
 
 
 def test_a_builder_reader_in_english_reads_the_refusal_in_english(rt, setup):

@@ -25,8 +25,9 @@ from tests.admin.conftest import csrf
 
 ROOT = Path(__file__).resolve().parents[2]
 PO = ROOT / "admin" / "translations" / "en" / "LC_MESSAGES" / "messages.po"
-#: babel's own keywords (_, gettext, ngettext, lazy_gettext …) plus admin.i18n's lazy `_l` and engine.words.texts' `N_`.
-KEYWORDS = {**DEFAULT_KEYWORDS, "_l": None, "N_": None}
+#: babel's own keywords (_, gettext, ngettext, lazy_gettext …) plus admin.i18n's lazy `_l` and engine.words.texts'
+#: `N_` and `Np_` (a sentence with a count: singular and plural).
+KEYWORDS = {**DEFAULT_KEYWORDS, "_l": None, "N_": None, "Np_": (1, 2)}
 #: printf conversions, `%%` included: a msgstr must use exactly the msgid's.
 CONVERSION = re.compile(r"%(?:\(\w+\))?[-#0 +]*\d*(?:\.\d+)?[diouxXeEfFgGcrs%]")
 

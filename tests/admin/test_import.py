@@ -52,7 +52,7 @@ def test_ten_thousand_rows_with_three_bad_ones_through_the_console(owner, tenant
     response = upload(owner, body)
     elapsed = time.perf_counter() - t0
     assert response.status_code == 200, response.text[:500]
-    assert "9997 agendamento(s) criado(s)" in response.text and "3 linha(s) com erro" in response.text
+    assert "9997 agendamentos criados" in response.text and "3 linhas com erro" in response.text
     table = response.text.split('id="import-errors"', 1)[1].split("</table>", 1)[0]
     rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]+)</td></tr>", table)
     assert [int(line) for line, _ in rows] == sorted(BAD_LINES)
@@ -96,13 +96,13 @@ def test_another_orgs_user_creates_separate_rows_and_never_touches_org_a(app, ow
     a, b = tenants
     rows = [HEADER, "AG-1;PAC-1;Ana;16999887766;;03/12/2026 14:00;Dra. A;;;;whatsapp",
             "AG-2;PAC-2;Bia;16999887755;;03/12/2026 15:00;Dra. A;;;;whatsapp"]
-    assert "2 agendamento(s) criado(s)" in upload(owner, "\n".join(rows)).text
+    assert "2 agendamentos criados" in upload(owner, "\n".join(rows)).text
     with rt.db.begin() as conn:
         create_user(conn, org_id=b.world.org_id, email="owner@b.com.br", role="owner", password="senha-forte-b")
     other = login(app.test_client(), "owner@b.com.br", "senha-forte-b")
     moved = "\n".join(rows).replace("03/12/2026", "05/12/2026").replace("Dra. A", "Dr. B")
     response = upload(other, moved)
-    assert "2 agendamento(s) criado(s), 0 atualizado(s)" in response.text
+    assert "2 agendamentos criados, 0 atualizados" in response.text
     with rt.db.connect() as conn:
         mine = conn.execute(select(appointments.c.professional, appointments.c.starts_at).where(
             appointments.c.org_id == a.world.org_id, appointments.c.external_id.in_(["AG-1", "AG-2"]))).all()
@@ -129,7 +129,7 @@ def test_file_refusals_are_clear_and_values_are_never_echoed_unescaped(owner, te
     formula = 'AG-F;PAC-F;=HYPERLINK("http://evil.invalid");16999887766;;03/12/2026 14:00;<script>alert(1)</script>'
     body = "\n".join([HEADER, formula + ";;;;whatsapp", "AG-G;PAC-G;<b>Oi</b>;16999887755;;<i>amanhã</i>;;;;;"])
     response = upload(owner, body)
-    assert "1 agendamento(s) criado(s)" in response.text and "<script>alert(1)" not in response.text
+    assert "1 agendamento criado" in response.text and "<script>alert(1)" not in response.text
     assert "<b>Oi</b>" not in response.text and "<i>amanhã</i>" not in response.text
     listing = owner.get("/admin/appointments/?search=AG-F").text
     assert "<script>alert(1)</script>" not in listing and "&lt;script&gt;alert(1)&lt;/script&gt;" in listing

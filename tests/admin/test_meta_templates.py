@@ -139,7 +139,7 @@ def test_personalizar_keeps_the_default_mapping_and_shows_the_waba_and_what_meta
     # Modelos says, per template, which approved template it sends (and that it is the default's).
     listing = owner.get("/admin/templates/").text
     own_row = next(r for r in re.findall(r"<tr.*?</tr>", listing, re.S) if "Da clínica" in r)
-    assert "<code>session_reminder_v1</code> (pt_BR)" in own_row and "do padrão" in own_row
+    assert "<code>session_reminder_v1</code> · Português (Brasil)" in own_row and "do padrão" in own_row
 
 
 def test_a_clinic_maps_its_own_approved_template(rt, owner, clinic, fake):

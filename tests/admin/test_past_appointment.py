@@ -1,6 +1,6 @@
 """An appointment saved in the console says what its reminders will do (issue "The console a
 receptionist would choose", finding 10): a time in the past, or one so soon that a reminder's
-moment has gone, is not accepted silently with "0 lembrete(s) na fila" — the message warns and
+moment has gone, is not accepted silently with "0 lembretes na fila" — the message warns and
 lists each skipped reminder with its reason sentence from the catalogue."""
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ def _alerts(html: str) -> str:
 def test_a_time_well_ahead_still_says_how_many_reminders_are_queued(owner, tenants):
     a, _ = tenants
     shown = _alerts(_create(owner, a.contact_id, "2026-12-03T15:00").text)
-    assert "Agendamento criado; 1 lembrete(s) na fila." in shown and "alert-warning" not in shown
+    assert "Agendamento criado; 1 lembrete na fila." in shown and "alert-warning" not in shown
 
 
 def test_a_time_earlier_today_warns_and_names_the_skipped_reminder_and_why(owner, rt, tenants):
     a, _ = tenants
     response = _create(owner, a.contact_id, "2026-12-01T07:00")
     shown = _alerts(response.text)
-    assert "0 lembrete(s) na fila" not in shown
+    assert "0 lembretes na fila" not in shown
     assert "horário que já passou" in shown
     assert "before_start 120 (2 horas antes)" in shown  # the rule, by its name and timing
     assert CATALOGUE["too_late"].msgid in shown and "too_late" not in shown  # a sentence, never the code
@@ -56,7 +56,7 @@ def test_a_time_too_soon_for_one_reminder_says_which_and_why(owner, rt, tenants)
     a, _ = tenants
     a.world.rule(30)  # a second rule, 30 min before
     shown = _alerts(_create(owner, a.contact_id, "2026-12-01T10:00").text)  # in 1 h: 2 h before has gone
-    assert "1 lembrete(s) na fila, 1 não vai(ão) sair" in shown
+    assert "1 lembrete na fila, 1 não vai sair" in shown
     assert "before_start 120 (2 horas antes)" in shown and CATALOGUE["too_late"].msgid in shown
     assert "before_start 30" not in shown
 
@@ -65,7 +65,7 @@ def test_a_patient_without_consent_is_named_as_the_reason(owner, tenants):
     a, _ = tenants
     silent = a.world.contact(name="Sem Consentimento", phone="+5516977776666", consent=())
     shown = _alerts(_create(owner, silent, "2026-12-03T15:00").text)
-    assert "0 lembrete(s) na fila" not in shown and "nenhum lembrete vai sair" in shown
+    assert "0 lembretes na fila" not in shown and "nenhum lembrete vai sair" in shown
     assert CATALOGUE["reminder_no_consent"].msgid in shown
 
 

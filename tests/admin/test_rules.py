@@ -461,6 +461,26 @@ def test_a_window_change_moves_the_queued_reminders_and_says_so(owner, tenants, 
     assert _due(rt, b.message_id) == b_due and b.world.events(b.message_id) == ["queued"]
 
 
+def test_a_save_that_keeps_every_reminders_time_says_none_was_rescheduled(owner, tenants, rt):
+    # Unticking "respect the window" rewrites the queued row's copy of the flag, but 12:00 was
+    # allowed anyway: its time stays, and the flash must not count it as rescheduled.
+    a, _b = tenants
+    a_due = _due(rt, a.message_id)
+    edit = owner.get(f"/admin/rules/edit/?id={a.rule_id}")
+    assert owner.post(f"/admin/rules/edit/?id={a.rule_id}", data={
+        "csrf_token": csrf(edit.text), "name": "Lembrete 2 h", "purpose": "session_reminder",
+        "template_key": "session_reminder", "trigger": "before_start", "offset_minutes": "120",
+        "kinds": "whatsapp", "active": "y",
+    }).status_code == 302
+    with rt.db.connect() as conn:
+        row = conn.execute(select(messages.c.due_at, messages.c.respect_window)
+                           .where(messages.c.id == a.message_id)).one()
+    assert row.due_at == a_due and not row.respect_window
+    page = owner.get(URL).text
+    assert "Nenhum lembrete da fila mudou." in page and "reagendado" not in page
+    assert "Registro salvo com sucesso" not in page  # one flash per save: the one that says what it did
+
+
 def test_an_offset_changed_in_the_rule_form_moves_its_queued_reminders(owner, tenants, rt):
     a, b = tenants
     a_due, b_due = _due(rt, a.message_id), _due(rt, b.message_id)

@@ -20,7 +20,7 @@ def test_professionals_are_added_listed_and_their_free_times_shown(rt, clock):
     added = runner.invoke(main, ["agenda", "add", "--org", "clinica-cli", "--name", "Dra. Beatriz Costa",
                                  "--hours", "0-4 08:00-12:00 13:00-18:00"], env=env)
     assert added.exit_code == 0, added.output
-    assert "seg 08:00-12:00 13:00-18:00" in added.output and "1 agendamento(s)" in added.output
+    assert "seg 08:00-12:00 13:00-18:00" in added.output and "1 agendamento com este nome ligado" in added.output
     listed = runner.invoke(main, ["agenda", "professionals", "--org", "clinica-cli", "--json"], env=env)
     assert [p["name"] for p in json.loads(listed.output)] == ["Dra. Beatriz Costa"]
     shown = runner.invoke(main, ["agenda", "slots", "--org", "clinica-cli", "--date", "2026-12-02", "--period",

@@ -227,7 +227,7 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
     page.select_option("#mode", "in_person")
     steps.shot("agendamento-novo")
     _save(page)
-    expect(page.get_by_text("Agendamento criado; 1 lembrete(s) na fila.")).to_be_visible()
+    expect(page.get_by_text("Agendamento criado; 1 lembrete na fila.")).to_be_visible()
     appt_row = _row(page, PATIENT)
     expect(appt_row).to_have_count(1)
     expect(appt_row).to_contain_text(starts.strftime("%d/%m/%Y %H:%M"))

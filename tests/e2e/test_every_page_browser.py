@@ -5,7 +5,11 @@ and one refused, a patient's free-text reply, a follow-up run), opens every page
 from each list, the first record's details and edit pages. It fails on:
 
 - any answer of 500 or more;
-- a raw code on screen: a snake_case token, or a table name as a whole cell;
+- a raw code on screen: a snake_case token, or a table name as a whole cell; the codes that are
+  not snake_case (a connection state "connecting", "starttls", "pt_BR", a provider's registry
+  name alone in a cell or after its label, Flask-Admin's "Exportar EXCEL", React Flow's "Edge
+  from …") and "[redacted]" where a person expects a value;
+- a plural written as a form to fill in: "lembrete(s)", "mensagem(ns)", "vai(ão)";
 - English in the Portuguese console (words of English prose), or Portuguese in the English console
   (in the console's own words: headings, labels, buttons, menus, notices; the clinic's data,
   patients' names and message bodies, stay Portuguese in both);
@@ -36,6 +40,8 @@ from engine.fleet.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
 from engine.flows.runtime import advance_claimed, claim_due
 from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import Base, channels
+from engine.tenants.audit import audit
+from engine.tenants.channels import create_channel
 from gateway.contract import WebhookRequest
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import sandbox_headers
@@ -49,6 +55,21 @@ TYPED = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|[\w.+-]+@[\w.-]+|https?://\S+|\b[\w.-
                    r"|\b(?:[a-z0-9-]+\.)+(?:com|br|net|org|io|local|invalid)\b")
 SNAKE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 TABLES = {table.name for table in Base.metadata.sorted_tables}
+#: A plural left to the reader ("lembrete(s)", "mensagem(ns)", "vai(ão)"); "http(s)" is an address's spelling.
+PLURAL = re.compile(r"(?<!\bhttp)(?<=\w)\((?:s|ns|es|is|ão|ões)\)", re.I)
+#: Codes a person must not read that are not snake_case, matched whole and case-sensitively
+#: (STARTTLS in capitals is the protocol's name; "starttls" the stored value).
+RAW = re.compile(r"\b(?:connecting|starttls|pt_BR|en_US|EXCEL)\b|\bEdge from\b|\[redacted\]")
+#: A label followed by nothing but a stored code ("Provedor: meta", "Resultado: failed"): the codes
+#: listed, so that a value in words ("Resultado: falhou") is never taken for one.
+LABELLED = re.compile(r"(?m)^[^\S\n]*(?:Provedor|Provider|Resultado|Result|Origem|Source|Modalidade|Mode|Idioma|"
+                      r"Language|Modelo|Template|Situação|Status|Segurança|Security):[^\S\n]*"
+                      r"(ok|failed|unsupported|created|online|none|ssl|sent|delivered|read|pending|"
+                      r"sandbox|evolution|meta|smtp|resend|twilio|zenvia|open|close)[^\S\n]*$")
+#: A provider's registry name alone in a cell.
+PROVIDERS = {"sandbox", "evolution", "meta", "smtp", "resend", "twilio", "zenvia"}
+#: Pages the menu does not link to that show a case the checks must see (a provider's choices).
+EXTRA_PAGES = ("/admin/channels/new/?provider=smtp",)
 #: Words of English prose that Portuguese never uses.
 ENGLISH = re.compile(r"\b(?:the|and|with|failed|record|records|save|delete|edit|create|export|search|selected|"
                      r"details|none|true|false|please|error|not found|found|your|this|that|which|when|after|"
@@ -88,7 +109,29 @@ def demo(rt, clock) -> dict[str, int]:
         method="POST", url="/webhooks/sandbox", headers=sandbox_headers(rt, whatsapp.id), body=body))
     for inbound_id in received.inbound_ids:
         process_inbound(rt, inbound_id)
+    _seed_codes_a_page_must_say_in_words(rt, seeded.org_id, clock.now())
     return {"org_id": seeded.org_id, "email_channel": int(email_channel or 0)}
+
+
+def _seed_codes_a_page_must_say_in_words(rt, org_id: int, now: datetime) -> None:
+    """What the demo alone does not show: a phone link waiting for its QR code and one that failed,
+    and audit rows whose values are codes (a check's result, where a change came from, an
+    appointment's mode, a template's purpose and language, a provider, a flow's name)."""
+    with rt.db.begin() as conn:
+        for name, detail in (("WhatsApp do celular", "connecting"), ("WhatsApp antigo", "close:connection_error")):
+            channel_id = create_channel(conn, rt.keyring, org_id=org_id, kind="whatsapp", provider="evolution",
+                                        name=name, is_default=False,
+                                        credentials={"base_url": "http://127.0.0.1:9", "api_key": "chave-de-teste",
+                                                     "instance": "clinica", "webhook_secret": "segredo-de-teste"})
+            conn.execute(update(channels).where(channels.c.id == channel_id).values(status_detail=detail))
+        for entity, action, changes in (
+                ("channels", "check", {"result": "failed"}),
+                ("enrollments", "enroll", {"source": "console_bulk"}),
+                ("appointments", "update", {"mode": "in_person"}),
+                ("templates", "create", {"key": "session_reminder", "locale": "pt_BR", "channel_kind": "whatsapp"}),
+                ("channels", "create", {"name": "Meta", "provider": "meta", "kind": "whatsapp"}),
+                ("flows", "publish", {"name": "Retomar contato", "version": 2})):
+            audit(conn, org_id=org_id, action=action, entity=entity, entity_id=1, changes=changes)
 
 
 @pytest.fixture
@@ -121,7 +164,12 @@ def _pages(page, server: str) -> list[str]:
         new = f"{path.rstrip('/')}/new/"
         if page.locator(f"a[href^='{new}']").count() and new not in found:
             found.append(new)
-    return found
+    return found + [path for path in EXTRA_PAGES if path not in found]
+
+
+def _plural_words(text: str) -> list[str]:
+    """Each "word(s)" of `text`, with its word, for the report."""
+    return [text[max(0, m.start() - 20):m.end()].split()[-1] for m in PLURAL.finditer(text)]
 
 
 def _problems(page, language: str) -> list[str]:
@@ -129,8 +177,12 @@ def _problems(page, language: str) -> list[str]:
     page.eval_on_selector_all("code, kbd, samp, pre", "els => els.forEach(e => e.remove())")
     body = TYPED.sub(" ", page.inner_text("body"))
     problems = [f"raw code {token!r}" for token in sorted(set(SNAKE.findall(body)))]
+    problems += [f"raw code {token!r}" for token in sorted(set(RAW.findall(body)))]
+    problems += [f"raw code after a label {token!r}" for token in sorted(set(LABELLED.findall(body)))]
+    problems += [f"plural left to the reader {m!r}" for m in sorted(set(_plural_words(body)))]
     cells = page.eval_on_selector_all("td", "els => els.map(e => e.innerText.trim())")
     problems += [f"table name {cell!r} in a cell" for cell in set(cells) if cell in TABLES]
+    problems += [f"provider code {cell!r} in a cell" for cell in set(cells) if cell in PROVIDERS]
     chrome = TYPED.sub(" ", " \n ".join(page.eval_on_selector_all(CHROME, "els => els.map(e => e.innerText)")))
     if language == "pt-BR":
         problems += [f"English {m!r}" for m in sorted({m.lower() for m in ENGLISH.findall(body)})]

@@ -50,7 +50,7 @@ def test_the_patient_search_box_finds_and_books_only_the_orgs_patients(rt, serve
     starts = (engine_clock.now() + timedelta(days=2)).astimezone(ZoneInfo("America/Sao_Paulo"))
     page.fill("#starts_at", starts.strftime("%Y-%m-%dT%H:%M"))
     page.locator("form.admin-form input[type=submit], form.admin-form button[type=submit]").first.click()
-    expect(page.get_by_text("Agendamento criado; 1 lembrete(s) na fila.")).to_be_visible()
+    expect(page.get_by_text("Agendamento criado; 1 lembrete na fila.")).to_be_visible()
     page.fill("input[name=search]", "99111")
     page.keyboard.press("Enter")
     expect(page.locator("table.model-list tbody tr")).to_have_count(1)

@@ -82,7 +82,7 @@ def test_thousands_of_unknown_keys_are_listed_fifty_at_a_time_with_a_count() -> 
     for issues in (check_draft(_graph(node)), validate_for_publish(_graph(node), trigger_config=trigger, max_steps=30)):
         assert len(issues) == MAX_ISSUES + 1
         assert issues[-1] == FlowIssue(None, "more_issues", {"count": 5000 - MAX_ISSUES})
-        assert str(issues[-1].message).startswith(f"E mais {5000 - MAX_ISSUES} problema(s)")
+        assert str(issues[-1].message).startswith(f"E mais {5000 - MAX_ISSUES} problemas")
 
 
 def test_a_refusal_combining_settings_trigger_and_draft_is_bounded_once() -> None:

@@ -18,7 +18,7 @@ from flask_login import current_user
 from markupsafe import Markup
 from sqlalchemy import and_, or_, select
 
-from admin.i18n import _, _l
+from admin.i18n import _, _l, ngettext
 from admin.views.base import KIND_LABELS, is_editor, local_dt, org_id, runtime, write_audit
 from engine.people.contacts import opt_out
 from engine.store.models import CHANNEL_KINDS, address_optouts, contacts
@@ -102,10 +102,13 @@ class ContactPrivacyMixin:
                                              keyring=runtime().keyring)
                 write_audit(conn, "erase", "contacts", model.id, done.counts())
                 self.session.commit()  # type: ignore[attr-defined]
-                flash(_("Paciente apagado: %(mensagens)d mensagem(ns) anonimizada(s), %(canceladas)d cancelada(s) "
-                        "antes do envio, %(fluxos)d acompanhamento(s) encerrado(s).",
-                        mensagens=done.messages_anonymised, canceladas=done.messages_cancelled,
-                        fluxos=done.enrollments_ended), "success")
+                flash(_("Paciente apagado: %(mensagens)s, %(canceladas)s, %(fluxos)s.",
+                        mensagens=ngettext("%(num)d mensagem anonimizada", "%(num)d mensagens anonimizadas",
+                                           done.messages_anonymised),
+                        canceladas=ngettext("%(num)d cancelada antes do envio", "%(num)d canceladas antes do envio",
+                                            done.messages_cancelled),
+                        fluxos=ngettext("%(num)d acompanhamento encerrado", "%(num)d acompanhamentos encerrados",
+                                        done.enrollments_ended)), "success")
                 return redirect(self.get_url(".index_view"))  # type: ignore[attr-defined]
         plan = erasure.preview(conn, org_id(), model.id)
         self.session.rollback()  # type: ignore[attr-defined]

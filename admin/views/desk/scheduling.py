@@ -85,6 +85,8 @@ from gateway.phones import InvalidPhone, normalize_phone
 
 STATUS_CHOICES = [("scheduled", _l("Agendado")), ("confirmed", _l("Confirmado")), ("cancelled", _l("Cancelado")),
                   ("completed", _l("Realizado")), ("no_show", _l("Faltou"))]
+#: An appointment's status in its own (masculine) words: "Cancelado" beside "Agendado".
+APPOINTMENT_STATUS_LABELS = dict(STATUS_CHOICES)
 MODE_CHOICES = [("", "—"), ("in_person", _l("Presencial")), ("online", _l("Online"))]
 
 
@@ -214,24 +216,27 @@ def flash_outlook(conn: Any, org_id_: int, appointment_id: int, verb: str) -> No
     created = verb == "create"
     if not outlook.skipped and not outlook.in_past:
         if created:
-            flash(_("Agendamento criado; %(num)d lembrete(s) na fila.", num=outlook.queued), "success")
+            flash(ngettext("Agendamento criado; %(num)d lembrete na fila.", "Agendamento criado; %(num)d lembretes na fila.",
+                           outlook.queued), "success")
         return
     if outlook.in_past:
         head = (_("Agendamento criado com um horário que já passou: nenhum lembrete vai sair.") if created
                 else _("Agendamento salvo com um horário que já passou: nenhum lembrete vai sair."))
         if outlook.queued:  # an after-start follow-up still goes
-            head = (_("Agendamento criado com um horário que já passou; %(num)d mensagem(ns) na fila.",
-                      num=outlook.queued) if created
-                    else _("Agendamento salvo com um horário que já passou; %(num)d mensagem(ns) na fila.",
-                           num=outlook.queued))
+            head = (ngettext("Agendamento criado com um horário que já passou; %(num)d mensagem na fila.",
+                             "Agendamento criado com um horário que já passou; %(num)d mensagens na fila.",
+                             outlook.queued) if created
+                    else ngettext("Agendamento salvo com um horário que já passou; %(num)d mensagem na fila.",
+                                  "Agendamento salvo com um horário que já passou; %(num)d mensagens na fila.",
+                                  outlook.queued))
     elif not outlook.queued:
         head = (_("Agendamento criado, mas nenhum lembrete vai sair:") if created
                 else _("Agendamento salvo, mas nenhum lembrete vai sair:"))
     else:
-        head = (_("Agendamento criado; %(num)d lembrete(s) na fila, %(skipped)d não vai(ão) sair.",
-                  num=outlook.queued, skipped=len(outlook.skipped)) if created
-                else _("Agendamento salvo; %(num)d lembrete(s) na fila, %(skipped)d não vai(ão) sair.",
-                       num=outlook.queued, skipped=len(outlook.skipped)))
+        queued = ngettext("%(num)d lembrete na fila", "%(num)d lembretes na fila", outlook.queued)
+        skipped = ngettext("%(num)d não vai sair", "%(num)d não vão sair", len(outlook.skipped))
+        head = (_("Agendamento criado; %(queued)s, %(skipped)s.", queued=queued, skipped=skipped) if created
+                else _("Agendamento salvo; %(queued)s, %(skipped)s.", queued=queued, skipped=skipped))
     items = [Markup("<li>{} ({}): {}</li>").format(s.rule_name, timing_label(s.trigger, s.offset_minutes),
                                                   translate(describe(s.reason))) for s in outlook.skipped]
     body = Markup("{}<ul class='mb-0'>{}</ul>").format(head, Markup("").join(items)) if items else Markup(
@@ -332,10 +337,15 @@ class AppointmentView(PatientSearchMixin, TenantModelView):
                 else:
                     with runtime().db.begin() as conn:
                         write_audit(conn, "import", "appointments", None, report.counts())
-                    flash(_("Importação concluída: %(criados)d agendamento(s) criado(s), %(atualizados)d "
-                            "atualizado(s), %(iguais)d sem alteração, %(erros)d linha(s) com erro; %(lembretes)d "
-                            "lembrete(s) na fila.", criados=report.created, atualizados=report.updated,
-                            iguais=report.unchanged, erros=len(report.errors), lembretes=report.reminders_created),
+                    flash(_("Importação concluída: %(criados)s, %(atualizados)s, %(iguais)s, %(erros)s; "
+                            "%(lembretes)s.",
+                            criados=ngettext("%(num)d agendamento criado", "%(num)d agendamentos criados",
+                                             report.created),
+                            atualizados=ngettext("%(num)d atualizado", "%(num)d atualizados", report.updated),
+                            iguais=_("%(num)d sem alteração", num=report.unchanged),
+                            erros=ngettext("%(num)d linha com erro", "%(num)d linhas com erro", len(report.errors)),
+                            lembretes=ngettext("%(num)d lembrete na fila", "%(num)d lembretes na fila",
+                                               report.reminders_created)),
                           "warning" if report.errors else "success")
         return self.render("admin/appointment_import.html", form=form, report=report, columns=IMPORT_COLUMNS,
                            example_header=csv_import.EXAMPLE_HEADER, example_line=csv_import.EXAMPLE_LINE,
@@ -344,7 +354,7 @@ class AppointmentView(PatientSearchMixin, TenantModelView):
 
     column_formatters = {
         "contact_id": lambda v, c, m, n: _contact_name(v.session, m.contact_id),
-        "status": lambda v, c, m, n: badge(m.status),
+        "status": lambda v, c, m, n: badge(m.status, APPOINTMENT_STATUS_LABELS),
         "mode": lambda v, c, m, n: dict(MODE_CHOICES).get(m.mode or "", m.mode),
         "starts_at": lambda v, c, m, n: local_dt(m.starts_at),
     }

@@ -26,6 +26,7 @@ from sqlalchemy import select
 from wtforms import BooleanField, PasswordField, SelectField, SelectMultipleField, StringField, TextAreaField
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
+from wtforms.widgets import CheckboxInput
 
 from admin.i18n import _, _l, translate
 from admin.views.base import TenantModelView, db_session, is_editor, org_id, org_timezone, runtime, write_audit
@@ -58,6 +59,20 @@ def _flow_choices() -> list[SelectChoice]:
     """The org's flows, as the form's options (another org's id is then not a valid choice)."""
     return [SelectChoice(int(r.id), r.name) for r in db_session().query(FlowPointer.id, FlowPointer.name)
             .filter(FlowPointer.org_id == org_id()).order_by(FlowPointer.name).all()]
+
+
+class CheckboxList:
+    """A multiple choice as one checkbox per option: a Ctrl-click list box loses a selection with one
+    plain click, and nobody at a clinic's front desk knows Ctrl-click."""
+
+    def __call__(self, field: Any, **kwargs: Any) -> Markup:
+        options = list(field)
+        if not options:
+            return Markup('<p class="text-muted mb-0" id="{}">{}</p>').format(
+                field.id, _("Nenhum fluxo ainda: crie e publique um fluxo em Fluxos."))
+        items = [Markup('<div class="form-check">{} {}</div>').format(
+            option(class_="form-check-input"), option.label(class_="form-check-label")) for option in options]
+        return Markup('<div id="{}" class="lembra-checkboxes">{}</div>').format(field.id, Markup("").join(items))
 
 
 def _handoff_choices() -> list[SelectChoice]:
@@ -144,7 +159,8 @@ class AgentView(TenantModelView):
                                          choices=_handoff_choices, default="pause")
             followup_enabled = BooleanField(_l("Inicia follow-ups automaticamente"))
             flow_ids = SelectMultipleField(_l("Fluxos que pode iniciar"), coerce=int, validators=[Optional()],
-                                           description=_l("Só os fluxos marcados começam sozinhos pelo gatilho."))
+                                           description=_l("Só os fluxos marcados começam sozinhos pelo gatilho."),
+                                           widget=CheckboxList(), option_widget=CheckboxInput())
 
             def validate_llm_base_url(self, field: Any) -> None:
                 value = (field.data or "").strip()

@@ -160,12 +160,15 @@ class ContactFollowupMixin:
                                                             "resumed": resumed, "ended": ended})
         self.session.commit()  # type: ignore[attr-defined]
         if op == "start":
-            flash(_("Atendimento humano iniciado: %(pausados)d acompanhamento(s) pausado(s), %(encerrados)d "
-                    "encerrado(s), conforme a regra de cada fluxo.", pausados=paused, encerrados=ended), "success")
+            flash(_("Atendimento humano iniciado: %(pausados)s, %(encerrados)s, conforme a regra de cada fluxo.",
+                    pausados=ngettext("%(num)d acompanhamento pausado", "%(num)d acompanhamentos pausados", paused),
+                    encerrados=ngettext("%(num)d encerrado", "%(num)d encerrados", ended)), "success")
         else:
-            flash(_("Atendimento humano encerrado: %(retomados)d acompanhamento(s) retomado(s), cada um no prazo "
-                    "que sua etapa já tinha ou depois do tempo de retomada do fluxo, o que vier por último.",
-                    retomados=resumed), "success")
+            flash(ngettext("Atendimento humano encerrado: %(num)d acompanhamento retomado, no prazo que sua etapa "
+                           "já tinha ou depois do tempo de retomada do fluxo, o que vier por último.",
+                           "Atendimento humano encerrado: %(num)d acompanhamentos retomados, cada um no prazo que "
+                           "sua etapa já tinha ou depois do tempo de retomada do fluxo, o que vier por último.",
+                           resumed), "success")
         return back
 
     # --- enrolling by hand -------------------------------------------------------------------------
@@ -240,8 +243,8 @@ class ContactFollowupMixin:
                     flash(ngettext("%(num)d já tinha sido incluído por este mesmo pedido.",
                                    "%(num)d já tinham sido incluídos por este mesmo pedido.", again), "info")
                 for reason, count in sorted(refused.items()):
-                    flash(_("%(num)d não incluído(s): %(motivo)s", num=count,
-                            motivo=reason_text(reason) or _("motivo desconhecido")), "warning")
+                    flash(ngettext("%(num)d não incluído: %(motivo)s", "%(num)d não incluídos: %(motivo)s", count,
+                                   motivo=reason_text(reason) or _("motivo desconhecido")), "warning")
                 return redirect(self.get_url(".index_view"))  # type: ignore[attr-defined]
         flows = published_flows(conn, oid)
         names = [c.name or _("Contato %(id)s", id=c.id) for c in chosen]

@@ -11,7 +11,7 @@ from markupsafe import Markup
 from sqlalchemy import select
 
 from admin.i18n import _, _l, ngettext
-from admin.views.words import code_text, event_detail_text, event_text, message_reason_text
+from admin.views.words import code_text, event_detail_text, event_text, message_reason_text, provider_status_text
 from admin.views.base import (
     KIND_LABELS,
     PURPOSE_LABELS,
@@ -141,6 +141,7 @@ class _MessageBase(PatientSearchMixin, TenantModelView):
             kwargs["events"] = [{
                 "when": local_dt(r.created_at, seconds=True), "label": event_text(r.event),
                 "attempt": r.attempt, "provider_status": r.provider_status,
+                "provider_label": provider_status_text(r.provider_status),
                 "detail": event_detail_text(r.detail if isinstance(r.detail, dict) else None,
                                             kind=model.channel_kind, users=users),
             } for r in rows]

@@ -15,10 +15,22 @@ from flask import url_for
 from flask_babel.speaklater import LazyString
 from markupsafe import Markup
 
-from admin.i18n import _, _l, translate
-from admin.views.base import KIND_LABELS, STATUS_LABELS, TenantModelView, local_dt, org_id
+from admin.i18n import _, _l, ngettext, translate
+from admin.views.base import (
+    KIND_LABELS,
+    LOCALE_LABELS,
+    PURPOSE_LABELS,
+    STATUS_LABELS,
+    TenantModelView,
+    local_dt,
+    org_id,
+)
 from admin.views.filters import OrgDateTimeBetweenFilter
+from admin.views.settings.channels.messages import PROVIDER_LABELS
+from admin.views.words import language_name
 from engine.store.models import AuditLog, User
+from engine.tenants.audit import REDACTED
+from engine.words.catalogue import describe, known
 from engine.words.reasons import message_reason
 
 ACTION_LABELS = {"create": _l("criou"), "update": _l("alterou"), "delete": _l("excluiu"), "cancel": _l("cancelou"),
@@ -72,6 +84,22 @@ FIELDS: dict[str, LazyString] = {
 }
 
 
+#: What a check or test recorded as its `result` (a channel's connection test, an agent's).
+RESULTS: dict[str, LazyString] = {
+    "ok": _l("funcionou"), "failed": _l("falhou"), "unsupported": _l("não se aplica a este provedor"),
+    "created": _l("instância criada"), "webhook_set": _l("webhook configurado"),
+}
+#: Where a change was made from (`source`), as a person says it.
+SOURCES: dict[str, LazyString] = {
+    "console": _l("pelo console"), "console_bulk": _l("pelo console, vários de uma vez"), "api": _l("pela API"),
+    "cli": _l("pela linha de comando"), "builder_test": _l("teste no editor do fluxo"),
+    "flow_reply": _l("resposta do paciente a um fluxo"), "provider": _l("aviso do provedor"),
+    "patient": _l("pelo paciente"), "clinic": _l("pela clínica"), "csv": _l("importação de planilha"),
+}
+#: An appointment's `mode`.
+MODES: dict[str, LazyString] = {"in_person": _l("Presencial"), "online": _l("Online")}
+
+
 def _user(view: Any, model: Any) -> str:
     if model.user_id is None:
         return "API" if model.api_key_id else _("sistema")
@@ -105,8 +133,24 @@ def _record(view: Any, context: Any, model: Any, name: str) -> Markup | str:
 def _value(field: str, value: Any) -> str:
     if value is None or value == "":
         return "—"
+    if value == REDACTED:  # personal data or a secret: the trail keeps only the fact that it changed
+        return _("alterado (dado pessoal, não registrado)")
     if isinstance(value, bool):
         return _("Sim") if value else _("Não")
+    if field == "result" and isinstance(value, str):
+        if value in RESULTS:
+            return str(RESULTS[value])
+        return translate(describe(value)) if known(value) else _("outro resultado")
+    if field == "source" and isinstance(value, str):
+        return str(SOURCES.get(value, _("outra origem")))
+    if field == "mode" and isinstance(value, str):
+        return str(MODES.get(value, value))
+    if field == "key" and isinstance(value, str) and value in PURPOSE_LABELS:
+        return str(PURPOSE_LABELS[value])
+    if field == "locale" and isinstance(value, str):
+        return str(LOCALE_LABELS[value]) if value in LOCALE_LABELS else language_name(value)
+    if field == "provider" and isinstance(value, str):
+        return str(PROVIDER_LABELS.get(value, value))
     if field == "reason" and isinstance(value, str):
         text = message_reason(value)
         return translate(text) if text is not None else "—"
@@ -144,7 +188,7 @@ def _changes(view: Any, context: Any, model: Any, name: str) -> Markup:
     parts = [Markup("<div>{}: {}</div>").format(label, value) for label, value in lines]
     if hidden:
         parts.append(Markup('<div class="text-muted">{}</div>').format(
-            _("e mais %(num)s dado(s) técnico(s)", num=hidden)))
+            ngettext("e mais %(num)d dado técnico", "e mais %(num)d dados técnicos", hidden)))
     return Markup("").join(parts) if parts else Markup("—")
 
 

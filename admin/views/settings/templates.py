@@ -16,6 +16,7 @@ from wtforms import SelectField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from admin.i18n import _, _l, ngettext, translate
+from admin.views.words import language_name
 from admin.ids import parse_id
 from admin.views.base import (
     KIND_LABELS,
@@ -25,6 +26,7 @@ from admin.views.base import (
     ids_of,
     is_editor,
     org_id,
+    org_name,
     runtime,
     select_choices,
     write_audit,
@@ -59,7 +61,8 @@ def preview(body: str | None) -> tuple[str, str | None]:
     if not body:
         return "", None
     try:
-        return render_text(body, PREVIEW_VARIABLES), None
+        # The sample patient is made up; the clinic is the reader's own, as its patients will read it.
+        return render_text(body, {**PREVIEW_VARIABLES, "clinica": org_name() or PREVIEW_VARIABLES["clinica"]}), None
     except TemplateError as exc:
         return "", template_error(exc)
 
@@ -190,7 +193,8 @@ class TemplateView(TenantModelView):
                 description=_l("Só para WhatsApp pela API oficial da Meta: o modelo aprovado que sai quando o "
                                "paciente não escreve há mais de 24 horas. Em branco, vale o do modelo padrão."))
             meta_lang = StringField(_l("Idioma do modelo na Meta"), validators=[Optional(), Length(max=20)],
-                                    description=_l("Como no Gerenciador do WhatsApp: pt_BR, en_US, es…"))
+                                    description=_l("Como no Gerenciador do WhatsApp: <code>pt_BR</code>, <code>en_US</code>, "
+                                                    "<code>es</code>…"))
             meta_params = StringField(
                 _l("Variáveis do modelo na Meta, na ordem"), validators=[Optional(), Length(max=600)],
                 description=_l("Uma variável do Lembra para cada {{1}}, {{2}}… do texto aprovado, separadas por "
@@ -243,7 +247,7 @@ class TemplateView(TenantModelView):
         mapping, inherited = meta_templates.effective(row, default)
         if mapping is None:
             return Markup('<span class="text-muted">{}</span>').format(_("nenhum"))
-        cell = Markup("<code>{}</code> ({})").format(mapping.name, mapping.language)
+        cell = Markup("<code>{}</code> · {}").format(mapping.name, language_name(mapping.language))
         if inherited:
             cell += Markup(' <span class="badge badge-secondary">{}</span>').format(_("do padrão"))
         return cell

@@ -1,7 +1,8 @@
 """What the channel pages say about a provider: connection states, errors by code, check results.
 
-A provider's error code is shown next to the sentence (support can look it up); the provider's
-body never is (it may echo a number or a key).
+A provider's error code the console has no sentence for is shown next to the general sentence
+(support can look it up); a code it knows is said in words only. The provider's body never is
+shown (it may echo a number or a key).
 """
 
 from __future__ import annotations
@@ -34,19 +35,20 @@ CONNECT_ERRORS = {
     "unsupported": _l("Este canal não se conecta por QR code: só canais Evolution (o WhatsApp do celular da "
                       "clínica) têm essa etapa."),
     "connection_error": _l("O servidor Evolution não respondeu. Verifique se ele está no ar e se o endereço "
-                           "(base_url) do canal está certo."),
+                           "do servidor Evolution, no canal, está certo."),
     "connect_timeout": _l("O servidor Evolution não respondeu. Verifique se ele está no ar e se o endereço "
-                          "(base_url) do canal está certo."),
+                          "do servidor Evolution, no canal, está certo."),
     "timeout": _l("O servidor Evolution demorou demais para responder. Tente de novo em instantes."),
     "request_error": _l("O servidor Evolution não respondeu. Verifique se ele está no ar e se o endereço "
-                        "(base_url) do canal está certo."),
-    "unauthorized": _l("O Evolution recusou a chave de API do canal. Confira a api_key nas credenciais do canal."),
-    "forbidden": _l("O Evolution recusou a chave de API do canal. Confira a api_key nas credenciais do canal."),
+                        "do servidor Evolution, no canal, está certo."),
+    "unauthorized": _l("O Evolution recusou a chave de API do canal. Confira a chave de API nas credenciais do canal."),
+    "forbidden": _l("O Evolution recusou a chave de API do canal. Confira a chave de API nas credenciais do canal."),
     "instance_not_found": _l("A instância configurada no canal não existe no Evolution. Confira o nome da "
-                             "instância (instance) nas credenciais do canal."),
-    "not_found": _l("O endereço do canal não parece ser um servidor Evolution API v2. Confira a base_url."),
-    "not_configured": _l("Faltam credenciais neste canal (base_url, api_key ou instance). Edite o canal e "
-                         "preencha."),
+                             "instância nas credenciais do canal."),
+    "not_found": _l("O endereço do canal não parece ser um servidor Evolution API v2. Confira o endereço do "
+                    "servidor Evolution."),
+    "not_configured": _l("Faltam credenciais neste canal (endereço do servidor, chave de API ou nome da "
+                         "instância). Edite o canal e preencha."),
     "invalid_number": _l("Número de telefone inválido. Informe o número do WhatsApp da clínica com DDD, por "
                          "exemplo +55 16 99999-0000."),
     "connect_failed": _l("O Evolution não conseguiu iniciar a conexão. Tente de novo em alguns segundos."),
@@ -54,10 +56,30 @@ CONNECT_ERRORS = {
     "bad_response": _l("O Evolution respondeu algo inesperado. Confira se o servidor é um Evolution API v2."),
     "instance_name_in_use": _l("Já existe uma instância com esse nome no Evolution, e a chave de API não pôde "
                                "configurá-la. Confira o nome da instância ou use a chave global do servidor."),
-    "egress_refused": _l("Endereço não permitido: o base_url deste canal aponta para a rede interna (localhost, "
+    "egress_refused": _l("Endereço não permitido: o endereço do servidor deste canal aponta para a rede interna (localhost, "
                          "rede privada ou link-local). Use um endereço público, ou peça a quem opera o Lembra "
                          "para liberá-lo em LEMBRA_PROVIDER_ALLOW."),
 }
+
+
+#: A provider field's choices as the form offers them (the stored value stays the code).
+CHOICE_LABELS = {
+    "starttls": _l("STARTTLS (porta 587, o mais comum)"),
+    "ssl": _l("SSL/TLS (porta 465)"),
+    "none": _l("Sem criptografia (só numa rede de testes)"),
+}
+
+
+def status_detail_text(detail: str | None, provider: str | None) -> str:
+    """A channel's recorded detail ("connecting", "close:connection_error", a send's error code) in
+    words: the phone's link state and, after it, what went wrong."""
+    if not detail:
+        return "—"
+    state, _sep, rest = detail.partition(":")
+    if state in CONNECTION_LABELS:
+        label = str(CONNECTION_LABELS[state])
+        return f"{label}: {provider_error(rest, provider)}" if rest else label
+    return provider_error(detail, provider)
 
 
 def connection_badge(state: str | None) -> Markup:
@@ -74,11 +96,14 @@ def connect_error(code: str | None) -> str:
     code = (code or "").strip()[:60] or "error"
     if code in CONNECT_ERRORS:
         message = str(CONNECT_ERRORS[code])
+    elif code in PROVIDER_ERRORS:
+        message = str(PROVIDER_ERRORS[code])
     elif code.startswith(("http_5", "http_429")):
         message = _("O servidor Evolution está com problemas. Tente de novo em instantes.")
     else:
         message = _("Não foi possível falar com o servidor Evolution.")
-    return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+        return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+    return message
 
 
 def egress_error(exc: EgressRefused) -> str:
@@ -131,4 +156,5 @@ def provider_error(code: str | None, provider: str | None = None) -> str:
         message = _("O provedor está com problemas ou limitando os pedidos. Tente de novo em instantes.")
     else:
         message = _("O provedor recusou o pedido ou não respondeu como esperado.")
-    return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+        return _("%(mensagem)s (código: %(codigo)s)", mensagem=message, codigo=code)
+    return message

@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import abort, current_app, flash, jsonify, redirect, request
 from flask_admin import expose
+from flask_admin.helpers import is_form_submitted
 from markupsafe import Markup
 from sqlalchemy import update
 
@@ -23,12 +24,14 @@ from admin.views.base import KIND_LABELS, TenantModelView, badge, org_id, runtim
 from admin.views.settings.channels import forms
 from admin.views.settings.channels.messages import (
     CONNECTION_COLORS,
+    CHOICE_LABELS,
     CONNECTION_LABELS,
     PROVIDER_LABELS,
     connect_error,
     connection_badge,
     egress_error,
     provider_error,
+    status_detail_text,
 )
 from engine.core import clock
 from engine.words.catalogue import describe
@@ -128,10 +131,13 @@ class ChannelView(TenantModelView):
         # The last state the provider reported (webhook or this console), for channels that link a phone.
         "connection": lambda v, c, m, n: _connection_column(m),
         "kind": lambda v, c, m, n: KIND_LABELS.get(m.kind, m.kind),
+        "provider": lambda v, c, m, n: PROVIDER_LABELS.get(m.provider, m.provider),
+        "status_detail": lambda v, c, m, n: status_detail_text(m.status_detail, m.provider),
         "configured": lambda v, c, m, n: _("configuradas (ocultas)") if m.credentials else _("nenhuma"),
     }
     column_formatters_detail = column_formatters
-    column_formatters_export = {"status": lambda v, c, m, n: m.status}
+    column_formatters_export = {"status": lambda v, c, m, n: m.status, "provider": lambda v, c, m, n: m.provider,
+                                "status_detail": lambda v, c, m, n: m.status_detail}
     details_template = "admin/channel_details.html"
     create_template = "admin/channel_form.html"
     edit_template = "admin/channel_form.html"
@@ -173,6 +179,10 @@ class ChannelView(TenantModelView):
         ok = super().validate_form(form)
         if not hasattr(form, "provider"):  # the list's action and delete forms
             return ok
+        if not is_form_submitted():
+            # Flask-Admin asks on every GET too: checking then would greet a blank new channel with
+            # "Preencha este campo." under each field before anything was typed.
+            return ok
         model = self._editing()
         provider = model.provider if model is not None else form.provider.data
         stored = _open_credentials(model) if model is not None else {}
@@ -197,6 +207,7 @@ class ChannelView(TenantModelView):
             kwargs["provider_specs"] = [(name, PROVIDER_LABELS.get(name, name), forms.provider_fields(name),
                                          forms.provider_kinds(name)) for name in shown]
             kwargs["current_provider"] = current
+            kwargs["choice_labels"] = CHOICE_LABELS
             # The names of the stored values (a secret shows "Guardado"), never the values.
             kwargs["stored_keys"] = set(_open_credentials(model)) if model is not None else set()
         return super().render(template, **kwargs)
