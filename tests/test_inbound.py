@@ -15,7 +15,6 @@ from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import (
     appointments,
     channels,
-    contacts,
     inbound_messages,
     message_events,
     messages,

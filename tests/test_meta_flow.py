@@ -131,7 +131,7 @@ def test_reminder_status_confirm_and_sair_through_meta(rt, clock):
         client = create_app(rt).test_client()
         contact = world.contact(phone=PHONE)
         appointment_id = world.appointment(contact, clock.now() + timedelta(hours=30))
-        later_id = world.appointment(contact, clock.now() + timedelta(days=4))
+        world.appointment(contact, clock.now() + timedelta(days=4))
         clock.advance(timedelta(hours=6))
         assert _send_due(rt) == ["sent"]
 

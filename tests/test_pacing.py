@@ -3,7 +3,7 @@ jitter, and a daily cap — held across worker processes, because the slot lives
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import select

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.reminders.windows import (
-    MAX_SEARCH_DAYS,
     Placement,
     WindowPolicy,
     earliest_allowed_after,

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 
 from admin.app import create_app
 from engine.core import clock as engine_clock
 from engine.tenants.channels import create_channel
-from engine.store.models import audit_log, messages, templates
+from engine.store.models import audit_log, templates
 from engine.tenants.orgs import create_user
 from tests.factories import World
 

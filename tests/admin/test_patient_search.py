@@ -9,7 +9,7 @@ from sqlalchemy import func, insert, select, update
 
 from engine.core import clock as engine_clock
 from engine.store.models import appointments, inbound_messages, messages
-from tests.admin.conftest import csrf, login
+from tests.admin.conftest import csrf
 
 
 def _reply(rt, tenant, text: str) -> None:

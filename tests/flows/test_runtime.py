@@ -11,7 +11,7 @@ from sqlalchemy import select, text, update
 from engine.flows.contact_events import record_contact_event
 from engine.store.db import Database
 from engine.flows import runtime, triggers, versions
-from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
+from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait
 from engine.flows.ai.builtin import BuiltinAI
 from engine.store.models import contact_events, enrollment_events, enrollments
 from tests.factories import World
@@ -695,7 +695,7 @@ def test_every_live_status_has_a_way_out(world, flows, rt, clock):
 
 def test_a_reminder_without_a_reply_starts_its_flow_once(world, flows, rt, clock):
     contact = world.contact()
-    flow = flows.flow(linear(node("inicio", "trigger"), node("msg", "action", mode="template", template="followup_checkin"),
+    flows.flow(linear(node("inicio", "trigger"), node("msg", "action", mode="template", template="followup_checkin"),
                              node("fim", "end", outcome="exhausted")),
                       trigger={"kind": "reminder_no_reply", "minutes": 180})
     world.rule(1440)
