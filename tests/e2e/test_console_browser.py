@@ -161,7 +161,7 @@ def test_owner_sets_up_a_reminder_and_the_patient_confirms(rt, clock, server, pa
     _save(page)
     channel_row = _row(page, "WhatsApp de teste")
     expect(channel_row).to_have_count(1)
-    expect(channel_row).to_contain_text("sandbox")
+    expect(channel_row).to_contain_text("Sandbox (testes: não envia nada)")
     expect(channel_row).to_contain_text("Ativo")
     steps.shot("canais")
 

@@ -49,6 +49,8 @@ AGENT_MAY_CHANGE = {
     "conversations.reply": "agents answer patients' free-text replies (admin/views/desk/conversations.py)",
     "conversations.handled_one": "agents mark a patient's reply handled, the same page",
     "conversations.handled": "the list's bulk mark-handled, the same as above",
+    "contacts.compose_view": "agents write first to a patient from the contact's page "
+                             "(admin/views/desk/composer.py)",
 }
 #: Never posted by the walks: it ends the walking client's session (tests/security/test_probe_auth.py).
 NOT_WALKED = {"auth.logout": "ends the walker's own session; probed in test_probe_auth.py"}
