@@ -228,9 +228,12 @@ export function toFlow(graph, strings) {
 /** An edge with its label and arrow (presentation only; `fromFlow` ignores both). `source` is the
  * source node's data ({type, config}). */
 export function decorateEdge(edge, source, strings) {
+  const label = edgeText(edge.data.condition, source && source.type, strings, source && source.config);
   return {
     ...edge,
-    label: edgeText(edge.data.condition, source && source.type, strings, source && source.config),
+    label,
+    // React Flow's own label would read "Edge from gatilho_1 to espera_1" to a screen reader.
+    ariaLabel: [strings && strings.ui && strings.ui.edge, label].filter(Boolean).join(': ') || null,
     labelShowBg: true,
     labelBgPadding: [4, 2],
     labelBgBorderRadius: 4,
