@@ -13,6 +13,8 @@ from each list, the first record's details and edit pages. It fails on:
 - English in the Portuguese console (words of English prose), or Portuguese in the English console
   (in the console's own words: headings, labels, buttons, menus, notices; the clinic's data,
   patients' names and message bodies, stay Portuguese in both);
+- a list's column that is blank on every row of three or more (scaffolding, or a value the page
+  never fills);
 
 and saves a screenshot of every page under `test-artifacts/e2e/pages/<language>/`.
 """
@@ -172,7 +174,22 @@ def _plural_words(text: str) -> list[str]:
     return [text[max(0, m.start() - 20):m.end()].split()[-1] for m in PLURAL.finditer(text)]
 
 
+#: Reads each list's columns: a named column whose every cell (of three rows or more) is blank.
+EMPTY_COLUMNS = """() => [...document.querySelectorAll('table')].flatMap(t => {
+  const heads = [...t.querySelectorAll('thead th')].map(th => th.innerText.trim());
+  const rows = [...t.querySelectorAll('tbody tr')].filter(r => r.cells.length === heads.length);
+  if (rows.length < 3) return [];
+  return heads.filter((h, i) => h && rows.every(r => !r.cells[i].innerText.trim()));
+})"""
+
+
+def _empty_columns(page) -> list[str]:
+    """Columns of a list that hold nothing on any row: scaffolding, or a value the page never fills."""
+    return page.evaluate(EMPTY_COLUMNS)
+
+
 def _problems(page, language: str) -> list[str]:
+    empty = _empty_columns(page)
     # What a person types (a CSV column, a template variable) is shown as code: not a raw code.
     page.eval_on_selector_all("code, kbd, samp, pre", "els => els.forEach(e => e.remove())")
     body = TYPED.sub(" ", page.inner_text("body"))
@@ -183,6 +200,7 @@ def _problems(page, language: str) -> list[str]:
     cells = page.eval_on_selector_all("td", "els => els.map(e => e.innerText.trim())")
     problems += [f"table name {cell!r} in a cell" for cell in set(cells) if cell in TABLES]
     problems += [f"provider code {cell!r} in a cell" for cell in set(cells) if cell in PROVIDERS]
+    problems += [f"column {name!r} empty in every row" for name in empty]
     chrome = TYPED.sub(" ", " \n ".join(page.eval_on_selector_all(CHROME, "els => els.map(e => e.innerText)")))
     if language == "pt-BR":
         problems += [f"English {m!r}" for m in sorted({m.lower() for m in ENGLISH.findall(body)})]
