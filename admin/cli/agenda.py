@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from admin.cli.common import domain, fail, load_runtime
+from admin.cli.common import domain, fail, load_runtime, org_of
 
 WEEKDAY_NAMES = ("seg", "ter", "qua", "qui", "sex", "sáb", "dom")
 _SPEC_DAYS = re.compile(r"^([0-6])(?:-([0-6]))?$")
@@ -24,9 +24,8 @@ def agenda() -> None:
 
 def _org(conn: Any, slug: str) -> Any:
     from engine.people.agenda import org_row
-    from engine.tenants.orgs import org_by_slug
 
-    return org_row(conn, domain(lambda: org_by_slug(conn, slug)).id)
+    return org_row(conn, org_of(conn, slug).id)
 
 
 def _hours(specs: tuple[str, ...]) -> Iterator[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from admin.cli.common import domain, fail, load_runtime
+from admin.cli.common import domain, fail, load_runtime, org_of
 
 
 @click.group(help="REST API keys (one org each; shown once, stored hashed).")
@@ -18,11 +18,10 @@ def apikeys() -> None:
 @click.option("--name", required=True, help="What the key is for, e.g. the clinic's scheduling software.")
 def apikeys_create(org_slug: str, name: str) -> None:
     from engine.tenants.apikeys import create_key
-    from engine.tenants.orgs import org_by_slug
 
     rt = load_runtime()
     with rt.db.begin() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         new = domain(lambda: create_key(conn, org_id=org.id, name=name))
     click.echo(f"API key {new.id} ({new.prefix}) for {org_slug}; store it now, it is not shown again:", err=True)
     click.echo(new.key)
@@ -33,11 +32,10 @@ def apikeys_create(org_slug: str, name: str) -> None:
 @click.option("--id", "key_id", required=True, type=int)
 def apikeys_revoke(org_slug: str, key_id: int) -> None:
     from engine.tenants.apikeys import revoke
-    from engine.tenants.orgs import org_by_slug
 
     rt = load_runtime()
     with rt.db.begin() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         if not revoke(conn, org.id, key_id):
             fail(f"org {org_slug} has no live API key {key_id}")
     click.echo(f"revoked {key_id}")

@@ -79,6 +79,13 @@ def _refuse_to_create_a_database(database_url: str) -> None:
              "`lembra up`, or set DATABASE_URL")
 
 
+def org_of(conn: Any, slug: str) -> Any:
+    """The org whose slug is `slug`, or a one-line CLI error naming what exists."""
+    from engine.tenants.orgs import org_by_slug
+
+    return domain(lambda: org_by_slug(conn, slug))
+
+
 def domain(action: Callable[[], Any]) -> Any:
     """Run a domain action, turning its validation errors into one-line CLI errors."""
     from engine.core.errors import DomainError

@@ -10,14 +10,8 @@ from typing import Any
 
 import click
 
-from admin.cli.common import domain, fail, load_runtime
+from admin.cli.common import fail, load_runtime, org_of
 from engine.flows.conversation.fields import FIELD_TYPES, HARVEST, MAPS_TO
-
-
-def _org(conn: Any, slug: str) -> Any:
-    from engine.tenants.orgs import org_by_slug
-
-    return domain(lambda: org_by_slug(conn, slug))
 
 
 def _option(text: str) -> dict[str, str]:
@@ -39,7 +33,7 @@ def fields_list(org_slug: str, as_json: bool) -> None:
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        found = list_fields(conn, _org(conn, org_slug).id)
+        found = list_fields(conn, org_of(conn, org_slug).id)
     if as_json:
         click.echo(json.dumps([f.as_dict() for f in found], ensure_ascii=False, indent=2))
         return
@@ -72,7 +66,7 @@ def fields_add(org_slug: str, slug: str, label: str, kind: str, question: str, o
     rt = load_runtime()
     try:
         with rt.db.begin() as conn:
-            field = create_field(conn, _org(conn, org_slug).id, data)
+            field = create_field(conn, org_of(conn, org_slug).id, data)
     except FieldRejected as exc:
         click.echo("lembra: not saved:\n" + "\n".join(f"  {f.field or '-'}: {f.text}" for f in exc.findings), err=True)
         sys.exit(1)
@@ -87,7 +81,7 @@ def fields_remove(org_slug: str, slug: str) -> None:
 
     rt = load_runtime()
     with rt.db.begin() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         found = fields_by_slug(conn, org.id, [slug]).get(slug)
         if found is None:
             fail(f"{org_slug} has no field {slug}")

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from sqlalchemy import func, select
 
-from admin.cli.common import domain, fail, load_runtime
+from admin.cli.common import fail, load_runtime, org_of
 
 
 @click.command(help="Show the queue (no message bodies, no phone numbers). STATUS and REASON are in words; "
@@ -21,7 +21,6 @@ def messages(status: str | None, org_slug: str | None, limit: int, codes: bool) 
     from engine.store.models import MESSAGE_STATUSES
     from engine.store.models import messages as messages_table
     from engine.store.models import orgs as orgs_table
-    from engine.tenants.orgs import org_by_slug
 
     if status is not None and status not in MESSAGE_STATUSES:
         fail(f"status must be one of {', '.join(MESSAGE_STATUSES)}")
@@ -32,7 +31,7 @@ def messages(status: str | None, org_slug: str | None, limit: int, codes: bool) 
                        m.c.attempts, m.c.error_code, m.c.skip_reason).join(orgs_table, orgs_table.c.id == m.c.org_id)
         counts = select(m.c.status, func.count()).group_by(m.c.status)
         if org_slug:
-            org = domain(lambda: org_by_slug(conn, org_slug))
+            org = org_of(conn, org_slug)
             query = query.where(m.c.org_id == org.id)
             counts = counts.where(m.c.org_id == org.id)
         if status:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from admin.cli.common import domain, fail, load_runtime
+from admin.cli.common import domain, fail, load_runtime, org_of
 
 
 def _who() -> str:
@@ -36,12 +36,11 @@ def contacts_group() -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def contacts_erase(org_slug: str, contact_id: int, yes: bool) -> None:
     from engine.tenants.audit import audit
-    from engine.tenants.orgs import org_by_slug
     from engine.privacy import erasure
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         plan = domain(lambda: erasure.preview(conn, org.id, contact_id))
     if not yes:
         click.echo(f"contact {contact_id} of {org_slug}: {plan['messages']} messages, {plan['messages_to_cancel']} "
@@ -62,12 +61,11 @@ def contacts_erase(org_slug: str, contact_id: int, yes: bool) -> None:
 @click.option("--org", "org_slug", required=True)
 @click.argument("contact_id", type=int)
 def contacts_consent(org_slug: str, contact_id: int) -> None:
-    from engine.tenants.orgs import org_by_slug
     from engine.privacy import consent
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         document = domain(lambda: consent.evidence(conn, org.id, contact_id))
     click.echo(json.dumps(document, ensure_ascii=False, indent=2))
 
@@ -77,12 +75,11 @@ def contacts_consent(org_slug: str, contact_id: int) -> None:
 @click.option("--org", "org_slug", required=True)
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
 def contacts_duplicates(org_slug: str, limit: int) -> None:
-    from engine.tenants.orgs import org_by_slug
     from engine.queue import address_optouts as addresses
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         groups = addresses.shared_phones(conn, org.id, limit=limit)
     for ids in groups:
         click.echo(f"{len(ids)} contacts share a phone: {' '.join(str(i) for i in ids)}")
@@ -100,10 +97,9 @@ def _org_ids(conn: Any, org_slug: str | None) -> list[tuple[int, str]]:
     from sqlalchemy import select
 
     from engine.store.models import orgs
-    from engine.tenants.orgs import org_by_slug
 
     if org_slug:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         return [(org.id, org.slug)]
     return [(row.id, row.slug) for row in conn.execute(select(orgs.c.id, orgs.c.slug).order_by(orgs.c.id))]
 
@@ -152,14 +148,13 @@ def retention_show(org_slug: str | None) -> None:
 @click.option("--events-days", type=int, default=None, help="Finished messages, events, replies and webhook "
                                                             "deliveries (minimum 31: the dashboard counts 30).")
 def retention_set(org_slug: str, queue_days: int | None, events_days: int | None) -> None:
-    from engine.tenants.orgs import org_by_slug
     from engine.privacy import retention
 
     if queue_days is None and events_days is None:
         fail("give --queue-days, --events-days or both")
     rt = load_runtime()
     with rt.db.begin() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         queue, events = domain(lambda: retention.set_retention(conn, org.id, queue_days=queue_days,
                                                                events_days=events_days))
     click.echo(f"{org_slug}: texts {queue} days, rows and events {events} days")

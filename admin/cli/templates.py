@@ -14,13 +14,7 @@ from typing import Any
 
 import click
 
-from admin.cli.common import domain, fail, load_runtime
-
-
-def _org(conn: Any, slug: str) -> Any:
-    from engine.tenants.orgs import org_by_slug
-
-    return domain(lambda: org_by_slug(conn, slug))
+from admin.cli.common import fail, load_runtime, org_of
 
 
 def _mapping_line(mapping: Any, inherited: bool) -> str:
@@ -56,7 +50,7 @@ def templates_list(org_slug: str) -> None:
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         rows = template_edits.visible(conn, org.id)
     defaults = {(r.key, r.channel_kind, r.locale): r for r in rows if r.org_id is None}
     click.echo(f"{'ID':>5}  {'ORIGIN':<8} {'KIND':<8} {'LOCALE':<6} {'PURPOSE':<21} META TEMPLATE")
@@ -77,7 +71,7 @@ def templates_show(org_slug: str, template_id: int) -> None:
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         try:
             row = template_edits.find_visible(conn, org.id, template_id)
         except template_edits.TemplateNotFound:
@@ -105,7 +99,7 @@ def _save(org_slug: str, template_id: int, changes: Any) -> None:
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         try:
             row = template_edits.find_visible(conn, org.id, template_id)
         except template_edits.TemplateNotFound:
@@ -201,7 +195,7 @@ def templates_waba(org_slug: str) -> None:
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         channel = meta_templates.meta_channel(conn, org.id)
     if channel is None:
         fail(str(describe("waba_no_channel")))

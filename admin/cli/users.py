@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from admin.cli.common import domain, load_runtime
+from admin.cli.common import domain, load_runtime, org_of
 
 
 @click.group(help="Console users.")
@@ -18,12 +18,12 @@ def users() -> None:
 @click.option("--role", type=click.Choice(["owner", "manager", "agent"]), required=True)
 @click.option("--password", default=None)
 def users_create(org_slug: str, email: str, role: str, password: str | None) -> None:
-    from engine.tenants.orgs import create_user, org_by_slug
+    from engine.tenants.orgs import create_user
 
     if password is None:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     rt = load_runtime()
     with rt.db.begin() as conn:
-        org = domain(lambda: org_by_slug(conn, org_slug))
+        org = org_of(conn, org_slug)
         user_id = domain(lambda: create_user(conn, org_id=org.id, email=email, role=role, password=password))
     click.echo(str(user_id))

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
-from admin.cli.common import domain, fail, load_runtime
+from admin.cli.common import fail, load_runtime, org_of
 
 
 @click.group(help="Outbound webhooks: where an org's events go (signed as Standard Webhooks says).")
 def webhooks() -> None:
     """Webhook endpoint commands."""
-
-
-def _org(conn: Any, slug: str) -> Any:
-    from engine.tenants.orgs import org_by_slug
-
-    return domain(lambda: org_by_slug(conn, slug))
 
 
 @webhooks.command("list", help="List an org's webhook endpoints (never their secrets).")
@@ -29,7 +22,7 @@ def webhooks_list(org_slug: str, as_json: bool) -> None:
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        rows = list_endpoints(conn, _org(conn, org_slug).id)
+        rows = list_endpoints(conn, org_of(conn, org_slug).id)
     for row in rows:
         if as_json:
             click.echo(json.dumps({"id": row.id, "url": row.url, "description": row.description,
@@ -54,7 +47,7 @@ def webhooks_add(org_slug: str, url: str, event_types: tuple[str, ...], descript
     rt = load_runtime()
     try:
         with rt.db.begin() as conn:
-            org = _org(conn, org_slug)
+            org = org_of(conn, org_slug)
             made = create_endpoint(conn, rt.keyring, org.id, url=url, event_types=event_types or EVENT_TYPES,
                                    description=description, egress=rt.settings.egress)
     except EndpointRefused as exc:
@@ -72,7 +65,7 @@ def webhooks_remove(org_slug: str, endpoint_id: int) -> None:
 
     rt = load_runtime()
     with rt.db.begin() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         try:
             delete_endpoint(conn, org.id, endpoint_id)
         except EndpointNotFound:
@@ -92,7 +85,7 @@ def webhooks_deliveries(org_slug: str, endpoint_id: int | None, limit: int) -> N
 
     rt = load_runtime()
     with rt.db.connect() as conn:
-        org = _org(conn, org_slug)
+        org = org_of(conn, org_slug)
         query = select(deliveries).where(deliveries.c.org_id == org.id)
         if endpoint_id is not None:
             query = query.where(deliveries.c.endpoint_id == endpoint_id)
