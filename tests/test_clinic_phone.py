@@ -12,14 +12,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
+from engine.core.errors import DomainError
 from engine.flows import facts
 from engine.flows.contact_events import record_contact_event
 from engine.messaging import clinic_phone
 from engine.messaging import conversations as convs
 from engine.messaging.inbound import process_inbound, receive
-from engine.store.models import contact_events, inbound_messages, messages, orgs
+from engine.store.models import contact_events, inbound_messages, messages
 from engine.tenants.channels import create_channel
 from gateway.contract import WebhookRequest
 from tests.factories import World
@@ -205,9 +206,12 @@ def test_the_hand_off_ends_after_the_staff_is_quiet(rt, clinic, clock):
     clock.advance(timedelta(minutes=31))
     assert clinic_phone.end_quiet(rt, limit=10) == 0 and clinic.holds()
 
-    # The org's quiet time: 0 leaves it to a person.
+    # The org's quiet time: 0 leaves it to a person; out of range is refused.
     with rt.db.begin() as conn:
-        conn.execute(update(orgs).where(orgs.c.id == clinic.world.org_id).values(staff_quiet_minutes=0))
+        for bad in (-1, 24 * 60 + 1):
+            with pytest.raises(DomainError):
+                clinic_phone.set_quiet_minutes(conn, clinic.world.org_id, bad)
+        assert clinic_phone.set_quiet_minutes(conn, clinic.world.org_id, 0) == 0
         record_contact_event(conn, org_id=clinic.world.org_id, contact_id=clinic.contact_id, type="handoff_ended")
     assert clinic.post(staff("Mais uma", "3EB0000000000000AA04")) == ["staff_message"]
     clock.advance(timedelta(days=1))

@@ -31,6 +31,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
+from engine.core.errors import DomainError
 from engine.flows import facts
 from engine.flows.contact_events import record_contact_event
 from engine.people.contacts import find_all_by_address
@@ -44,6 +45,8 @@ OURS, STAFF, WAIT = "ours", "staff", "wait"
 STAFF_OUTCOME = "staff_message"
 #: The `source` of the contact events this module records.
 STARTED_BY, ENDED_BY = "clinic_phone", "quiet"
+#: The org's quiet time may be 0 (only a person ends the hand-off) up to a day, in minutes.
+MAX_QUIET_MINUTES = 24 * 60
 #: Outbox rows whose provider call may be under way or whose outcome was lost: an echo may be theirs.
 _IN_FLIGHT = ("sending", "unknown")
 
@@ -144,3 +147,14 @@ def end_quiet(rt: Runtime, *, limit: int) -> int:
     if ended:
         log.info("clinic phone hand-offs ended by quiet", extra={"count": ended})
     return ended
+
+
+def set_quiet_minutes(conn: Connection, org_id: int, minutes: int) -> int:
+    """Change how long the clinic's phone may stay quiet before its hand-off ends (0: only a
+    person ends it). Takes effect from the next staff message."""
+    if not 0 <= minutes <= MAX_QUIET_MINUTES:
+        raise DomainError(f"the quiet time must be 0 to {MAX_QUIET_MINUTES} minutes")
+    if not conn.execute(update(orgs).where(orgs.c.id == org_id).values(staff_quiet_minutes=minutes,
+                                                                        updated_at=clock.now())).rowcount:
+        raise DomainError("no such org")
+    return minutes
