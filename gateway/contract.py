@@ -158,7 +158,9 @@ class WebhookRequest:
 
 @dataclass(frozen=True)
 class InboundMessageEvent:
-    """A patient wrote (or tapped a button)."""
+    """A patient wrote (or tapped a button), or, with `from_me`, the channel's own number wrote to
+    the patient: someone at the clinic on its phone or WhatsApp Web, or the provider echoing a send
+    of ours. `from_address` is always the patient's address (the other end of the chat)."""
 
     provider_message_id: str
     from_address: str
@@ -166,6 +168,7 @@ class InboundMessageEvent:
     timestamp: datetime
     button_payload: str | None = None
     in_reply_to: str | None = None
+    from_me: bool = False
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,16 @@ def test_orgs_list_shows_slug_and_name_and_no_secret(rt, database_url):
     assert set(as_json[0]) == {"id", "slug", "name"}
     for out in (listed.stdout + listed.stderr, json.dumps(as_json)):
         assert key not in out and "s3nh4" not in out and "dona@sorriso.local" not in out
+
+
+def test_orgs_staff_quiet_sets_the_clinic_phone_quiet_time(rt, database_url):
+    from sqlalchemy import select
+
+    from engine.store.models import orgs
+
+    World(rt, slug="sorriso")
+    done = lembra(database_url, "staff-quiet", "--org", "sorriso", "--minutes", "45")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "sorriso: 45 minutes"  # out of range: tests/test_clinic_phone.py
+    with rt.db.connect() as conn:
+        assert conn.execute(select(orgs.c.staff_quiet_minutes).where(orgs.c.slug == "sorriso")).scalar() == 45

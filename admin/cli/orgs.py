@@ -26,6 +26,21 @@ def orgs_create(slug: str, name: str, timezone: str, state: str | None) -> None:
     click.echo(str(org_id))
 
 
+@orgs.command("staff-quiet", help="How many minutes a hand-off the clinic's own phone started lasts after its "
+                                    "last message (0: only a person ends it on the console). Default 30.")
+@click.option("--org", "org_slug", required=True)
+@click.option("--minutes", type=int, required=True)
+def orgs_staff_quiet(org_slug: str, minutes: int) -> None:
+    from engine.messaging.clinic_phone import set_quiet_minutes
+    from engine.tenants.orgs import org_by_slug
+
+    rt = load_runtime()
+    with rt.db.begin() as conn:
+        org = domain(lambda: org_by_slug(conn, org_slug))
+        saved = domain(lambda: set_quiet_minutes(conn, org.id, minutes))
+    click.echo(f"{org_slug}: {saved} minutes")
+
+
 @orgs.command("list", help="List the orgs: slug and name (the slug is what --org takes). Never a secret.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of {id, slug, name}.")
 def orgs_list(as_json: bool) -> None:

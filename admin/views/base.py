@@ -86,7 +86,8 @@ PURPOSE_LABELS = {
     "session_cancellation": _l("Aviso de cancelamento"), "confirm_ack": _l("Resposta: confirmado"),
     "cancel_ack": _l("Resposta: cancelado"), "optout_confirmation": _l("Confirmação de descadastro"),
     "followup": _l("Follow-up"), "adhoc": _l("Avulsa"),
-    "conversation_reply": _l("Resposta da clínica"),  # written in Conversas (admin/views/desk/conversations.py)
+    "conversation_reply": _l("Resposta da clínica"),
+    "clinic_phone": _l("Enviada pelo celular da clínica"),  # engine/messaging/clinic_phone.py  # written in Conversas (admin/views/desk/conversations.py)
     "conversation_reopen": _l("Retomar a conversa (modelo aprovado)"),
     "followup_checkin": _l("Follow-up: ficou alguma dúvida?"), "followup_rebook": _l("Follow-up: remarcar a falta"),
     "followup_reply_ack": _l("Follow-up: resposta recebida"),

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from engine.core import clock, metrics
-from engine.messaging import dispatch, inbound, statuses
+from engine.messaging import clinic_phone, dispatch, inbound, statuses
 from engine.fleet.broker import BrokerUnavailable, connection_errors, ping
 from engine.core.config import Settings
 from engine.flows import runtime as flows
@@ -88,6 +88,7 @@ class Tick:
     settled: int = 0  # provider statuses that had arrived before their send was recorded
     webhooks: int = 0  # webhook deliveries handed to the workers
     webhooks_swept: int = 0  # webhook deliveries whose lease ran out, put back in the queue
+    handoffs_ended: int = 0  # hand-offs the clinic's phone started, ended by the staff's quiet
 
 
 class Scheduler:
@@ -154,13 +155,14 @@ class Scheduler:
         except BrokerUnavailable as exc:
             down = exc  # what needs no broker goes on; the pass still fails below
         settled = statuses.settle_early(self.rt)
+        quiet = clinic_phone.end_quiet(self.rt, limit=settings.claim_batch)
         retained = self.retention.maybe_run()
         if down is not None:
             raise down
         return Tick(populated=populated, claimed=claimed, reclaimed=reclaimed, unknown=unknown,
                     advanced=advanced, lost_claims=swept.lost, requeued_claims=swept.requeued, enrolled=enrolled,
                     retained=retained, repoked=repoked, settled=settled, webhooks=delivering,
-                    webhooks_swept=webhooks_swept)
+                    webhooks_swept=webhooks_swept, handoffs_ended=quiet)
 
     def _broker_answers(self) -> None:
         """During an outage, claim nothing until the broker answers the probe."""

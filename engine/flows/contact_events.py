@@ -19,9 +19,11 @@ EVENT_TYPES = ("handoff_started", "handoff_ended", "stage_changed")
 
 def record_contact_event(
     conn: Connection, *, org_id: int, contact_id: int, type: str, stage: str | None = None,
-    at: datetime | None = None,
+    at: datetime | None = None, source: str | None = None,
 ) -> tuple[int, datetime, datetime]:
-    """Append one contact event; returns (id, at, created_at). The caller checked the contact."""
+    """Append one contact event; returns (id, at, created_at). The caller checked the contact.
+    `source` names who started or ended a hand-off when it was not a person's request
+    (`clinic_phone`, `quiet`: engine/messaging/clinic_phone.py)."""
     if type not in EVENT_TYPES:
         raise ValueError(f"type must be one of {', '.join(EVENT_TYPES)}")
     now = clock.now()
@@ -29,6 +31,8 @@ def record_contact_event(
     payload: dict[str, Any] = {"at": at.isoformat()}
     if stage is not None:
         payload["stage"] = stage
+    if source is not None:
+        payload["source"] = source
     event_id = int(conn.execute(
         insert(contact_events).values(org_id=org_id, contact_id=contact_id, type=type, payload=payload,
                                       created_at=now).returning(contact_events.c.id)

@@ -73,7 +73,7 @@ def gather(conn: Connection, org_id: int, *, contact: Any, appointment: Any = No
 def conversation(conn: Connection, org_id: int, contact_id: int, *, limit: int = 10) -> list[tuple[str, str, Any]]:
     """The last `limit` messages with the contact, oldest first, as (role, text, at)."""
     inbound = conn.execute(
-        select(inbound_messages.c.text, inbound_messages.c.received_at)
+        select(inbound_messages.c.text, inbound_messages.c.received_at, inbound_messages.c.from_me)
         .where(inbound_messages.c.org_id == org_id, inbound_messages.c.contact_id == contact_id,
                inbound_messages.c.text.is_not(None))
         .order_by(inbound_messages.c.received_at.desc()).limit(limit)
@@ -84,7 +84,8 @@ def conversation(conn: Connection, org_id: int, contact_id: int, *, limit: int =
                messages.c.body.is_not(None))
         .order_by(messages.c.sent_at.desc()).limit(limit)
     ).all()
-    turns = [("patient", row.text, row.received_at) for row in inbound]
+    # A message the clinic wrote on its own phone is stored with the inbound ones (`from_me`).
+    turns = [("clinic" if row.from_me else "patient", row.text, row.received_at) for row in inbound]
     turns += [("clinic", row.body, row.sent_at) for row in outbound]
     turns.sort(key=lambda turn: turn[2])
     return turns[-limit:]

@@ -61,7 +61,8 @@ def turn_fragments(conn: Connection, snap: Snapshot) -> list[tuple[int, str]]:
     rows = conn.execute(select(inbound_messages.c.id, inbound_messages.c.text, inbound_messages.c.button_payload)
                         .where(inbound_messages.c.org_id == snap.org.id,
                                inbound_messages.c.contact_id == snap.contact.id,
-                               inbound_messages.c.id >= snap.reply.id)
+                               inbound_messages.c.id >= snap.reply.id,
+                               inbound_messages.c.from_me.is_(False))  # the clinic's phone: not the patient
                         .order_by(inbound_messages.c.id).limit(MAX_FRAGMENTS)).all()
     return [(row.id, row.text or row.button_payload or "") for row in rows] or [(snap.reply.id, snap.reply.text or "")]
 

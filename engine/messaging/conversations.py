@@ -41,6 +41,8 @@ from gateway.webhook_body import clean_text
 
 #: What `process_inbound` could not act on: no keyword or button did anything with the reply.
 NEEDS_PERSON = ("free_text", "no_appointment", "unknown_contact")
+#: How a thread names a message the clinic wrote on its own phone (an `inbound_messages` row, `from_me`).
+CLINIC_PHONE_PURPOSE = "clinic_phone"
 #: The outbox purpose of an answer written in the console.
 REPLY_PURPOSE = "conversation_reply"
 #: The approved WhatsApp template that reopens a conversation after Meta's window closed.
@@ -384,12 +386,17 @@ def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
     in_rows = conn.execute(
         select(im.c.id, im.c.text, im.c.button_payload, im.c.received_at, im.c.outcome, im.c.intent,
                im.c.handled_at, im.c.processed_at, im.c.flow_enrollment_id, im.c.flow_result, im.c.flow_handled_at,
-               held_by_flow(oid).label("held"))
+               im.c.from_me, held_by_flow(oid).label("held"))
         .where(im.c.org_id == oid, theirs).order_by(im.c.id.desc()).limit(THREAD_ROWS)).all()
     now = clock.now()
     readings = flow_readings(conn, oid, in_rows, now)
     entries = []
     for r in in_rows:
+        if r.from_me:
+            # Written on the clinic's own phone (engine/messaging/clinic_phone.py): one of ours.
+            entries.append(Entry(outgoing=True, at=r.received_at, row_id=int(r.id), text=r.text,
+                                 purpose=CLINIC_PHONE_PURPOSE))
+            continue
         reading = readings.get(int(r.id))
         entries.append(Entry(
             outgoing=False, at=r.received_at, row_id=int(r.id), text=r.text or r.button_payload, outcome=r.outcome,

@@ -3,7 +3,8 @@
 `receive` verifies and stores what a provider sent (nothing is stored when the signature or the
 body is bad; a retried webhook is a no-op); `process_inbound` then acts on each new patient
 message: SAIR opts out, OK/CONFIRMAR confirms, CANCELAR cancels the appointment the reminder was
-about. Status events go to engine/messaging/statuses.py.
+about. Status events go to engine/messaging/statuses.py; what the clinic's own number sent
+(`from_me`) to engine/messaging/clinic_phone.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from engine.reminders.populate import refresh_appointment
 from engine.queue.address_optouts import block_sender
 from engine.core.redact import redact
 from engine.store.runtime import Runtime
+from engine.messaging import clinic_phone
 from engine.messaging.statuses import apply_status
 from gateway.contract import (
     ConnectionEvent,
@@ -104,11 +106,13 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
         received.duplicate = stored is None
         for event in events:
             if isinstance(event, InboundMessageEvent):
+                if event.from_me and clinic_phone.sent_by_us(conn, org_id, channel.id, event.provider_message_id):
+                    continue  # the echo of a send of ours: the outbox has it
                 row = conn.execute(
                     insert_ignore(conn, inbound_messages, ("channel_id", "provider_message_id")).values(
                         org_id=org_id, channel_id=channel.id, provider_message_id=event.provider_message_id,
                         from_address=event.from_address, text=event.text, button_payload=event.button_payload,
-                        in_reply_to=event.in_reply_to, received_at=now,
+                        in_reply_to=event.in_reply_to, received_at=now, from_me=event.from_me,
                     ).returning(inbound_messages.c.id)
                 ).first()
                 if row is not None:
@@ -203,7 +207,15 @@ def process_inbound(rt: Runtime, inbound_id: int) -> str | None:
         inbound = conn.execute(query).first()
         if inbound is None:
             return None
-        outcome, intent, contact_id = _act(conn, inbound)
+        if inbound.from_me:
+            # The clinic's own number wrote: a staff message, or the echo of a send of ours.
+            acted = clinic_phone.act(conn, inbound)
+            if acted is None:
+                return None  # an echo (deleted), or not known yet (the repoke asks again)
+            outcome, contact_id = acted
+            intent = None
+        else:
+            outcome, intent, contact_id = _act(conn, inbound)
         conn.execute(
             update(inbound_messages)
             .where(inbound_messages.c.org_id == inbound.org_id, inbound_messages.c.id == inbound.id)

@@ -27,7 +27,8 @@ def last_inbound(conn: Connection, contacts_of_orgs: Iterable[tuple[int, int]]) 
     im = inbound_messages.c
     return {(r.org_id, r.channel_id, r.contact_id): r.last for r in conn.execute(
         select(im.org_id, im.channel_id, im.contact_id, func.max(im.received_at).label("last"))
-        .where(in_pairs(conn, (im.org_id, im.contact_id), contacts_of_orgs))
+        .where(in_pairs(conn, (im.org_id, im.contact_id), contacts_of_orgs),
+               im.from_me.is_(False))  # the clinic's own phone writing opens no window
         .group_by(im.org_id, im.channel_id, im.contact_id))}
 
 

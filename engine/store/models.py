@@ -66,6 +66,9 @@ class Org(Base):
     availability_url: Mapped[str | None] = mapped_column(Text)
     #: A patient's messages this close together are one turn of a conversation (engine/flows/replies.py).
     reply_debounce_seconds: Mapped[int] = mapped_column(Integer, default=8)
+    #: A hand-off the clinic's own phone started ends after this many minutes without another
+    #: message from it (engine/messaging/clinic_phone.py); 0: only a person ends it.
+    staff_quiet_minutes: Mapped[int] = mapped_column(Integer, default=30)
 
     def __str__(self) -> str:
         return self.name
@@ -430,6 +433,11 @@ class InboundMessage(Base):
                                                            nullable=True)
     flow_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     flow_handled_at: Mapped[datetime | None]
+    #: The clinic's own number wrote it (its phone or WhatsApp Web), to `from_address`: a staff
+    #: message of the conversation, not a patient's (engine/messaging/clinic_phone.py).
+    from_me: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: On the contact's latest staff message: when its hand-off ends if the staff stays quiet.
+    quiet_until: Mapped[datetime | None]
 
 
 class SandboxMessage(Base):

@@ -482,6 +482,7 @@ CATALOGUE: dict[str, Text] = {
     "reply_opted_out": N_("O paciente pediu para sair: não recebe mais mensagens e recebeu a confirmação."),
     "reply_already_opted_out": N_("O paciente pediu para sair de novo; ele já estava descadastrado."),
     "reply_confirmed": N_("O paciente confirmou o agendamento."),
+    "reply_staff_message": N_("Enviada pelo celular da clínica: uma pessoa da equipe assumiu a conversa."),
     "reply_cancelled": N_("O paciente cancelou o agendamento; veja em Pendências se é preciso remarcar."),
     "reply_appointment_scheduled": N_("O paciente respondeu, mas o agendamento não pôde mudar; nada mudou."),
     "reply_appointment_confirmed": N_("O paciente respondeu, mas o agendamento já estava confirmado; nada mudou."),

@@ -489,8 +489,9 @@ def _inbound(item: Any) -> InboundMessageEvent | None:
     message_id = _str(key.get("id"))
     if message_id is None:
         raise MalformedWebhook("message key has no id")
-    if key.get("fromMe") is True:
-        return None  # our own number wrote (phone, WhatsApp Web or an API send echo)
+    # Our own number wrote (the clinic's phone, WhatsApp Web, or the echo of an API send): kept,
+    # flagged; the engine tells an echo of its own send from a person at the clinic.
+    from_me = key.get("fromMe") is True
     phone = _phone_of(key, item)
     if phone is None:
         return None
@@ -508,6 +509,7 @@ def _inbound(item: Any) -> InboundMessageEvent | None:
         timestamp=_timestamp(item.get("messageTimestamp")),
         button_payload=button,
         in_reply_to=_reply_target(item, message),
+        from_me=from_me,
     )
 
 

@@ -395,16 +395,28 @@ def test_lid_without_a_phone_is_skipped() -> None:
 
 
 @pytest.mark.parametrize("data", [
-    evo.upsert({"conversation": "ok"}, from_me=True),
+    evo.upsert({"conversation": "ok"}, from_me=True, remote_jid="120363025555555555@g.us",
+               key_extra={"participant": "5516999887766@s.whatsapp.net"}),
     evo.upsert({"conversation": "ok"}, remote_jid="120363025555555555@g.us",
                key_extra={"participant": "5516999887766@s.whatsapp.net"}),
     evo.upsert({"conversation": "ok"}, remote_jid="status@broadcast",
                key_extra={"participant": "5516999887766@s.whatsapp.net"}),
     evo.upsert({"reactionMessage": {"key": {"id": "3EB0A1"}, "text": "👍"}}, message_type="reactionMessage"),
     evo.upsert({"protocolMessage": {"type": 0}}, message_type="protocolMessage"),
-], ids=["fromMe", "group", "status-broadcast", "reaction", "protocol"])
+], ids=["fromMe-group", "group", "status-broadcast", "reaction", "protocol"])
 def test_not_patient_messages_are_ignored(data: dict[str, Any]) -> None:
     assert parse(evo.envelope("messages.upsert", data)) == []
+
+
+def test_a_message_our_own_number_sent_is_flagged_with_the_patient_as_its_address() -> None:
+    """`key.fromMe`: the clinic's phone (or the echo of an API send) wrote to the chat's
+    `remoteJid`; the engine tells which (engine/messaging/clinic_phone.py)."""
+    [event] = parse(evo.envelope("messages.upsert", evo.upsert({"conversation": "Oi, aqui é a recepção"},
+                                                                from_me=True, message_id="3EB0FF")))
+    assert (event.from_me, event.from_address, event.text, event.provider_message_id) == \
+        (True, "+5516999887766", "Oi, aqui é a recepção", "3EB0FF")
+    [patient] = parse(evo.envelope("messages.upsert", evo.upsert({"conversation": "ok"})))
+    assert patient.from_me is False
 
 
 def test_media_with_caption_and_without() -> None:
