@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from engine.core import clock
+from engine.core import clock as engine_clock
 from engine.core.errors import DomainError
 from engine.messaging import inbound as inbound_module
 from engine.messaging import voice
@@ -47,7 +47,7 @@ def evolution_world(rt, server, slug: str = "clinica") -> tuple[World, int, int]
                                         "base_url": server.url, "api_key": "global-api-key", "instance": "clinica",
                                         "webhook_secret": EVO_SECRET})
     contact = world.contact(phone=PHONE)
-    appointment = world.appointment(contact, clock.now() + timedelta(days=2))
+    appointment = world.appointment(contact, engine_clock.now() + timedelta(days=2))
     return world, channel_id, appointment
 
 
@@ -158,7 +158,7 @@ def test_a_provider_that_keeps_failing_is_retried_then_a_person_gets_the_voice_n
     monkeypatch.setattr(voice, "MAX_DOWNLOAD_ATTEMPTS", 2)
     fake = EvolutionFake(script=[error(500, ["boom"])] * 2)
     with serve(fake) as server:
-        world, channel_id, _ = evolution_audio_world = evolution_world(rt, server)
+        world, channel_id, _ = evolution_world(rt, server)
         [inbound_id] = evolution_audio(rt, channel_id)
         with pytest.raises(TransientError):
             process_inbound(rt, inbound_id)
@@ -187,7 +187,7 @@ def test_a_meta_voice_note_is_fetched_by_media_id_with_the_token_and_confirms(rt
                                             "phone_number_id": "1122334455667", "access_token": "EAAG-token",
                                             "app_secret": APP_SECRET, "verify_token": "v", "base_url": graph.url})
         contact = world.contact(phone=PHONE)
-        appointment = world.appointment(contact, clock.now() + timedelta(days=2))
+        appointment = world.appointment(contact, engine_clock.now() + timedelta(days=2))
         with_transcriber(rt, world, llm)
         raw = json.dumps(meta_audio_body("wamid.AUDIO1", "1234567890")).encode()
         signature = "sha256=" + hmac.new(APP_SECRET.encode(), raw, hashlib.sha256).hexdigest()
@@ -200,7 +200,7 @@ def test_a_meta_voice_note_is_fetched_by_media_id_with_the_token_and_confirms(rt
     assert status_of(rt, appointment) == "confirmed" and bytes(row(rt, inbound_id).audio) == AUDIO
 
 
-def test_retention_deletes_the_audio_and_a_bad_setting_is_refused(rt, serve, clock):  # noqa: F811
+def test_retention_deletes_the_audio_and_a_bad_setting_is_refused(rt, serve, clock):
     fake = EvolutionFake(media={"3A5F1C2B9D8E7F60A1B2": AUDIO})
     with serve(fake) as server:
         world, channel_id, _ = evolution_world(rt, server)
