@@ -212,3 +212,23 @@ def test_retention_deletes_the_audio_and_a_bad_setting_is_refused(rt, serve, clo
     assert row(rt, inbound_id).audio is None
     with rt.db.begin() as conn, pytest.raises(DomainError):
         voice.configure_transcription(conn, rt.keyring, world.org_id, base_url="ftp://whisper", model="whisper-1")
+
+
+def test_the_cli_sets_the_org_setting_with_the_key_from_stdin_and_clears_it(rt, database_url):
+    from click.testing import CliRunner
+
+    from admin.cli import main
+    from engine.store.models import orgs
+    from tests.processes import lembra_env
+
+    world = World(rt)
+    env = lembra_env(database_url)
+    done = CliRunner().invoke(main, ["orgs", "transcription", "--org", "clinica", "--url", "https://whisper.example/v1",
+                                     "--model", "whisper-1"], input="sk-secret\n", env=env)
+    assert done.exit_code == 0 and "sk-secret" not in done.output, done.output
+    with rt.db.connect() as conn:
+        org = conn.execute(select(orgs).where(orgs.c.id == world.org_id)).one()
+    assert org.transcription_model == "whisper-1" and b"sk-secret" not in bytes(org.transcription_api_key)
+    assert CliRunner().invoke(main, ["orgs", "transcription", "--org", "clinica", "--clear"], env=env).exit_code == 0
+    with rt.db.connect() as conn:
+        assert conn.execute(select(orgs.c.transcription_base_url).where(orgs.c.id == world.org_id)).scalar() is None
