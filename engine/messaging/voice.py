@@ -84,6 +84,12 @@ def prepare(rt: Runtime, inbound_id: int) -> str | None:
     """Download and transcribe the voice note of one stored reply, once; returns the state it
     reached (None when the reply is no pending voice note). Raises TransientError while the
     provider is unreachable and attempts are left: the actor retries, the repoke sweep comes back."""
+    with rt.db.connect() as conn:  # a read first: a text reply (nearly all) takes no write lock here
+        pending = conn.execute(select(inbound_messages.c.id).where(
+            inbound_messages.c.id == inbound_id, inbound_messages.c.voice_state == "pending",
+            inbound_messages.c.processed_at.is_(None))).first()
+    if pending is None:
+        return None
     with rt.db.begin() as conn:
         row = conn.execute(
             update(inbound_messages)
