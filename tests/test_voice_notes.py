@@ -200,13 +200,27 @@ def test_a_meta_voice_note_is_fetched_by_media_id_with_the_token_and_confirms(rt
     assert status_of(rt, appointment) == "confirmed" and bytes(row(rt, inbound_id).audio) == AUDIO
 
 
-def test_retention_deletes_the_audio_and_a_bad_setting_is_refused(rt, serve, clock):
-    fake = EvolutionFake(media={"3A5F1C2B9D8E7F60A1B2": AUDIO})
+def test_retention_and_erasure_delete_the_audio_and_a_bad_setting_is_refused(rt, serve, clock):
+    from engine.privacy.erasure import erase_contact
+
+    fake = EvolutionFake(media={"3A5F1C2B9D8E7F60A1B2": AUDIO, "3A5F1C2B9D8E7F60A1B3": AUDIO})
     with serve(fake) as server:
         world, channel_id, _ = evolution_world(rt, server)
         [inbound_id] = evolution_audio(rt, channel_id)
         process_inbound(rt, inbound_id)
-    assert row(rt, inbound_id).audio is not None
+        other = World(rt, "outra")
+        with rt.db.begin() as conn:
+            other_channel = create_channel(conn, rt.keyring, org_id=other.org_id, kind="whatsapp",
+                                           provider="evolution", name="evolution", credentials={
+                                               "base_url": server.url, "api_key": "global-api-key",
+                                               "instance": "clinica", "webhook_secret": EVO_SECRET})
+        other_contact = other.contact(phone=PHONE)
+        [erased_id] = evolution_audio(rt, other_channel, message_id="3A5F1C2B9D8E7F60A1B3")
+        process_inbound(rt, erased_id)
+    assert row(rt, inbound_id).audio is not None and row(rt, erased_id).audio is not None
+    with rt.db.begin() as conn:
+        erase_contact(conn, other.org_id, other_contact, by="test", keyring=rt.keyring)
+    assert row(rt, erased_id).audio is None and row(rt, inbound_id).audio is not None, "the other org's stays"
     clock.advance(timedelta(days=200))
     retention.run_org(rt.db, world.org_id)
     assert row(rt, inbound_id).audio is None
