@@ -157,10 +157,34 @@ class WebhookRequest:
 
 
 @dataclass(frozen=True)
+class MediaRef:
+    """A patient's voice note as the webhook names it: the provider's handle to download it
+    (Meta: the media id; Evolution: the message's key id), its type, and what the webhook says of
+    its length (Evolution's `seconds`, a `size` in bytes) so that an over-long one is refused unread."""
+
+    media_id: str
+    mime_type: str | None = None
+    seconds: int | None = None
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class Media:
+    """Downloaded media: its bytes and type. Never logged (a voice is personal data)."""
+
+    content: bytes
+    mime_type: str
+
+    def __repr__(self) -> str:
+        return f"Media(mime_type={self.mime_type!r}, bytes={len(self.content)})"
+
+
+@dataclass(frozen=True)
 class InboundMessageEvent:
-    """A patient wrote (or tapped a button), or, with `from_me`, the channel's own number wrote to
-    the patient: someone at the clinic on its phone or WhatsApp Web, or the provider echoing a send
-    of ours. `from_address` is always the patient's address (the other end of the chat)."""
+    """A patient wrote (or tapped a button, or sent a voice note: `audio`), or, with `from_me`, the
+    channel's own number wrote to the patient: someone at the clinic on its phone or WhatsApp Web,
+    or the provider echoing a send of ours. `from_address` is always the patient's address (the
+    other end of the chat)."""
 
     provider_message_id: str
     from_address: str
@@ -169,6 +193,7 @@ class InboundMessageEvent:
     button_payload: str | None = None
     in_reply_to: str | None = None
     from_me: bool = False
+    audio: MediaRef | None = None
 
 
 @dataclass(frozen=True)
@@ -307,6 +332,12 @@ class Provider(ABC):
         whatever their status; raises TransientError / PermanentError like a send, or
         PermanentError("unsupported") for providers without approved templates."""
         raise PermanentError("this provider has no approved templates", code="unsupported")
+
+    def fetch_media(self, media: MediaRef, *, max_bytes: int) -> Media:
+        """Download an inbound voice note, reading at most `max_bytes` of it: raises
+        PermanentError("media_too_large") past that, TransientError / PermanentError like a send,
+        or PermanentError("unsupported") for providers that receive no media."""
+        raise PermanentError("this provider receives no media", code="unsupported")
 
     @classmethod
     def template_preview(cls, template: TemplateRef) -> Mapping[str, Any] | None:

@@ -64,6 +64,8 @@ class HttpResponse:
     headers: Mapping[str, str]
     body: Any
     text: str
+    #: The answer's bytes as read (downloaded media is not text).
+    content: bytes = b""
 
 
 #: Given a non-2xx response, return the error to raise, or None for the default mapping.
@@ -157,7 +159,7 @@ class Client:
             parsed_body: Any = jsonlib.loads(text) if text else None
         except ValueError:
             parsed_body = None
-        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text)
+        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text, content=content)
 
     def close(self) -> None:
         """Close every kept connection."""

@@ -64,3 +64,28 @@ def orgs_list(as_json: bool) -> None:
     click.echo(f"{'SLUG':<{width}}  NAME")
     for row in rows:
         click.echo(f"{row.slug:<{width}}  {row.name}")
+
+
+@orgs.command("transcription", help="Set the org's OpenAI-compatible transcription server for patients' voice "
+                                    "notes (POST {url}/audio/transcriptions), or clear it with --clear (then "
+                                    "every voice note goes to a person). The key is read from stdin, never "
+                                    "echoed; give none for a server without auth.")
+@click.option("--org", "org_slug", required=True)
+@click.option("--url", default=None, help="Base URL, e.g. https://api.openai.com/v1 or http://whisper:8000/v1.")
+@click.option("--model", default=None, help="The model, e.g. whisper-1.")
+@click.option("--clear", is_flag=True, help="Remove the setting.")
+def orgs_transcription(org_slug: str, url: str | None, model: str | None, clear: bool) -> None:
+    from engine.messaging.voice import configure_transcription
+    from engine.tenants.orgs import org_by_slug
+
+    if not clear and not url:
+        raise click.UsageError("give --url and --model, or --clear")
+    import sys
+
+    key = None if clear or sys.stdin.isatty() else (sys.stdin.read().strip() or None)
+    rt = load_runtime()
+    with rt.db.begin() as conn:
+        org = domain(lambda: org_by_slug(conn, org_slug))
+        domain(lambda: configure_transcription(conn, rt.keyring, org.id, base_url=None if clear else url,
+                                               model=model, api_key=key))
+    click.echo("transcription cleared" if clear else "transcription set")

@@ -40,7 +40,7 @@ from engine.messaging.templates import find_template
 from gateway.webhook_body import clean_text
 
 #: What `process_inbound` could not act on: no keyword or button did anything with the reply.
-NEEDS_PERSON = ("free_text", "no_appointment", "unknown_contact")
+NEEDS_PERSON = ("free_text", "no_appointment", "unknown_contact", "voice_note")
 #: How a thread names a message the clinic wrote on its own phone (an `inbound_messages` row, `from_me`).
 CLINIC_PHONE_PURPOSE = "clinic_phone"
 #: The outbox purpose of an answer written in the console.
@@ -174,6 +174,11 @@ class Entry:
     outcome: str | None = None
     handled: bool = True
     flow: FlowReading | None = None
+    #: A voice note: its state (transcribed / needs_person / pending), its catalogue reason, and
+    #: whether its audio is kept (the console plays it from `voice_audio`).
+    voice_state: str | None = None
+    voice_reason: str | None = None
+    has_audio: bool = False
 
 
 @dataclass(frozen=True)
@@ -386,7 +391,8 @@ def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
     in_rows = conn.execute(
         select(im.c.id, im.c.text, im.c.button_payload, im.c.received_at, im.c.outcome, im.c.intent,
                im.c.handled_at, im.c.processed_at, im.c.flow_enrollment_id, im.c.flow_result, im.c.flow_handled_at,
-               im.c.from_me, held_by_flow(oid).label("held"))
+               im.c.from_me, held_by_flow(oid).label("held"), im.c.voice_state, im.c.voice_reason,
+               im.c.audio.is_not(None).label("has_audio"))
         .where(im.c.org_id == oid, theirs).order_by(im.c.id.desc()).limit(THREAD_ROWS)).all()
     now = clock.now()
     readings = flow_readings(conn, oid, in_rows, now)
@@ -402,7 +408,7 @@ def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
             outgoing=False, at=r.received_at, row_id=int(r.id), text=r.text or r.button_payload, outcome=r.outcome,
             handled=(r.handled_at is not None or r.outcome not in NEEDS_PERSON or r.intent == "optout"
                      or r.flow_handled_at is not None or _fresh(r, now)),
-            flow=reading))
+            flow=reading, voice_state=r.voice_state, voice_reason=r.voice_reason, has_audio=bool(r.has_audio)))
     if item.contact_id is not None:
         out_rows = conn.execute(
             select(messages.c.id, messages.c.body, messages.c.payload, messages.c.status, messages.c.purpose,
@@ -416,6 +422,15 @@ def thread(conn: Connection, oid: int, item: Item) -> list[Entry]:
                                  text=r.body or (written if isinstance(written, str) else None),
                                  status=r.status, purpose=r.purpose))
     return sorted(entries, key=lambda e: (e.at, e.outgoing, e.row_id))
+
+
+def voice_audio(conn: Connection, oid: int, inbound_id: int) -> tuple[bytes, str] | None:
+    """A voice note's audio and type, for the console's player; None when the reply is not the
+    org's or has no audio (retention or erasure removed it)."""
+    row = conn.execute(select(inbound_messages.c.audio, inbound_messages.c.media_mime).where(
+        inbound_messages.c.org_id == oid, inbound_messages.c.id == inbound_id,
+        inbound_messages.c.audio.is_not(None))).first()
+    return (bytes(row.audio), row.media_mime or "audio/ogg") if row is not None else None
 
 
 def mark_handled(conn: Connection, oid: int, inbound_ids: Iterable[int], user_id: int | None) -> list[int]:

@@ -48,6 +48,7 @@ from engine.core.redact import redact
 from engine.store.runtime import Runtime
 from engine.messaging import clinic_phone
 from engine.messaging.statuses import apply_status
+from engine.messaging import voice
 from gateway.contract import (
     ConnectionEvent,
     InboundMessageEvent,
@@ -113,6 +114,8 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
                         org_id=org_id, channel_id=channel.id, provider_message_id=event.provider_message_id,
                         from_address=event.from_address, text=event.text, button_payload=event.button_payload,
                         in_reply_to=event.in_reply_to, received_at=now, from_me=event.from_me,
+                        # the clinic's own voice note is a staff message: nothing to transcribe
+                        **voice.pending_values(None if event.from_me else event.audio),
                     ).returning(inbound_messages.c.id)
                 ).first()
                 if row is not None:
@@ -199,6 +202,7 @@ def unprocessed(rt: Runtime, *, limit: int) -> list[int]:
 
 def process_inbound(rt: Runtime, inbound_id: int) -> str | None:
     """Act on one stored patient message, once; returns the outcome (None if already done)."""
+    voice.prepare(rt, inbound_id)  # a voice note is downloaded and transcribed first (a no-op otherwise)
     with rt.db.begin() as conn:
         query = select(inbound_messages).where(inbound_messages.c.id == inbound_id,
                                                inbound_messages.c.processed_at.is_(None))
@@ -233,6 +237,9 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     # Several contacts may share the number (a parent books for the children): the reply is about
     # whichever of them the reminder went to, and SAIR stops every message to that number.
     contact_ids = find_all_by_address(conn, org_id, inbound.from_address or "")
+    if voice.needs_person(inbound):  # a voice note no one could transcribe: a person listens to it
+        first = contact_ids[0] if contact_ids else None
+        return voice.route_to_person(conn, org_id, first), None, first
     if not contact_ids:
         if _intent(org, inbound)[0] == "optout":
             # No contact carries the number yet: the refusal still holds for whoever gets it later.

@@ -149,7 +149,7 @@ def erase_contact(conn: Connection, org_id: int, contact_id: int, *, by: str, ke
         for start in range(0, len(ids), 500):
             conn.execute(update(inbound_messages).where(inbound_messages.c.org_id == org_id,
                                                         inbound_messages.c.id.in_(ids[start:start + 500]))
-                         .values(text=None, from_address=None, button_payload=None))
+                         .values(text=None, from_address=None, button_payload=None, audio=None))
     result.replies_anonymised = len(reply_ids)
     # 4. The audit trail keeps who did what and when, not the values.
     result.audit_scrubbed = _scrub_audit(conn, org_id, contact_id)

@@ -171,7 +171,7 @@ def anonymise_messages(conn: Connection, org_id: int, where: ColumnElement[bool]
 
 def _anonymise_inbound(conn: Connection, org_id: int, ids: Sequence[int]) -> None:
     conn.execute(update(inbound_messages).where(inbound_messages.c.org_id == org_id, inbound_messages.c.id.in_(ids))
-                 .values(text=None, from_address=None, button_payload=None))
+                 .values(text=None, from_address=None, button_payload=None, audio=None))
 
 
 def _delete(table: Table) -> Callable[[Connection, int, Sequence[int]], None]:
@@ -212,7 +212,8 @@ def _steps() -> list[_Step]:
               _anonymise_messages),
         _Step("inbound_anonymised", inbound_messages,
               lambda q, e: and_(i.received_at < q, i.processed_at.is_not(None),
-                                or_(i.text.is_not(None), i.from_address.is_not(None), i.button_payload.is_not(None)),
+                                or_(i.text.is_not(None), i.from_address.is_not(None), i.button_payload.is_not(None),
+                                    i.audio.is_not(None)),
                                 _not_pending_reply(i.id)),
               _anonymise_inbound),
         _Step("sandbox_deleted", sandbox_messages, lambda q, e: sandbox_messages.c.created_at < q,

@@ -66,6 +66,12 @@ class Org(Base):
     availability_url: Mapped[str | None] = mapped_column(Text)
     #: A patient's messages this close together are one turn of a conversation (engine/flows/replies.py).
     reply_debounce_seconds: Mapped[int] = mapped_column(Integer, default=8)
+    #: The org's OpenAI-compatible transcription server for voice notes (engine/messaging/voice.py);
+    #: none: voice notes go to a person. The key is sealed for this row (`transcription.seal_key`).
+    transcription_base_url: Mapped[str | None] = mapped_column(Text)
+    transcription_model: Mapped[str | None] = mapped_column(Text)
+    transcription_api_key: Mapped[bytes | None] = mapped_column(BinaryType)
+    transcription_key_version: Mapped[int | None] = mapped_column(Integer)
     #: A hand-off the clinic's own phone started ends after this many minutes without another
     #: message from it (engine/messaging/clinic_phone.py); 0: only a person ends it.
     staff_quiet_minutes: Mapped[int] = mapped_column(Integer, default=30)
@@ -433,6 +439,17 @@ class InboundMessage(Base):
                                                            nullable=True)
     flow_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     flow_handled_at: Mapped[datetime | None]
+    #: A voice note (engine/messaging/voice.py): the provider's handle, type and length, the audio
+    #: once downloaded, and where its transcription stands (pending / transcribed / needs_person,
+    #: with a catalogue code); `text` holds the transcript.
+    media_id: Mapped[str | None] = mapped_column(Text)
+    media_mime: Mapped[str | None] = mapped_column(Text)
+    media_seconds: Mapped[int | None] = mapped_column(Integer)
+    media_size: Mapped[int | None] = mapped_column(BigInteger)
+    audio: Mapped[bytes | None] = mapped_column(BinaryType)
+    voice_state: Mapped[str | None] = mapped_column(Text)
+    voice_reason: Mapped[str | None] = mapped_column(Text)
+    voice_attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: The clinic's own number wrote it (its phone or WhatsApp Web), to `from_address`: a staff
     #: message of the conversation, not a patient's (engine/messaging/clinic_phone.py).
     from_me: Mapped[bool] = mapped_column(Boolean, default=False)

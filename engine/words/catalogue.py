@@ -490,6 +490,19 @@ CATALOGUE: dict[str, Text] = {
     "reply_appointment_completed": N_("O paciente respondeu, mas a sessão já tinha acontecido; nada mudou."),
     "reply_appointment_no_show": N_("O paciente respondeu, mas o agendamento já estava marcado como falta; nada "
                                     "mudou."),
+    "reply_voice_note": N_("Áudio recebido — ouça e responda."),
+    # --- voice notes (engine/messaging/voice.py, inbound_messages.voice_reason) --------------
+    "voice_transcribed": N_("Transcrito de um áudio."),
+    "voice_no_transcriber": N_("A clínica não tem um serviço de transcrição configurado, então o áudio não foi "
+                               "transcrito."),
+    "voice_transcription_failed": N_("O serviço de transcrição deu erro e o áudio não foi transcrito."),
+    "voice_transcription_timeout": N_("O serviço de transcrição demorou demais e o áudio não foi transcrito."),
+    "voice_transcription_unavailable": N_("A configuração de transcrição da clínica não pode ser usada (o "
+                                          "endereço foi recusado ou a chave não abre). Informe-a de novo."),
+    "voice_too_large": N_("O áudio é grande demais para o Lembra baixar; ouça-o no celular da clínica."),
+    "voice_too_long": N_("O áudio é longo demais para transcrever."),
+    "voice_download_failed": N_("O provedor não entregou o áudio ao Lembra; ouça-o no celular da clínica."),
+    "voice_transcript_empty": N_("A transcrição do áudio saiu vazia."),
     "reply_other": N_("O Lembra recebeu a mensagem, mas não sabe descrever o que fez com ela (código interno "
                       "%(code)s)."),
     # --- answering as the patient on the sandbox (admin/sandbox_chat.py, `lembra sandbox reply`) ------------

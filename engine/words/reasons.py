@@ -21,6 +21,7 @@ from engine.words.texts import Text
 #: flow step), and provider spellings of something the catalogue already says.
 ALIASES: dict[str, str] = {
     "timeout": "send_timeout",
+    "media_too_large": "voice_too_large",  # Provider.fetch_media past the cap (engine/messaging/voice.py)
     "connection_error": "send_connection_error",
     "window_closed": "send_window_closed",  # Meta 131047, named by providers/meta
     "ERROR": "provider_failed",  # Evolution's failed status

@@ -20,6 +20,8 @@ OK / CANCELAR"). Evolution has no idempotency key, so a timed-out send may still
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from gateway.contract import (
     ConnectionEvent,
     Health,
     InboundMessageEvent,
+    Media,
+    MediaRef,
     OutboundMessage,
     Provider,
     SendResult,
@@ -159,6 +163,37 @@ class EvolutionProvider(Provider):
         status = body.get("status")
         return SendResult(provider_message_id=provider_id,
                           provider_status=status if isinstance(status, str) else None)
+
+    # ------------------------------------------------------------------ media
+
+    def fetch_media(self, media: MediaRef, *, max_bytes: int) -> Media:
+        """POST /chat/getBase64FromMediaMessage/{instance} ``{"message": {"key": {"id": …}}}`` →
+        ``{"base64": …, "mimetype": …}`` ([R] `chat.controller.ts` `getBase64FromMediaMessage`).
+
+        The answer is base64 in JSON: it is read up to 4/3 of `max_bytes` (plus the envelope) and
+        the decoded audio checked again, so a larger voice note stops the read instead of filling memory."""
+        if media.size is not None and media.size > max_bytes:
+            raise PermanentError("voice note is too large", code="media_too_large")
+        try:
+            response = self._request("POST", self._url("chat/getBase64FromMediaMessage"),
+                                     json={"message": {"key": {"id": media.media_id}}, "convertToMp4": False},
+                                     max_bytes=max_bytes * 4 // 3 + 64 * 1024)
+        except TransientError as exc:
+            if exc.code == "provider_answer_too_large":
+                raise PermanentError("voice note is too large", code="media_too_large") from None
+            raise
+        body = response.body if isinstance(response.body, dict) else {}
+        encoded = body.get("base64")
+        if not isinstance(encoded, str) or not encoded:
+            raise PermanentError("evolution answered without the media", code="bad_response")
+        try:
+            content = base64.b64decode(encoded.split(",", 1)[-1], validate=False)
+        except (binascii.Error, ValueError):
+            raise PermanentError("evolution answered media that is not base64", code="bad_response") from None
+        if len(content) > max_bytes:
+            raise PermanentError("voice note is too large", code="media_too_large")
+        mime = _str(body.get("mimetype")) or media.mime_type or "audio/ogg"
+        return Media(content=content, mime_type=mime[:100])
 
     # ------------------------------------------------------------------ instance management
 
@@ -510,7 +545,26 @@ def _inbound(item: Any) -> InboundMessageEvent | None:
         button_payload=button,
         in_reply_to=_reply_target(item, message),
         from_me=from_me,
+        audio=_audio(message_id, message),
     )
+
+
+def _audio(message_id: str, message: dict[str, Any]) -> MediaRef | None:
+    """A voice note (`audioMessage`, Baileys' `seconds` and `fileLength`), downloaded later by the
+    message's key id."""
+    audio = _dict(message.get("audioMessage"))
+    if not audio:
+        return None
+
+    def number(value: Any) -> int | None:
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) and value >= 0 else None
+
+    mime = _str(audio.get("mimetype"))
+    return MediaRef(media_id=message_id, mime_type=mime[:100] if mime else None,
+                    seconds=number(audio.get("seconds")), size=number(audio.get("fileLength")))
 
 
 def _status_name(value: Any) -> str | None:

@@ -40,6 +40,8 @@ from urllib.parse import parse_qsl, quote, urlsplit
 from gateway.contract import (
     Health,
     InboundMessageEvent,
+    Media,
+    MediaRef,
     OutboundMessage,
     Provider,
     ProviderContext,
@@ -201,6 +203,33 @@ class MetaProvider(Provider):
         status = first.get("message_status") if isinstance(first, dict) else None
         return SendResult(provider_message_id=message_id,
                           provider_status=status if isinstance(status, str) else "accepted")
+
+    # ------------------------------------------------------------------ media
+
+    def fetch_media(self, media: MediaRef, *, max_bytes: int) -> Media:
+        """GET /{media_id} with the channel's token → ``{"url", "mime_type", "file_size"}``, then GET
+        that url with the same token → the bytes (Cloud API "Retrieve media URL" / "Download media";
+        the url lasts 5 minutes, so both calls happen now). Read up to `max_bytes`, no further."""
+        _, token = self._credentials()
+        headers = {"Authorization": f"Bearer {token}"}
+        found = call(self._http, "GET", f"{self.base_url}/{quote(media.media_id, safe='')}",
+                     timeout=self.context.timeout, classify=classify_error, headers=headers)
+        info = found.body if isinstance(found.body, dict) else {}
+        url = info.get("url")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise PermanentError("media answer carries no url", code="bad_response")
+        size = info.get("file_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > max_bytes:
+            raise PermanentError("voice note is too large", code="media_too_large")
+        try:
+            response = call(self._http, "GET", url, timeout=self.context.timeout, classify=classify_error,
+                            headers=headers, max_bytes=max_bytes)
+        except TransientError as exc:
+            if exc.code == "provider_answer_too_large":
+                raise PermanentError("voice note is too large", code="media_too_large") from None
+            raise
+        mime = info.get("mime_type") if isinstance(info.get("mime_type"), str) else None
+        return Media(content=response.content, mime_type=(mime or media.mime_type or "audio/ogg")[:100])
 
     # ------------------------------------------------------------------ health
 
@@ -553,6 +582,7 @@ def _inbound(item: Any) -> InboundMessageEvent | None:
     from_address = _e164(sender)
     text: str | None = None
     payload: str | None = None
+    audio: MediaRef | None = None
     if kind == "text":
         text = _text_of(item.get("text"), "body")
         if text is None:
@@ -575,13 +605,15 @@ def _inbound(item: Any) -> InboundMessageEvent | None:
             raise MalformedWebhook("button reply without payload")
     elif kind in _MEDIA_TYPES:
         text = _text_of(item.get(kind), "caption")
+        if kind == "audio" and (media_id := _text_of(item.get("audio"), "id")):
+            audio = MediaRef(media_id=media_id, mime_type=(_text_of(item.get("audio"), "mime_type") or "")[:100] or None)
     else:
         return _skipped(message_id, kind)  # unsupported, reaction, system, …
     context = item.get("context")
     in_reply_to = _text_of(context, "id") or None
     return InboundMessageEvent(
         provider_message_id=message_id, from_address=from_address, text=text, timestamp=timestamp,
-        button_payload=payload or None, in_reply_to=in_reply_to,
+        button_payload=payload or None, in_reply_to=in_reply_to, audio=audio,
     )
 
 

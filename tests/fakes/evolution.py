@@ -11,6 +11,7 @@ tests/fixtures/providers/README.md).
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -64,6 +65,8 @@ class EvolutionFake:
     webhook: dict[str, Any] | None = None
     #: The number the current session was started with (`/instance/connect?number=` from `close`).
     pairing_number: str | None = None
+    #: Voice notes the instance holds, by message key id (`/chat/getBase64FromMediaMessage`).
+    media: dict[str, bytes] = field(default_factory=dict)
 
     def __call__(self, req: Recorded) -> Reply:
         if self.script:
@@ -80,6 +83,7 @@ class EvolutionFake:
             "GET /instance/connect": self._connect,
             "GET /instance/connectionState": self._connection_state,
             "POST /webhook/set": self._webhook_set,
+            "POST /chat/getBase64FromMediaMessage": self._media,
         }
         if route not in handlers:
             return error(404, [f"Cannot {req.method} {req.path}"])
@@ -89,6 +93,20 @@ class EvolutionFake:
         if req.header("apikey") not in (self.api_key, self.instance_token):
             return error(401, "Unauthorized")
         return handlers[route](req)
+
+    # POST /chat/getBase64FromMediaMessage/{instance} {"message": {"key": {"id"}}} → 201
+    # {mediaType, fileName, caption, size, mimetype, base64} ([R] chat.controller.ts, baileys service).
+    def _media(self, req: Recorded) -> Reply:
+        try:
+            key_id = json.loads(req.body)["message"]["key"]["id"]
+        except (ValueError, KeyError, TypeError):
+            return error(400, ["Message not found"])
+        content = self.media.get(key_id)
+        if content is None:
+            return error(400, ["Message not found"])
+        return Reply(201, {"mediaType": "audioMessage", "fileName": f"{key_id}.oga", "caption": None,
+                           "size": {"fileLength": str(len(content))}, "mimetype": "audio/ogg; codecs=opus",
+                           "base64": base64.b64encode(content).decode("ascii")})
 
     # POST /message/sendText/{instance} → 201 prepareMessage(...) ([R] sendMessage.router.ts,
     # whatsapp.baileys.service.ts `prepareMessage`).

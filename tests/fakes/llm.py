@@ -30,11 +30,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from email.parser import BytesParser
+from email.policy import HTTP
 from typing import Any, Self
 
 from tests.fakes.server import FakeServer, Recorded, Reply, Streamed
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+#: Speech to text (Whisper's wire; self-hosted faster-whisper / whisper.cpp servers serve it too).
+TRANSCRIPTION_PATHS = ("/v1/audio/transcriptions", "/audio/transcriptions")
 
 #: OpenAI's error envelope per status: (type, code, message). {key} is the masked key sent.
 DOCUMENTED_ERRORS: dict[int, tuple[str, str | None, str]] = {
@@ -92,6 +96,34 @@ Answer = str | dict | list | Error | Slow | Trickle | Huge | Reply
 #: `rule(patient_text, labels) -> label` (None answers "none"); any string is sent as is, so a
 #: rule can also answer a label outside the enum.
 ClassifyRule = Callable[[str, Sequence[str]], str | None]
+
+
+@dataclass(frozen=True)
+class TranscriptionCall:
+    """One `POST /audio/transcriptions` multipart request, parsed: its form fields and the file."""
+
+    fields: dict[str, str]
+    filename: str | None
+    audio: bytes
+    content_type: str | None
+
+
+def parse_multipart(request: Recorded) -> TranscriptionCall | None:
+    """The multipart/form-data body as OpenAI's client sends it (None when it is not one)."""
+    content_type = request.header("Content-Type") or ""
+    if not content_type.startswith("multipart/form-data"):
+        return None
+    message = BytesParser(policy=HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + request.body)
+    fields: dict[str, str] = {}
+    filename, audio, kind = None, b"", None
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if name == "file":
+            filename, audio, kind = part.get_filename(), part.get_payload(decode=True) or b"", part.get_content_type()
+        elif isinstance(name, str):
+            fields[name] = (part.get_payload(decode=True) or b"").decode("utf-8")
+    return TranscriptionCall(fields, filename, audio, kind)
 
 
 @dataclass
@@ -200,6 +232,7 @@ class LLMFake:
         plan: Callable[[ChatCall], list[dict[str, Any]]] = default_plan,
         api_key: str | None = None,
         models: Collection[str] | None = None,
+        transcribe: Callable[[bytes], str] = lambda audio: "",
     ) -> None:
         self._script: deque[Answer] = deque(script)
         self.classify_rule: ClassifyRule = classify or (lambda text, labels: None)
@@ -207,6 +240,9 @@ class LLMFake:
         self.plan_rule = plan
         self.api_key = api_key
         self.models = set(models) if models is not None else None
+        self.transcribe_rule = transcribe
+        #: Every transcription request, parsed.
+        self.transcriptions: list[TranscriptionCall] = []
         #: Every request that reached the fake, any path.
         self.requests: list[Recorded] = []
         #: Every chat completion request, parsed.
@@ -224,6 +260,8 @@ class LLMFake:
 
     def __call__(self, request: Recorded) -> Reply:
         self.requests.append(request)
+        if request.method == "POST" and request.path in TRANSCRIPTION_PATHS:
+            return self._transcription(request)
         if request.method != "POST" or request.path not in CHAT_PATHS:
             return _error(404, f"Invalid URL ({request.method} {request.path})", "invalid_request_error", None)
         if self.api_key is not None and request.header("Authorization") != f"Bearer {self.api_key}":
@@ -244,6 +282,23 @@ class LLMFake:
         else:
             answer = self._default(call)
         return self._answer(answer, model=call.model)
+
+    def _transcription(self, request: Recorded) -> Reply:
+        """`{"text": …}` (response_format json): the scripted answer (a `str` is the transcript),
+        else `transcribe(audio)`."""
+        if self.api_key is not None and request.header("Authorization") != f"Bearer {self.api_key}":
+            return self._answer(Error(401), model="", key=_bearer(request))
+        call = parse_multipart(request)
+        if call is None or not call.audio or "model" not in call.fields:
+            return _error(400, "Could not parse multipart form", "invalid_request_error", None)
+        self.transcriptions.append(call)
+        answer: Answer = (self._script.popleft() if len(self._script) > 1 else self._script[0]) if self._script \
+            else self.transcribe_rule(call.audio)
+        if isinstance(answer, str):
+            return Reply(200, {"text": answer}, headers=_request_id())
+        if isinstance(answer, Slow) and isinstance(answer.answer, str):
+            return Reply(200, {"text": answer.answer}, headers=_request_id(), delay=answer.seconds)
+        return self._answer(answer, model=call.fields["model"])
 
     def _default(self, call: ChatCall) -> Answer:
         if call.kind == "classify":

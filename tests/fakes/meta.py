@@ -118,6 +118,7 @@ class FakeGraph(FakeServer):
             self.requests.clear()
             self.script = list(script)
             self.default = default or send_ok()
+            self.media: dict[str, bytes] = {}
             self.template_pages = template_pages or [sample_json("message_templates_page1.json"),
                                                      sample_json("message_templates_page2.json")]
         return self
@@ -126,6 +127,14 @@ class FakeGraph(FakeServer):
         with self._lock:
             if self.script:
                 return self.script.pop(0)
+            media_id = request.path.rsplit("/", 1)[-1]
+            if request.method == "GET" and media_id in self.media:
+                if request.path.startswith("/media-download/"):  # the url lookaside.fbsbx.com serves
+                    return Reply(200, self.media[media_id], {"Content-Type": "audio/ogg"})
+                # Retrieve media URL: GET /{version}/{media_id} ("url" valid 5 minutes).
+                return Reply(200, {"messaging_product": "whatsapp", "url": f"{self.url}/media-download/{media_id}",
+                                   "mime_type": "audio/ogg", "sha256": "0" * 64,
+                                   "file_size": len(self.media[media_id]), "id": media_id})
             if request.method == "GET" and request.path.endswith("/message_templates"):
                 return templates_answer(request, self.template_pages)
             return self.default

@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from flask import abort, flash, redirect, request, url_for
+from flask import Response, abort, flash, redirect, request, url_for
 from flask_admin import expose
 from flask_login import current_user
 
@@ -182,7 +182,7 @@ class ConversationsView(CountedMenu, TenantPageView):
             readings[item.id] = item.flow
         return dict(item=item, entries=entries, notes=flow_texts(conn, org_id(), readings), local_dt=local_dt,
                     badge=badge, message_text=message_text, outcome_text=outcome_text, purpose_label=purpose_label,
-                    poll=POLL)
+                    poll=POLL, sentence=sentence)
 
     @expose("/<inbound_id>/")
     def details(self, inbound_id: str) -> Any:
@@ -211,6 +211,23 @@ class ConversationsView(CountedMenu, TenantPageView):
         context = self._thread_context(item)
         db_session().rollback()
         return self.render("admin/conversations/_thread.html", **context)
+
+    @expose("/<inbound_id>/audio/")
+    def voice_audio(self, inbound_id: str) -> Any:
+        """A voice note's audio for the thread's player: the org's own only (another org's id, or
+        audio retention removed, answers 404), never cached by a shared cache."""
+        parsed = parse_id(inbound_id)
+        if parsed is None:
+            abort(404)
+        found = convs.voice_audio(db_session().connection(), org_id(), parsed)
+        db_session().rollback()
+        if found is None:
+            abort(404)
+        content, mime = found
+        response = Response(content, mimetype=mime.split(";", 1)[0].strip() or "audio/ogg")
+        response.headers["Cache-Control"] = "private, no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
     @expose("/<inbound_id>/reply/", methods=("POST",))
     def reply(self, inbound_id: str) -> Any:

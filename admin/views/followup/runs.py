@@ -23,7 +23,7 @@ from flask_admin import expose
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from admin.i18n import _l
+from admin.i18n import _l, translate
 from admin.ids import valid_id
 from admin.views.base import TenantPageView, db_session, is_editor, local_dt, org_id
 from admin.views.followup.queue import (
@@ -43,6 +43,7 @@ from engine.flows import lifecycle, queries
 from engine.flows.versions import FlowNotFound, graph_of
 from engine.flows.conversation.fields import fields_by_slug
 from engine.store.models import contacts, enrollment_events, enrollments, inbound_messages
+from engine.words.catalogue import describe
 
 #: What each event of a run is, in the receptionist's words.
 EVENT_LABELS = {
@@ -175,6 +176,8 @@ class Reply:
     text: str
     reading: str | None
     fields: list[tuple[str, str]]
+    #: Set when the text is a voice note's transcript: the catalogue's "Transcrito de um áudio.".
+    transcribed: str | None = None
 
 
 def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
@@ -184,7 +187,7 @@ def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
     fields' labels."""
     inbound = conn.execute(
         select(inbound_messages.c.id, inbound_messages.c.received_at, inbound_messages.c.text, inbound_messages.c.button_payload,
-               inbound_messages.c.flow_result)
+               inbound_messages.c.flow_result, inbound_messages.c.voice_state)
         .where(inbound_messages.c.org_id == oid, inbound_messages.c.flow_enrollment_id == row.id)
         .order_by(inbound_messages.c.received_at, inbound_messages.c.id)).all()
     if not inbound:
@@ -218,7 +221,9 @@ def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
             fields.append((spec.label if spec is not None else slug, shown))
         later.update(slugs)
         out.append(Reply(at=local_dt(message.received_at, seconds=True), text=text or "—",
-                         reading=reading, fields=fields))
+                         reading=reading, fields=fields,
+                         transcribed=translate(describe("voice_transcribed"))
+                         if message.voice_state == "transcribed" else None))
     return out[::-1]
 
 
