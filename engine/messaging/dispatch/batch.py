@@ -46,7 +46,7 @@ SEND_COLUMNS = tuple(messages.c[name] for name in (
 #: What the checks and the render read of a message's contact and appointment (their
 #: timestamps and external ids are not read, and would be converted for every row).
 CONTACT_COLUMNS = tuple(contacts.c[name] for name in (
-    "id", "org_id", "name", "phone", "email", "locale", "erased_at"))
+    "id", "org_id", "name", "phone", "email", "locale", "erased_at", "marketing_opted_out_at"))
 APPOINTMENT_COLUMNS = tuple(appointments.c[name] for name in (
     "id", "org_id", "contact_id", "professional", "starts_at", "timezone", "mode", "location", "status"))
 
