@@ -491,7 +491,7 @@ def _parse_notification(data: Any, *, waba_id: str = "") -> list[WebhookEvent]:
             if not isinstance(change, dict):
                 raise MalformedWebhook("change is not an object")
             field = change.get("field")
-            if field in _TEMPLATE_FIELDS:
+            if isinstance(field, str) and field in _TEMPLATE_FIELDS:
                 event = _template_event(field, change.get("value"), entry, waba_id)
                 if event is not None:
                     events.append(event)
