@@ -26,7 +26,7 @@ from engine.tenants.orgs import create_user
 from tests.admin.conftest import login
 from tests.fakes.meta import notes_error, sample_json
 from tests.factories import World
-from tests.test_meta_flow import APP_SECRET, PHONE, WABA, WA_ID, Graph, _send_due, meta_world, post, text_body
+from tests.test_meta_flow import APP_SECRET, PHONE, Graph, _send_due, meta_world, post, text_body
 
 OTHER_WABA = "998877665544332"
 

@@ -170,14 +170,6 @@ def marketing_keys(conn: Connection, org_id: int) -> set[str]:
     return {u.key for u in marketing_in_use(conn, org_id)}
 
 
-def category_for(conn: Connection, org_id: int, channel_id: int, mapping: Any) -> str | None:
-    """The category of the Meta template `mapping` names, as last heard (None: never heard)."""
-    if mapping is None:
-        return None
-    state = state_of(conn, org_id, channel_id, mapping.name, mapping.language)
-    return state.category if state is not None else None
-
-
 def flag_keys(items: Sequence[InUse]) -> list[str]:
     """The template keys of `items`, once each, in order."""
     return list(dict.fromkeys(u.key for u in items))
