@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from admin.app import create_app
+from engine.flows.versions import create_flow
 from engine.messaging import meta_categories, pricing
 from engine.queue.outbox import enqueue
 from engine.store.models import contacts, meta_template_states, messages
@@ -29,6 +30,14 @@ from tests.factories import World
 from tests.test_meta_flow import APP_SECRET, PHONE, Graph, _send_due, meta_world, post, text_body
 
 OTHER_WABA = "998877665544332"
+REMINDER_FLOW = {
+    "nodes": [{"id": "inicio", "type": "trigger", "config": {}},
+              {"id": "lembra", "type": "action",
+               "config": {"mode": "template", "template": "session_reminder", "channel_kinds": ["whatsapp"]}},
+              {"id": "fim", "type": "end", "config": {"outcome": "converted"}}],
+    "edges": [{"source": "inicio", "target": "lembra", "condition": {"type": "always"}},
+              {"source": "lembra", "target": "fim", "condition": {"type": "always"}}],
+}
 
 
 def category_body(new: str = "MARKETING", previous: str = "UTILITY", name: str = "session_reminder_v1"):
@@ -95,6 +104,10 @@ def test_template_webhooks_update_the_org_whose_waba_it_is_and_flag_marketing(rt
         modelos = console.get("/admin/templates/").text
         assert "data-marketing" in modelos and "cerca de 9 vezes" in modelos
         assert 'data-category="MARKETING"' in modelos and 'data-status="PAUSED"' in modelos
+        with rt.db.begin() as conn:  # a flow that sends the reminder's template is warned about it
+            create_flow(conn, world.org_id, name="Lembrete extra", draft_graph=REMINDER_FLOW)
+        fluxos = console.get("/admin/followup/flows/").text
+        assert "Este fluxo envia o modelo session_reminder, que a Meta classificou como marketing" in fluxos
 
 
 def test_131050_is_a_marketing_only_opt_out(rt, clock):
