@@ -29,7 +29,6 @@ from sqlalchemy.engine import Connection
 
 from engine.core.config import ConfigError
 from engine.store.models import channels, enrollments, flow_pointers, messages
-from gateway.phones import InvalidPhone
 
 #: The table in the repo; LEMBRA_META_PRICES names an ops copy.
 DEFAULT_FILE = Path(__file__).with_name("meta_prices.csv")
@@ -128,11 +127,11 @@ def country_of(phone: str | None) -> str | None:
     """The ISO country of an E.164 phone (the rate Meta applies is the recipient's country's)."""
     if not phone:
         return None
-    import phonenumbers  # the dependency gateway.phones already has
+    import phonenumbers  # the dependency gateway.phones already has (imported here: only Meta sends need it)
 
     try:
         region = phonenumbers.region_code_for_number(phonenumbers.parse(phone, None))
-    except (phonenumbers.NumberParseException, InvalidPhone):
+    except phonenumbers.NumberParseException:
         return None
     return region if region and region != "ZZ" else None
 
