@@ -206,6 +206,8 @@ class StatusEvent:
     error_code: str | None = None
     error_permanent: bool = True
     opt_out: bool = False
+    #: The person stopped this business's marketing messages (Meta's 131050): utility ones still go.
+    marketing_opt_out: bool = False
     #: Our own message reference when the provider echoes it (resolves `unknown` outcomes).
     reference: str | None = None
 
@@ -218,7 +220,24 @@ class ConnectionEvent:
     detail: str | None = None
 
 
-WebhookEvent = InboundMessageEvent | StatusEvent | ConnectionEvent
+@dataclass(frozen=True)
+class TemplateEvent:
+    """The provider's account changed one of its message templates (Meta's
+    message_template_status_update and template_category_update): its new `status` and/or
+    `category` (upper case, as the provider names them; None when the event does not say),
+    with the category it had before and the provider's reason when it gives them."""
+
+    name: str
+    language: str
+    #: When the provider says the change happened (None: when it arrived).
+    timestamp: datetime | None = None
+    status: str | None = None
+    category: str | None = None
+    previous_category: str | None = None
+    reason: str | None = None
+
+
+WebhookEvent = InboundMessageEvent | StatusEvent | ConnectionEvent | TemplateEvent
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from sqlalchemy import insert, select
 
 from engine.core import clock
 from engine.tenants.channels import create_channel
-from engine.store.models import templates
+from engine.store.models import meta_template_states, templates
 from tests.factories import World
 from tests.fakes.meta import FakeGraph
 from tests.fakes.server import Reply
@@ -155,8 +155,12 @@ def test_the_waba_s_templates_and_why_they_cannot_be_listed(rt, database_url, cl
     assert listed.returncode == 0, listed.stderr
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
     assert rows[0][:3] == ["aviso_com_nome", "pt_BR", "APPROVED"]  # approved first, then by name
-    assert ["lembrete_sorriso", "pt_BR", "APPROVED", "4", "QUICK_REPLY,", "QUICK_REPLY,", "PHONE_NUMBER"] in rows
-    assert ["aviso_com_nome", "pt_BR", "APPROVED", "named", "-"] in rows
+    assert ["lembrete_sorriso", "pt_BR", "APPROVED", "UTILITY", "4", "QUICK_REPLY,", "QUICK_REPLY,",
+            "PHONE_NUMBER"] in rows
+    assert ["aviso_com_nome", "pt_BR", "APPROVED", "UTILITY", "named", "-"] in rows
+    with rt.db.connect() as conn:  # what the list says of each template's category is recorded as read
+        recorded = {(r.name, r.language): r.category for r in conn.execute(select(meta_template_states))}
+    assert recorded[("lembrete_sorriso", "pt_BR")] == "UTILITY"
     World(rt, slug="sem-meta").channel("whatsapp")
     sandbox = lembra(database_url, "waba", "--org", "sem-meta")
     assert sandbox.returncode == 2 and "não sai pela API oficial da Meta" in sandbox.stderr

@@ -18,10 +18,11 @@ from typing import Any, Iterator
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, insert, text
 from sqlalchemy.engine import Engine, make_url
 
 from engine.store.app_role import MIGRATION_TABLES, grant_app_role
+from engine.store.models import meta_template_states
 from engine.words.catalogue import describe
 from engine.core.config import ConfigError
 from tests.conftest import IS_POSTGRES
@@ -126,6 +127,10 @@ def two_clinics(rt, clock, monkeypatch) -> tuple[Any, Any]:
             DbPacingStore(conn, org.org_id).reserve(org.channels["sandbox"], PacingPolicy(
                 min_interval=timedelta(seconds=1), jitter=timedelta(0), daily_cap=None),
                 now, now.date().isoformat(), now + timedelta(days=1))
+            # What a WABA says of a template (the webhooks and the list record it).
+            conn.execute(insert(meta_template_states).values(
+                org_id=org.org_id, channel_id=org.channels["sandbox"], name="session_reminder_v1", language="pt_BR",
+                category="UTILITY", status="APPROVED", updated_at=now))
     return a, b
 
 

@@ -202,9 +202,13 @@ def templates_waba(org_slug: str) -> None:
     waba = meta_templates.read_waba(rt.providers, channel)
     if waba.problem is not None:
         fail(str(waba.problem.text))
-    click.echo(f"{'NAME':<32} {'LANGUAGE':<8} {'STATUS':<10} {'VARIABLES':>9}  BUTTONS")
+    from engine.messaging.meta_categories import record_waba
+
+    record_waba(rt.db, channel, waba)  # each template's category and status, as Meta lists them now
+    click.echo(f"{'NAME':<32} {'LANGUAGE':<8} {'STATUS':<10} {'CATEGORY':<14} {'VARIABLES':>9}  BUTTONS")
     for template in meta_templates.offered(waba):
         kinds = ", ".join(b.type for b in template.buttons) or "-"
         variables = "named" if template.named else str(len(template.parameters))
-        click.echo(f"{template.name:<32} {template.language:<8} {template.status:<10} {variables:>9}  {kinds}")
+        click.echo(f"{template.name:<32} {template.language:<8} {template.status:<10} {template.category or '-':<14} "
+                   f"{variables:>9}  {kinds}")
 

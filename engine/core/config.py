@@ -46,6 +46,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "LEMBRA_WORKER_METRICS_PORT": ("9191", "lembra worker's /metrics (all its processes) and /healthz; 0 = off"),
     "LEMBRA_SCHEDULER_METRICS_PORT": ("9192", "lembra scheduler's /metrics and /healthz; 0 = off"),
     "LEMBRA_METRICS_DIR": ("", "parent folder of the web and worker groups' metric files (default: temp folder)"),
+    "LEMBRA_META_PRICES": ("", "an ops copy of Meta's price table (CSV, docs/pricing.md) used for the Painel's "
+                           + "estimated cost (default: engine/messaging/pricing/meta_prices.csv)"),
     "LEMBRA_RATELIMIT_URL": ("", "where failed sign-ins are counted: memory:// or redis://HOST:6379/N "
                              + "(default: the broker's Redis, else memory://)"),
     "LEMBRA_PROVIDER_ALLOW": ("", "internal hosts and CIDRs (comma-separated, e.g. evolution,10.0.5.0/24) that "
@@ -97,6 +99,8 @@ class Settings:
     send_timeout: float = 15.0
     #: Where failed sign-ins are counted; every web process must share it (see admin/throttle.py).
     ratelimit_url: str = "memory://"
+    #: An ops copy of Meta's price table ("" = the one in the repo; engine/messaging/pricing).
+    meta_prices: str = ""
     #: Internal hosts / CIDRs a tenant-set address may reach (`gateway.egress`); "" = public only.
     #: `from_env` puts the loopback default of the embedded mode here; built directly, it is strict.
     provider_allow: str = ""
@@ -181,6 +185,7 @@ class Settings:
             max_in_flight=_positive_int("LEMBRA_MAX_IN_FLIGHT", get),
             send_timeout=send_timeout,
             ratelimit_url=_ratelimit_url(get("LEMBRA_RATELIMIT_URL"), broker_url),
+            meta_prices=env.get("LEMBRA_META_PRICES", "").strip(),
             provider_allow=_provider_allow(
                 env.get("LEMBRA_PROVIDER_ALLOW", "").strip(),
                 embedded=database_url.startswith("sqlite") and broker_url.startswith("stub://"),

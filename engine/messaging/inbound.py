@@ -49,10 +49,12 @@ from engine.store.runtime import Runtime
 from engine.messaging import clinic_phone
 from engine.messaging.statuses import apply_status
 from engine.messaging import voice
+from engine.messaging.meta_categories import apply_event as apply_template_event
 from gateway.contract import (
     ConnectionEvent,
     InboundMessageEvent,
     StatusEvent,
+    TemplateEvent,
     WebhookRequest,
 )
 from gateway.errors import UnknownChannel
@@ -125,6 +127,8 @@ def receive(rt: Runtime, provider: str, channel_id: int, request: WebhookRequest
                     received.statuses_applied += 1
             elif isinstance(event, ConnectionEvent):
                 apply_connection(conn, channel, event)
+            elif isinstance(event, TemplateEvent):
+                apply_template_event(conn, channel, event)  # the provider checked it is this WABA's
     return received
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.people.contacts import opt_out
+from engine.queue.address_optouts import block_marketing
 from engine.store.dialect import insert_ignore
 from engine.store.models import early_statuses, messages
 from engine.queue.outbox import transition
@@ -68,6 +69,8 @@ def apply_status(conn: Connection, org_id: int, channel_id: int, event: StatusEv
         # `delivered`): the consent change stands even when the status does not move.
         opt_out(conn, org_id, msg.contact_id, kinds=(msg.channel_kind,), source="provider",
                 evidence=f"provider status {event.error_code}")
+    if event.marketing_opt_out:
+        block_marketing(conn, org_id, msg.contact_id)
     if event.status == "failed":
         if msg.status not in ("sent", "unknown"):
             return event.opt_out

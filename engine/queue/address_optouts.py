@@ -335,3 +335,25 @@ def contact_fields(conn: Connection, contact: Any) -> dict[str, Any]:
         "address_opted_out": sorted(refused_kinds(conn, contact.org_id, contact)),
         "shares_phone_with": sharing_phone(conn, contact.org_id, contact.id),
     }
+
+
+# --- marketing only (Meta's 131050) -------------------------------------------------------------
+
+#: The reason a marketing send to such a person is refused before it goes (the catalogue's).
+MARKETING_OPTED_OUT = "marketing_opted_out"
+
+
+def block_marketing(conn: Connection, org_id: int, contact_id: int) -> int:
+    """The person stopped this business's marketing messages (Meta's 131050): every live contact
+    of the org on the same phone is marked, so a marketing template to them is refused before it
+    is sent; utility reminders and replies still go. Returns how many contacts it marked (0 when
+    they already were: a repeated error or webhook changes nothing)."""
+    row = conn.execute(select(contacts.c.phone).where(contacts.c.org_id == org_id, contacts.c.id == contact_id)).first()
+    if row is None:
+        return 0
+    same_person = contacts.c.id == contact_id
+    if row.phone:
+        same_person = or_(same_person, contacts.c.phone == row.phone)
+    return conn.execute(update(contacts).where(
+        contacts.c.org_id == org_id, same_person, contacts.c.erased_at.is_(None),
+        contacts.c.marketing_opted_out_at.is_(None)).values(marketing_opted_out_at=clock.now())).rowcount

@@ -125,6 +125,8 @@ class Contact(Base):
     updated_at: Mapped[datetime]
     #: Who erased the contact (`user:ID`, `api_key:ID`, `cli:NAME`); the row is then a tombstone.
     erased_by: Mapped[str | None] = mapped_column(Text)
+    #: Meta's 131050: the person stopped this business's marketing messages (0029).
+    marketing_opted_out_at: Mapped[datetime | None]
 
     def __repr__(self) -> str:  # no name or phone: reprs end up in logs
         return f"<Contact {self.id} org={self.org_id}>"
@@ -399,6 +401,11 @@ class Message(Base):
     failed_at: Mapped[datetime | None]
     #: When retention or an erasure removed the message's text (the row and its counts stay).
     anonymised_at: Mapped[datetime | None]
+    #: How Meta bills the send (0029, engine/messaging/pricing): the category ("service" for free
+    #: text), whether it fell inside the free customer-service window, the recipient's country.
+    price_category: Mapped[str | None] = mapped_column(Text)
+    price_free: Mapped[bool | None] = mapped_column(Boolean)
+    price_country: Mapped[str | None] = mapped_column(Text)
 
 
 class MessageEvent(Base):
@@ -615,7 +622,26 @@ class RetentionRun(Base):
     counts: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
+class MetaTemplateState(Base):
+    """What the channel's WABA says of one of its templates (engine/messaging/meta_categories.py):
+    category, status, and when and why the last change came."""
+
+    __tablename__ = "meta_template_states"
+    id: Mapped[int] = mapped_column(PK, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    channel_id: Mapped[int] = _fk("channels.id")
+    name: Mapped[str] = mapped_column(Text)
+    language: Mapped[str] = mapped_column(Text)
+    category: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str | None] = mapped_column(Text)
+    previous_category: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
+    changed_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+
 address_optouts = AddressOptout.__table__
+meta_template_states = MetaTemplateState.__table__
 retention_runs = RetentionRun.__table__
 
 

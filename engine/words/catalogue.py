@@ -383,6 +383,8 @@ CATALOGUE: dict[str, Text] = {
                           "envios e confira a qualidade do número no gerenciador da Meta."),
     "marketing_limit": N_("O paciente atingiu o limite de mensagens de marketing do WhatsApp; o Lembra tenta de novo "
                           "mais tarde."),
+    "marketing_opted_out": N_("O paciente pediu para não receber mensagens de marketing desta clínica no WhatsApp; "
+                              "modelos de marketing para ele não saem mais. Lembretes de utilidade continuam saindo."),
     "unsupported_type": N_("O WhatsApp não aceita este tipo de mensagem. Use texto ou um modelo aprovado."),
     "generic_error": N_("O WhatsApp teve um erro interno; o Lembra tenta de novo mais tarde."),
     "experiment": N_("O número do paciente faz parte de um teste da Meta e não recebe esta mensagem. Use SMS ou "
@@ -644,6 +646,27 @@ CATALOGUE: dict[str, Text] = {
     "waba_status_pending_deletion": N_("sendo excluído"),
     "waba_status_deleted": N_("excluído"),
     "waba_status_limit_exceeded": N_("acima do limite de modelos"),
+    # --- Meta's categories and prices (engine/messaging/meta_categories.py, engine/messaging/pricing) ---
+    "waba_category_utility": N_("utilidade"),
+    "waba_category_marketing": N_("marketing"),
+    "waba_category_authentication": N_("autenticação"),
+    "waba_marketing_flag": N_("A Meta classificou o modelo %(name)s como marketing. No Brasil uma mensagem de "
+                              "marketing custa cerca de 9 vezes uma de utilidade, e a Meta limita quantas mensagens "
+                              "de marketing cada pessoa recebe. Reescreva o modelo como lembrete de utilidade (só o "
+                              "agendamento, sem oferta) e envie-o de novo para aprovação."),
+    "waba_marketing_flags": Np_("%(count)s modelo do WhatsApp da clínica sai como marketing na Meta: custa cerca de "
+                                "9 vezes mais que um de utilidade no Brasil e tem limite de mensagens por pessoa. "
+                                "Veja em Configuração → Modelos.",
+                                "%(count)s modelos do WhatsApp da clínica saem como marketing na Meta: custam cerca de "
+                                "9 vezes mais que os de utilidade no Brasil e têm limite de mensagens por pessoa. "
+                                "Veja em Configuração → Modelos."),
+    "flow_marketing_template": N_("Este fluxo envia o modelo %(template)s, que a Meta classificou como marketing: "
+                                  "custa cerca de 9 vezes mais que um de utilidade no Brasil, tem limite de mensagens "
+                                  "por pessoa e não chega a quem recusou marketing. Use um modelo de utilidade."),
+    "price_file_broken": N_("A tabela de preços da Meta não pôde ser lida (%(error)s); o custo estimado não é "
+                            "mostrado. Corrija o arquivo indicado em LEMBRA_META_PRICES."),
+    "price_unpriced": Np_("%(count)s mensagem foi para um país sem preço na tabela e não entra na soma.",
+                          "%(count)s mensagens foram para países sem preço na tabela e não entram na soma."),
     # --- a change of rules or of the sending window (engine/reminders/rules.py, engine/reminders/replan.py) ----------
     "rule_changed": N_("A regra deste lembrete foi desligada ou deixou de usar este canal; "
                        "o lembrete foi cancelado."),

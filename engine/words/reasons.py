@@ -49,6 +49,7 @@ META_CODES: dict[int, str] = {
     131056: "pair_rate_limit",
     131048: "spam_rate_limit",
     131049: "marketing_limit",
+    131050: "marketing_opted_out",
     131051: "unsupported_type",
     131000: "generic_error",
     130472: "experiment",

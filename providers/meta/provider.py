@@ -49,6 +49,7 @@ from gateway.contract import (
     ProviderTemplateButton,
     SendResult,
     StatusEvent,
+    TemplateEvent,
     TemplateRef,
     WebhookEvent,
     WebhookRequest,
@@ -108,6 +109,7 @@ _ERRORS: dict[int, tuple[bool, str, bool]] = {
     131056: (False, "pair_rate_limit", False),    # too many messages to the same user
     131048: (True, "spam_rate_limit", False),     # number restricted for spam: do not hammer it
     131049: (False, "marketing_limit", False),    # per-user marketing limit: later
+    131050: (True, "marketing_opted_out", False),  # the user stopped marketing messages from us
     131051: (True, "unsupported_type", False),
     131000: (False, "generic_error", False),      # "something went wrong": retry
     130472: (True, "experiment", False),          # user's number is part of an experiment
@@ -117,6 +119,8 @@ _ERRORS: dict[int, tuple[bool, str, bool]] = {
     131031: (True, "account_locked", True),
     80007: (False, "waba_rate_limit", False),
 }
+#: The user stopped marketing messages from this business (a marketing-only opt-out).
+MARKETING_OPT_OUT_CODE = 131050
 #: Codes that, on a failed status webhook, are worth another attempt (the rest are permanent).
 _TRANSIENT_CODES = frozenset(code for code, (permanent, _, _) in _ERRORS.items() if not permanent)
 
@@ -291,7 +295,7 @@ class MetaProvider(Provider):
         body = bounded(request.body, MAX_BODY_BYTES)
         self._check_signature(request.header(SIGNATURE_HEADER), body)
         data = json_value(body)
-        return WebhookResult(events=_parse_notification(data))
+        return WebhookResult(events=_parse_notification(data, waba_id=self._setting("waba_id")))
 
     def _verify_subscription(self, request: WebhookRequest) -> WebhookResult:
         """Meta's GET handshake: echo hub.challenge when hub.verify_token is ours (notes §3)."""
@@ -493,8 +497,12 @@ def _list(value: Any, what: str) -> list[Any]:
     return value
 
 
-def _parse_notification(data: Any) -> list[WebhookEvent]:
-    """Events of a `whatsapp_business_account` notification (notes §4); batches are iterated."""
+def _parse_notification(data: Any, *, waba_id: str = "") -> list[WebhookEvent]:
+    """Events of a `whatsapp_business_account` notification (notes §4); batches are iterated.
+
+    Template changes count only for the channel's own WABA (`entry.id` equal to its `waba_id`):
+    one Meta app may serve several clinics, and a change to another clinic's account must not
+    touch this one's templates."""
     if not isinstance(data, dict):
         raise MalformedWebhook("body is not a JSON object")
     kind = data.get("object")
@@ -511,8 +519,14 @@ def _parse_notification(data: Any) -> list[WebhookEvent]:
         for change in _list(entry.get("changes"), "changes"):
             if not isinstance(change, dict):
                 raise MalformedWebhook("change is not an object")
-            if change.get("field") != "messages":
-                continue  # template / account / quality updates: not events we act on
+            field = change.get("field")
+            if isinstance(field, str) and field in _TEMPLATE_FIELDS:
+                event = _template_event(field, change.get("value"), entry, waba_id)
+                if event is not None:
+                    events.append(event)
+                continue
+            if field != "messages":
+                continue  # account / quality updates: not events we act on
             value = change.get("value")
             if not isinstance(value, dict):
                 raise MalformedWebhook("change value is not an object")
@@ -528,6 +542,52 @@ def _parse_notification(data: Any) -> list[WebhookEvent]:
                 code = _int_code(error.get("code")) if isinstance(error, dict) else None
                 log.info("meta webhook carries an error", extra={"meta_code": code})
     return events
+
+
+#: The template changes a notification may carry (Meta's webhook reference pages of the same names).
+_TEMPLATE_FIELDS = frozenset({"message_template_status_update", "template_category_update"})
+_UPPER_RE = re.compile(r"^[A-Z_]{1,40}$")
+
+
+def _upper(value: Any) -> str | None:
+    """A status or category as Meta spells it (APPROVED, MARKETING, …), else None."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip().upper()
+    return value if _UPPER_RE.match(value) else None
+
+
+def _template_event(field: str, value: Any, entry: Mapping[str, Any], waba_id: str) -> TemplateEvent | None:
+    """A template's new status or category; None when it is for another WABA (or the channel
+    names none) or does not say which template."""
+    if not isinstance(value, dict):
+        raise MalformedWebhook("change value is not an object")
+    entry_id = entry.get("id")
+    if not waba_id or str(entry_id) != waba_id:
+        log.info("meta template update for another account skipped", extra={"meta_field": field})
+        return None
+    name, language = _short(value.get("message_template_name"), 512), _short(value.get("message_template_language"), 32)
+    if not name or not language:
+        return None
+    seconds = _int_code(entry.get("time"))
+    timestamp = _timestamp(seconds) if seconds else None
+    if field == "template_category_update":
+        # A completed change names previous_category; an impending one (correct_category) has not
+        # happened yet: only the completed one changes what a send costs.
+        if not isinstance(value.get("previous_category"), str):
+            return None
+        category = _upper(value.get("new_category"))
+        if category is None:
+            return None
+        return TemplateEvent(name=name, language=language, timestamp=timestamp, category=category,
+                             previous_category=_upper(value.get("previous_category")))
+    status = _upper(value.get("event"))
+    if status is None:
+        return None
+    reason = _short(value.get("reason"), 200) or None
+    return TemplateEvent(name=name, language=language, timestamp=timestamp, status=status,
+                         category=_upper(value.get("message_template_category")),
+                         reason=None if reason == "NONE" else reason)
 
 
 def _timestamp(value: Any) -> datetime:
@@ -643,5 +703,6 @@ def _status(item: Any) -> StatusEvent | None:
         timestamp=timestamp,
         error_code=str(code) if code is not None else None,
         error_permanent=code not in _TRANSIENT_CODES,
+        marketing_opt_out=code == MARKETING_OPT_OUT_CODE,
         reference=reference if isinstance(reference, str) and reference else None,
     )

@@ -16,10 +16,13 @@ from zoneinfo import ZoneInfo
 from flask_admin import AdminIndexView, expose
 from sqlalchemy import func, or_, select
 
-from admin.i18n import _, _l, format_percent_local
+from admin.i18n import _, _l, format_percent_local, translate
 from admin.views.base import KIND_LABELS, STATUS_LABELS, SignedInOrgAccess, org_id, org_timezone
+from admin.views.costs import estimate, unpriced_note
 from engine.core import clock
-from engine.store.models import Org, messages
+from engine.messaging.meta_categories import flag_keys, marketing_in_use
+from engine.store.models import Org, flow_pointers, messages
+from engine.words.catalogue import describe
 
 PENDING_ALERT = 500
 FAILURE_ALERT = 0.10
@@ -113,10 +116,19 @@ class DashboardView(SignedInOrgAccess, AdminIndexView):
             percent = format_percent_local(failure_rate)
             alerts.append(_("%(pct)s dos envios falharam na última hora. Veja os Registros e o status dos Canais.",
                             pct=percent))
+        marketing = flag_keys(marketing_in_use(conn, oid))
+        if marketing:
+            alerts.append(translate(describe("waba_marketing_flags", count=len(marketing))))
+        cost = estimate(conn, oid)
+        flow_names = {}
+        if cost.costs is not None and cost.costs.by_flow:
+            flow_names = dict(conn.execute(select(flow_pointers.c.id, flow_pointers.c.name).where(
+                flow_pointers.c.org_id == oid, flow_pointers.c.id.in_(list(cost.costs.by_flow)))).all())
         session.rollback()
         return self.render(
             "admin/dashboard.html", org=org, depth=depth, depth_labels=[(s, STATUS_LABELS[s]) for s in DEPTH],
             failure_rate=failure_rate, failed_hour=failed_hour, attempted_hour=attempted_hour, days=days, peak=peak,
             outcomes=OUTCOMES, outcome_labels=OUTCOME_LABELS, by_kind=by_kind, kind_labels=KIND_LABELS, alerts=alerts,
-            total_30=sum(d["total"] for d in days),
+            total_30=sum(d["total"] for d in days), cost=cost, flow_names=flow_names,
+            unpriced=unpriced_note(cost.costs),
         )

@@ -20,12 +20,15 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Connection
 
 from admin.api import services
-from admin.i18n import _, _l, format_percent_local
+from admin.i18n import _, _l, format_percent_local, translate
 from admin.views.base import TenantPageView, db_session, local_dt, org_id, org_timezone
+from admin.views.costs import estimate
 from engine.core import clock
 from engine.fleet.demo import DEMO_PUBLISHER
 from engine.flows import lifecycle, queries
+from engine.messaging.meta_categories import graph_template_keys, marketing_keys
 from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
+from engine.words.catalogue import describe
 
 #: A flow's status in the manager's words.
 FLOW_STATUS_LABELS = {"draft": _l("Rascunho"), "active": _l("Publicado"), "disabled": _l("Desativado")}
@@ -151,7 +154,26 @@ def list_page(view: TenantPageView) -> Any:
     published = last_published(conn, oid, ids)
     stats = flow_stats(conn, oid, ids, week_start(org_timezone(), clock.now()))
     triggers = {row.id: trigger_text(row.trigger_config) for row in rows}
+    cost = estimate(conn, oid)
+    notices = marketing_notices(conn, oid, ids)
     session.rollback()  # read only
     return view.render("admin/followup/flows.html", flows=flows, published=published, more=more,
                        max_flows=MAX_FLOWS, flow_badge=flow_badge, local_dt=local_dt, stats=stats,
-                       no_stats=FlowStats(), triggers=triggers, can_edit=bool(current_user.can_edit))
+                       no_stats=FlowStats(), triggers=triggers, can_edit=bool(current_user.can_edit),
+                       cost=cost, notices=notices)
+
+
+def marketing_notices(conn: Connection, oid: int, flow_ids: list[int]) -> dict[int, list[str]]:
+    """Per flow, the sentences warning that it sends a template Meta categorised as marketing
+    (reminders and follow-ups should go as utility templates)."""
+    marketing = marketing_keys(conn, oid)
+    if not marketing or not flow_ids:
+        return {}
+    notices: dict[int, list[str]] = {}
+    for flow_id, graph in conn.execute(select(flow_pointers.c.id, flow_pointers.c.draft_graph).where(
+            flow_pointers.c.org_id == oid, flow_pointers.c.id.in_(flow_ids))):
+        found = [translate(describe("flow_marketing_template", template=key))
+                 for key in graph_template_keys(graph) if key in marketing]
+        if found:
+            notices[flow_id] = found
+    return notices

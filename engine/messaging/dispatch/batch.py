@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from engine.store.dialect import in_pairs, in_values
 from engine.queue.conversation_window import last_inbound, window_open
 from engine.store.models import (
+    meta_template_states,
     address_optouts,
     appointments,
     channels,
@@ -46,7 +47,7 @@ SEND_COLUMNS = tuple(messages.c[name] for name in (
 #: What the checks and the render read of a message's contact and appointment (their
 #: timestamps and external ids are not read, and would be converted for every row).
 CONTACT_COLUMNS = tuple(contacts.c[name] for name in (
-    "id", "org_id", "name", "phone", "email", "locale", "erased_at"))
+    "id", "org_id", "name", "phone", "email", "locale", "erased_at", "marketing_opted_out_at"))
 APPOINTMENT_COLUMNS = tuple(appointments.c[name] for name in (
     "id", "org_id", "contact_id", "professional", "starts_at", "timezone", "mode", "location", "status"))
 
@@ -66,6 +67,13 @@ class Batch:
     channels: dict[tuple[int, str], list[Any]] = field(default_factory=dict)
     templates: dict[tuple[int, str, str, str], Any] = field(default_factory=dict)
     last_inbound: dict[tuple[int, int, int], datetime] = field(default_factory=dict)
+    #: (org_id, channel_id, Meta name, language) → the template's category at the WABA, for the
+    #: orgs whose messages go through a Meta channel (engine/messaging/meta_categories.py).
+    meta_categories: dict[tuple[int, int, str, str], str | None] = field(default_factory=dict)
+
+    def meta_category(self, org_id: int, channel_id: int, name: str, language: str) -> str | None:
+        """The WABA's category of a Meta template (None: never heard of)."""
+        return self.meta_categories.get((org_id, channel_id, name, language))
 
     def channel(self, org_id: int, kind: str) -> Any:
         """The org's channel for a kind: the default one if active, else any active one, else None
@@ -119,6 +127,11 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
             wanted.add((r.org_id, r.template_key, r.channel_kind, locale))
     batch.templates = find_templates(conn, wanted)
     batch.last_inbound = last_inbound(conn, {(r.org_id, r.contact_id) for r in rows})
+    meta_orgs = sorted({org for (org, _kind), found in batch.channels.items() if any(c.provider == "meta" for c in found)})
+    if meta_orgs:
+        s = meta_template_states.c
+        batch.meta_categories = {(r.org_id, r.channel_id, r.name, r.language): r.category for r in conn.execute(
+            select(s.org_id, s.channel_id, s.name, s.language, s.category).where(in_values(conn, s.org_id, meta_orgs)))}
     return batch
 
 

@@ -23,6 +23,9 @@ from engine.messaging.dispatch import batch as batches
 from engine.messaging.dispatch.outcomes import fail_in_tx, retry_or_give_up
 from engine.messaging.dispatch.ready import Ready
 from engine.messaging.optout_links import OptOutTarget, make_url
+from engine.messaging.meta_categories import MARKETING
+from engine.messaging.pricing import billing_columns
+from engine.queue.address_optouts import MARKETING_OPTED_OUT
 from engine.queue.outbox import transition
 from engine.queue.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.queue.pacing import DbPacingStore
@@ -124,6 +127,14 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
         return fail_in_tx(conn, msg, "template_error", str(exc))
     except MissingAddress:
         return fail_in_tx(conn, msg, "no_address", "the contact has no address for this channel")
+    billing = None
+    if channel.provider == "meta":
+        reference = rendered.outbound.template
+        category = batch.meta_category(org_id, channel.id, reference.name, reference.language) if reference else None
+        if category == MARKETING and contact.marketing_opted_out_at is not None:
+            # Meta's 131050 came for this person: marketing is refused before it is sent.
+            return settle("cancelled", "cancelled", MARKETING_OPTED_OUT)
+        billing = billing_columns(category, rendered.outbound.conversation_open, contact.phone)
     try:
         # Built (and cached) before any slot is reserved: a cold start must not sit between
         # the reserved instant and the moment on the wire.
@@ -143,7 +154,7 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
                        detail={"reason": reason})
             return "deferred"
         send_at = reservation.at
-    return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at)
+    return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at, billing=billing)
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:

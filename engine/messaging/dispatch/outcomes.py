@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.tenants.channels import default_channel
 from engine.queue.inbox import open_inbox_item
+from engine.queue.address_optouts import MARKETING_OPTED_OUT, block_marketing
 from engine.store.models import channels, contacts, messages, reminder_rule_kinds
 from engine.queue.outbox import transition, transition_where
 from engine.store.runtime import Runtime
@@ -76,7 +77,10 @@ def after_permanent(rt: Runtime, prepared: "Prepared", exc: ProviderError) -> st
         if not moved:
             return msg.status
         _maybe_break_channel(conn, prepared, exc)
-        if exc.opt_out:
+        if exc.code == MARKETING_OPTED_OUT:
+            # Meta's 131050: marketing only; the person's utility reminders still go.
+            block_marketing(conn, prepared.org_id, msg.contact_id)
+        elif exc.opt_out:
             from engine.people.contacts import opt_out
 
             opt_out(conn, prepared.org_id, msg.contact_id, kinds=(msg.channel_kind,),

@@ -39,3 +39,6 @@ class Ready:
     rendered: RenderedMessage
     provider: Provider
     send_at: datetime | None
+    #: How Meta bills it (`price_*` columns, engine/messaging/pricing), written as it is marked
+    #: `sending`; None off Meta.
+    billing: dict[str, Any] | None = None

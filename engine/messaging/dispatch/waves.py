@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Integer,
     Text,
     bindparam,
@@ -89,8 +90,11 @@ def observe_sent(sent: Sequence[Sent], moved: set[int], now: datetime) -> None:
 def _sending_values(rt: Runtime, item: Ready, now: datetime) -> dict[str, Any]:
     """What marking one message `sending` writes of its own: its channel and text, and its lease,
     from its paced slot for a paced message."""
+    billing = item.billing or {}
     return {"channel_id": item.channel.id, "subject": item.rendered.outbound.subject,
             "body": item.rendered.outbound.text, "lease_until": (item.send_at or now) + rt.settings.lease,
+            "price_category": billing.get("price_category"), "price_free": billing.get("price_free"),
+            "price_country": billing.get("price_country"),
             "slot": item.send_at.isoformat() if item.send_at else None}
 
 
@@ -104,7 +108,8 @@ def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Seque
         "sent_provider_status": [s.result.provider_status for s in sent],
         "wave_id": list(rows), "wave_org_id": [item.msg.org_id for item in wave],
         **{f"wave_{name}": [row[name] for row in rows.values()]
-           for name in ("channel_id", "subject", "body", "lease_until", "slot")},
+           for name in ("channel_id", "subject", "body", "lease_until", "price_category", "price_free",
+                        "price_country", "slot")},
     }
     moved_sent: set[int] = set()
     moved_sending: dict[int, int] = {}
@@ -143,9 +148,10 @@ def _wave_statement() -> Any:
     marked = func.unnest(
         array("wave_id", BigInteger()), array("wave_org_id", BigInteger()), array("wave_channel_id", BigInteger()),
         array("wave_subject", Text()), array("wave_body", Text()), array("wave_lease_until", m.lease_until.type),
+        array("wave_price_category", Text()), array("wave_price_free", Boolean()), array("wave_price_country", Text()),
         array("wave_slot", Text()),
-    ).table_valued("id", "org_id", "channel_id", "subject", "body", "lease_until", "slot").render_derived(
-        name="marked")
+    ).table_valued("id", "org_id", "channel_id", "subject", "body", "lease_until", "price_category", "price_free",
+                   "price_country", "slot").render_derived(name="marked")
     sending = (
         update(messages)
         # The lease is compared as `lease_until - now > 0`, which no index answers: written as
@@ -156,7 +162,8 @@ def _wave_statement() -> Any:
                m.lease_until - now > timedelta(0))
         .values(status="sending", attempts=m.attempts + 1, claimed_by=bindparam("worker", type_=Text()),
                 updated_at=now, channel_id=marked.c.channel_id, subject=marked.c.subject, body=marked.c.body,
-                lease_until=marked.c.lease_until)
+                lease_until=marked.c.lease_until, price_category=marked.c.price_category,
+                price_free=marked.c.price_free, price_country=marked.c.price_country)
         .returning(m.id, m.org_id, m.attempts, marked.c.slot)
         .cte("sending")
     )
