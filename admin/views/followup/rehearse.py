@@ -39,7 +39,7 @@ def ui_strings() -> dict[str, Any]:
         "unwritten": _("(a mensagem não pôde ser escrita com este modelo)"),
         "waiting": _("O fluxo espera a resposta do paciente."), "running": _("Testando…"),
         "ended": _("Fim do fluxo: %(resultado)s"), "stopped": _("O fluxo parou: %(motivo)s"),
-        "open": _("Testar o fluxo"), "close": _("Fechar o teste"),
+        "open": _("Testar"), "close": _("Fechar o teste"),
         "outcomes": {"converted": _("Convertido"), "exhausted": _("Esgotado (sem sucesso)"), "custom": _("Outro"),
                      "opted_out": _("O paciente não quer mais mensagens"), "replied": _("O paciente respondeu")},
         "intents": {"other": _("outra coisa"), "opt_out": _("não quer mais mensagens"), "choice": _("uma opção"),
