@@ -3,7 +3,8 @@
 The clinic's manager draws the flow in the builder with the mouse (palette → canvas, handles joined
 by dragging, each step's form filled): a no-show starts it → Perguntar (the day and the period) →
 Oferecer horários (the built-in agenda's free times) → Ação "book" (the picked time) → Fim. She plays
-the patient in "Testar" (what was understood, the fields, the exit), publishes, marks a sandbox
+the patient in "Testar" (what was understood, the fields, the exit), publishes, lets the clinic's
+assistant start it (Agentes: a trigger only starts flows an enabled agent may start), marks a sandbox
 appointment as "Faltou" in the console as a receptionist would, answers as the patient in the
 sandbox chat (the day, then one of the times offered): a new appointment is booked. Execuções shows
 each step with the patient's reply and the fields taken from it.
@@ -51,27 +52,28 @@ PATIENT, PHONE = "Mariana Alves", "+5516999887766"
 SAO_PAULO = ZoneInfo("America/Sao_Paulo")
 
 
-def _shot(page, artifacts: Path, name: str) -> None:
-    """The window (the builder at 1800x1000, the rest at 1280x800) to the artifacts; to docs/screenshots/ too on a run asked to refresh them."""
-    path = artifacts / f"{name}.png"
-    page.screenshot(path=str(path))
+def _shot(tab, folder: Path, name: str) -> None:
+    """The window (the builder at 1800x1000, the rest at 1280x800) to the artifacts; to
+    docs/screenshots/ too on a run asked to refresh them."""
+    path = folder / f"{name}.png"
+    tab.screenshot(path=str(path))
     if os.environ.get("LEMBRA_UPDATE_SCREENSHOTS"):  # by hand, so a CI run never rewrites a tracked file
         DOCS.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS / path.name)
 
 
-def _patient_says(page, server: str, contact_id: int, flows: Flows, clock, text: str) -> None:
+def _patient_says(tab, base: str, contact_id: int, flows: Flows, clock, text: str) -> None:
     """Type as the patient in the sandbox chat; the engine reads the turn once the debounce is over."""
-    page.goto(f"{server}/admin/sandbox/?contact={contact_id}")
-    page.fill("#lembra-reply", text)
-    page.get_by_role("button", name="Responder").click()
-    expect(page.locator("#lembra-thread")).to_contain_text(text)
+    tab.goto(f"{base}/admin/sandbox/?contact={contact_id}")
+    tab.fill("#lembra-reply", text)
+    tab.get_by_role("button", name="Responder").click()
+    expect(tab.locator("#lembra-thread")).to_contain_text(text)
     clock.advance(DEBOUNCE)
     flows.run()
 
 
-def test_the_manager_builds_tests_publishes_and_a_no_show_is_rebooked(rt, clock, server, page,  # noqa: F811
-                                                                      artifacts) -> None:
+def test_the_manager_builds_tests_publishes_and_a_no_show_is_rebooked(  # noqa: F811 (fixtures)
+        rt, clock, server, page, artifacts) -> None:  # noqa: F811
     world = World(rt, slug="bem-viver", quiet_start="00:00", quiet_end="23:59", skip_sundays=False,
                   skip_holidays=False)
     world.channel("whatsapp")
@@ -206,6 +208,7 @@ def test_the_manager_builds_tests_publishes_and_a_no_show_is_rebooked(rt, clock,
     expect(page.locator("[data-collected]")).to_contain_text(f"horário: {starts:%d/%m/%Y %H:%M} (Dra. Beatriz Costa)")
     timeline = page.locator("#lembra-timeline")
     for node_name in ("Gatilho 1", "Perguntar 1", "Oferecer horários 1", "Ação 1"):
-        expect(timeline.locator("tr").filter(has_text="Etapa executada").filter(has_text=node_name).first).to_be_visible()
+        step = timeline.locator("tr").filter(has_text="Etapa executada").filter(has_text=node_name)
+        expect(step.first).to_be_visible()
     expect(timeline).to_contain_text("segue para Fim 1")
     _shot(page, artifacts, "execucoes")
