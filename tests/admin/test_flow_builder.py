@@ -14,9 +14,8 @@ import pytest
 from sqlalchemy import func, select
 
 from engine.flows.conversation.fields import create_field
-from engine.tenants.channels import create_channel
-from engine.flows import versions
-from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
+from engine.flows import triggers, versions
+from engine.store.models import audit_log, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login
 from tests.flows.helpers import Flows, edge, node
 
@@ -175,7 +174,7 @@ def test_every_write_needs_the_csrf_token(owner, rt, flows):
     mine, _ = flows
     _token(owner, mine)  # a session exists, but the request does not carry its token
     for action, body in (("draft", {"name": "sem token"}), ("publish", {}), ("disable", {"live": "finish"}),
-                         ("rollback", {"version": 1}), ("test", {"contact_id": 1})):
+                         ("rollback", {"version": 1})):
         assert _post(owner, mine, action, body, None).status_code == 400, action
         assert _post(owner, mine, action, body, "not-the-token").status_code == 400, action
     assert _pointer(rt, mine).name == "Pós-consulta"
@@ -263,7 +262,7 @@ def test_an_agent_reads_the_builder_but_changes_nothing(agent, owner, rt, flows)
     assert agent.get(_url(mine, "data")).status_code == 200
     token = _token(agent, mine)
     for action, body in (("draft", {"name": "do atendente"}), ("publish", {}), ("disable", {"live": "cancel"}),
-                         ("rollback", {"version": 1}), ("test", {"contact_id": 1})):
+                         ("rollback", {"version": 1})):
         response = _post(agent, mine, action, body, token)
         assert response.status_code == 403, action
         assert response.get_json()["error"] == "Apenas proprietários e gestores alteram fluxos."
@@ -282,7 +281,7 @@ def test_the_other_orgs_flow_answers_404_everywhere(owner, rt, tenants, flows):
     assert owner.get(_url(theirs)).status_code == 404
     assert owner.get(_url(theirs, "data")).status_code == 404
     for action, body in (("draft", {"name": "roubado"}), ("publish", {}), ("disable", {"live": "cancel"}),
-                         ("rollback", {"version": 1}), ("test", {"contact_id": b.contact_id})):
+                         ("rollback", {"version": 1})):
         assert _post(owner, theirs, action, body, token).status_code == 404, action
     after = _pointer(rt, theirs)
     assert (after.name, after.status, after.updated_at) == (before.name, before.status, before.updated_at)
@@ -293,58 +292,16 @@ def test_the_other_orgs_flow_answers_404_everywhere(owner, rt, tenants, flows):
     assert "Pós-consulta" in listing and "Fluxo só da B" not in listing
 
 
-# --- Testar ---------------------------------------------------------------------------------------------
+# --- Testar -------------------------------------------------------------------------------------------
 
-def test_testar_enrolls_a_sandbox_contact_and_links_to_the_chat_and_the_run(owner, rt, tenants, flows):
-    a, b = tenants
+def test_testar_is_the_rehearsal_chat_only(owner, rt, tenants, flows):
+    # One way to test a flow: the chat (tests/admin/test_rehearse.py); no route enrolls a contact by hand.
     mine, _ = flows
     token = _token(owner, mine)
-    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
-    not_yet = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
-    assert not_yet.status_code == 409
-    assert not_yet.get_json()["error"].startswith("O fluxo não está publicado")
-    assert _post(owner, mine, "publish", {}, token).status_code == 200
-
-    # Neither a contact only SMS could reach (the org has no SMS channel) nor one without a phone.
-    sms_only = a.world.contact(name="Só SMS", phone="+5516988887777", email=None, consent=("sms",))
-    no_phone = a.world.contact(name="Sem telefone", phone=None, email="sem@exemplo.com", consent=("whatsapp",))
     boot = _boot(owner.get(_url(mine)).text)
-    assert [c["id"] for c in boot["test_contacts"]] == [a.contact_id]
-    for other in (sms_only, no_phone):
-        assert _post(owner, mine, "test", {"contact_id": other}, token).status_code == 409
-    assert boot["test_contacts"][0]["name"] == "Paciente Da A"
-
-    started = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
-    assert started.status_code == 200, started.text
-    answer = started.get_json()
-    assert answer["links"]["sandbox"] == f"/admin/sandbox/?contact={a.contact_id}"
-    if "run" in answer["links"]:  # the Execuções page, once it exists
-        assert str(answer["enrollment_id"]) in answer["links"]["run"]
-    with rt.db.connect() as conn:
-        row = conn.execute(select(enrollments).where(enrollments.c.id == answer["enrollment_id"])).one()
-    assert (row.org_id, row.pointer_id, row.contact_id, row.trigger_kind) == (a.world.org_id, mine, a.contact_id,
-                                                                               "manual")
-    again = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
-    assert again.status_code == 409 and again.get_json()["error"] == "O paciente já está neste fluxo."
-    assert _post(owner, mine, "test", {"contact_id": b.contact_id}, token).status_code == 404
-    assert _post(owner, mine, "test", {"contact_id": "1"}, token).status_code == 400
-
-
-def test_testar_refuses_a_contact_a_real_channel_would_reach(owner, rt, tenants, flows):
-    a, _ = tenants
-    mine, _ = flows
-    with rt.db.begin() as conn:
-        create_channel(conn, rt.keyring, org_id=a.world.org_id, kind="email", provider="smtp", name="E-mail real",
-                       credentials={"host": "127.0.0.1", "port": "2525", "security": "none",
-                                    "from_email": "clinica@a.com.br"})
-    token = _token(owner, mine)
-    assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
-    assert _post(owner, mine, "publish", {}, token).status_code == 200
-    assert _boot(owner.get(_url(mine)).text)["test_contacts"] == []  # the contact consented to e-mail too
-    refused = _post(owner, mine, "test", {"contact_id": a.contact_id}, token)
-    assert refused.status_code == 409 and "sandbox" in refused.get_json()["error"]
-    with rt.db.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(enrollments)).scalar() == 0
+    assert set(boot["urls"]) == {"data", "save", "publish", "disable", "rollback", "rehearse"}
+    assert "test_contacts" not in boot and boot["strings"]["rehearse"]["open"] == "Testar"
+    assert _post(owner, mine, "test", {"contact_id": tenants[0].contact_id}, token).status_code in (404, 405)
 
 
 # --- the list ------------------------------------------------------------------------------------------
@@ -355,7 +312,9 @@ def test_the_list_shows_status_version_live_runs_and_who_published(owner, rt, te
     token = _token(owner, mine)
     assert _post(owner, mine, "draft", {"draft_graph": GOOD_GRAPH}, token).status_code == 200
     assert _post(owner, mine, "publish", {}, token).status_code == 200
-    assert _post(owner, mine, "test", {"contact_id": a.contact_id}, token).status_code == 200
+    with rt.db.begin() as conn:  # one live run, as the flow's trigger would start it
+        assert triggers.enroll(conn, a.world.org_id, mine, a.contact_id, trigger_kind="manual",
+                               trigger_key="lista-1", automatic=False).enrollment_id is not None
     draft = _flow(rt, a.world.org_id, "Ainda em rascunho")
     page = owner.get("/admin/followup/flows/").text
     row = re.search(rf'<tr data-flow-id="{mine}">(.*?)</tr>', page, re.S).group(1)

@@ -26,10 +26,14 @@ def test_a_runs_page_shows_the_values_its_conversation_collected(rt, tenants, ow
     run = flows.enroll(flows.flow(graph), a.contact_id)
     with rt.db.begin() as conn:
         conn.execute(update(enrollments).where(enrollments.c.id == run)
-                     .values(data={"data": "2026-12-11", "periodo": "morning"}))
+                     .values(data={"data": "2026-12-11", "periodo": "morning",
+                                   "slot": {"starts_at": "2026-12-11T12:30:00+00:00", "professional": "Dra. Beatriz",
+                                            "professional_id": 1}}))
     page = html.unescape(owner.get(f"/admin/followup_runs/?enrollment={run}").get_data(as_text=True))
     assert "Dados coletados" in page
     assert "Dia preferido: <strong>11/12/2026</strong>" in page and "Período: <strong>de manhã</strong>" in page
+    # The picked time in the clinic's time, not the stored dict.
+    assert "horário: <strong>11/12/2026 09:30 (Dra. Beatriz)</strong>" in page and "starts_at" not in page
     other = Flows(b.world)
     theirs = other.enroll(other.flow(graph), b.contact_id)
     assert owner.get(f"/admin/followup_runs/?enrollment={theirs}").status_code == 404

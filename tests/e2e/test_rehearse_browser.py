@@ -68,7 +68,7 @@ def test_the_owner_plays_the_patient_in_the_testar_panel(rt, clock, server, page
 
     _sign_in(page, server, EMAIL, PASSWORD)
     page.goto(f"{server}/admin/followup/builder/{flow_id}/")
-    page.get_by_role("button", name="Testar o fluxo").click()
+    page.get_by_role("button", name="Testar", exact=True).click()
     panel = page.locator(".lf-rehearse")
     expect(panel.locator('[data-version="published"]')).to_have_attribute("aria-pressed", "true")
     expect(panel.locator(".lf-bubble-bot")).to_have_text(["Qual dia fica melhor para você?"])

@@ -1,7 +1,7 @@
 // The builder: a toolbar (save state, Salvar rascunho, Publicar, Desativar), the palette of the six
 // step types that have forms, the React Flow canvas (ask and do steps too, their config shown
 // read-only in the panel) and a side panel (the selected step's or the flow's settings, the
-// publish problems, the version history, "Testar").
+// publish problems, the version history) and "Testar", the chat that plays the patient (TestPanel.jsx).
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import {
   Background, MiniMap, ReactFlow, applyEdgeChanges, applyNodeChanges, useNodesInitialized, useReactFlow,
@@ -328,7 +328,7 @@ export function App({ boot }) {
     touch();
   }, [touch]);
 
-  // --- publish, disable, rollback, test ------------------------------------------------------------
+  // --- publish, disable, rollback ------------------------------------------------------------------
   const applyState = (data) => {
     setFlow(data.flow);
     setVersions(data.versions);
@@ -511,7 +511,7 @@ export function App({ boot }) {
             <ul className="nav nav-tabs lf-tabs" role="tablist">
               {[['config', selectedNode ? ui.node : selectedEdge ? ui.edge : ui.settings],
                 ['issues', `${ui.tab_problems}${issues.length ? ` (${issues.length})` : ''}`],
-                ['history', ui.tab_history], ['test', ui.test]].map(([key, text]) => (
+                ['history', ui.tab_history]].map(([key, text]) => (
                 <li key={key} className="nav-item">
                   <button type="button" role="tab" aria-selected={tab === key} data-tab={key}
                           className={`nav-link${tab === key ? ' active' : ''}`} onClick={() => setTab(key)}>{text}</button>
@@ -542,9 +542,6 @@ export function App({ boot }) {
               {tab === 'history' && (
                 <History versions={versions} active={activeVersion} strings={strings} canEdit={canEdit} busy={busy}
                          onRollback={rollback} />
-              )}
-              {tab === 'test' && (
-                <TestPanel boot={boot} status={status} strings={strings} canEdit={canEdit} />
               )}
             </div>
           </aside>
@@ -692,49 +689,5 @@ function History({ versions, active, strings, canEdit, busy, onRollback }) {
         </li>
       ))}
     </ul>
-  );
-}
-
-function TestPanel({ boot, status, strings, canEdit }) {
-  const ui = strings.ui;
-  const contacts = boot.test_contacts;
-  const [contact, setContact] = useState(contacts.length ? String(contacts[0].id) : '');
-  const [result, setResult] = useState(null);
-  const [running, setRunning] = useState(false);
-  if (status !== 'active') return <p className="text-muted">{ui.test_needs_publish}</p>;
-  if (!canEdit) return <p className="text-muted">{ui.read_only}</p>;
-  if (!contacts.length) return <p className="text-muted">{ui.test_none}</p>;
-  const run = async () => {
-    setRunning(true);
-    setResult(null);
-    try {
-      const data = await postJSON(boot.urls.test, { contact_id: Number(contact) });
-      setResult({ ok: true, links: data.links });
-    } catch (error) {
-      setResult({ ok: false, text: errorText(error, strings) });
-    } finally {
-      setRunning(false);
-    }
-  };
-  return (
-    <div className="lf-panel" data-panel="test">
-      <p className="lf-help">{ui.test_help}</p>
-      <div className="lf-field">
-        <label htmlFor="lf-test-contact">{ui.test_contact}</label>
-        <select id="lf-test-contact" className="form-control form-control-sm" value={contact}
-                onChange={(e) => setContact(e.target.value)}>
-          {contacts.map((c) => <option key={c.id} value={c.id}>{c.name}</option>)}
-        </select>
-      </div>
-      <button type="button" className="btn btn-sm btn-primary" disabled={running} onClick={run}>{ui.test_run}</button>
-      {result && result.ok && (
-        <div className="alert alert-success mt-2" role="status">
-          {ui.test_started}
-          <div><a href={result.links.sandbox}>{ui.open_sandbox}</a></div>
-          {result.links.run && <div><a href={result.links.run}>{ui.open_run}</a></div>}
-        </div>
-      )}
-      {result && !result.ok && <div className="alert alert-danger mt-2" role="alert">{result.text}</div>}
-    </div>
   );
 }

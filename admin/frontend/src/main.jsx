@@ -1,5 +1,5 @@
 // Entry point: reads the page's JSON blob (admin/templates/admin/followup/builder.html) and mounts
-// the builder. The blob holds the flow, the JSON Schema, the org's templates, the test contacts,
+// the builder. The blob holds the flow, the JSON Schema, the org's templates, the org's fields,
 // the endpoints and every word to show, already in the reader's language.
 import { createRoot } from 'react-dom/client';
 import { ReactFlowProvider } from '@xyflow/react';

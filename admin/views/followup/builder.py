@@ -20,7 +20,6 @@ a flow looks the same to both; what they change goes through `engine.flows.versi
 from __future__ import annotations
 
 import functools
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,7 +27,7 @@ from typing import Any, Mapping
 from flask import abort, jsonify, redirect, request, url_for
 from flask_admin import expose
 from flask_login import current_user
-from sqlalchemy import and_, exists, false, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 from werkzeug.routing import BuildError
 
@@ -41,10 +40,9 @@ from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_ses
 from admin.views.followup import rehearse as rehearsing
 from admin.views.followup.flow_list import FLOW_STATUS_LABELS, list_page
 from admin.views.settings.templates import preview
-from engine.tenants.channels import default_channel
-from engine.flows import queries, triggers, versions
+from engine.flows import queries, versions
 from engine.flows.schema import CHANNEL_KINDS, json_schema
-from engine.store.models import contacts, flow_pointers, preferences, templates, users
+from engine.store.models import flow_pointers, templates, users
 from engine.core.errors import DomainError
 from engine.flows.conversation.fields import list_fields
 from engine.words.catalogue import CATALOGUE
@@ -59,11 +57,6 @@ EDITABLE = ("name", "draft_graph", "trigger_config", "handoff_policy", "cancel_o
 #: The catalogue's `detail_*` sentences the node forms show for a value they refuse (forms.jsx problemOf).
 FORM_DETAILS = ("detail_required", "detail_text", "detail_text_range", "detail_slug", "detail_integer_min",
                 "detail_integer_range", "detail_list", "detail_repeated")
-#: Contacts offered by "Testar" (the first ones by name): enough to find a test patient.
-TEST_CONTACTS = 200
-#: Channel kinds whose default channel is the sandbox provider can only "send" into the sandbox inbox.
-SANDBOX_PROVIDER = "sandbox"
-
 
 class BuilderError(Exception):
     """A request the builder answers with an error status and a sentence a person reads."""
@@ -226,14 +219,7 @@ def ui_strings() -> dict[str, Any]:
             "none": _("— nenhum —"), "choose": _("— escolha —"), "preview": _("Pré-visualização"),
             "no_template_body": _("Este modelo não tem texto para este canal."),
             "values_help": _("Um valor por linha."),
-            "test": _("Testar"), "test_help": _("Inclua um contato do sandbox no fluxo publicado e acompanhe a "
-                                                "conversa e a execução."),
-            "test_contact": _("Contato do sandbox"), "test_run": _("Incluir no fluxo"),
-            "test_none": _("Nenhum contato do sandbox: cadastre um contato que aceitou mensagens num canal "
-                           "sandbox."),
-            "test_needs_publish": _("Publique o fluxo para testá-lo."),
-            "test_started": _("O contato entrou no fluxo."), "open_sandbox": _("Abrir a conversa no sandbox"),
-            "open_run": _("Ver a execução"), "back": _("Voltar aos fluxos"),
+            "back": _("Voltar aos fluxos"),
             "error": _("Algo deu errado. Recarregue a página e tente de novo."),
             "leave": _("Há alterações não salvas. Sair mesmo assim?"),
             "zoom_fit": _("Ajustar à tela"), "organize": _("Organizar"),
@@ -321,51 +307,6 @@ def flow_choices(conn: Connection, oid: int, flow_id: int) -> list[dict[str, Any
     return [{"id": int(row.id), "name": row.name} for row in rows]
 
 
-def sandbox_contacts(conn: Connection, oid: int, contact_id: int | None = None) -> list[dict[str, Any]]:
-    """The org's contacts "Testar" may run through a flow (the first TEST_CONTACTS by name, or just
-    `contact_id` when given): a message step sends on the first kind the contact consented to, has
-    an address for and the org has a channel for (engine.flows.nodes), so a contact qualifies only
-    when that can never be a real provider's channel: at least one such kind goes to a sandbox
-    channel and none goes anywhere else. One query, whatever the size of the contact list."""
-    sandbox_kinds, real_kinds = [], []
-    for kind in CHANNEL_KINDS:
-        channel = default_channel(conn, oid, kind)
-        if channel is not None:
-            (sandbox_kinds if channel.provider == SANDBOX_PROVIDER else real_kinds).append(kind)
-    if not sandbox_kinds:
-        return []
-
-    def reachable(kinds: list[str]) -> Any:
-        """The contact consented to one of `kinds` and has that kind's address."""
-        if not kinds:
-            return false()
-        address = or_(*[and_(preferences.c.kind == kind,
-                             (contacts.c.email if kind == "email" else contacts.c.phone).is_not(None))
-                        for kind in kinds])
-        return exists().where(preferences.c.org_id == oid, preferences.c.contact_id == contacts.c.id,
-                              preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None), address)
-
-    query = (select(contacts.c.id, contacts.c.name, contacts.c.phone, contacts.c.email)
-             .where(contacts.c.org_id == oid, contacts.c.erased_at.is_(None), reachable(sandbox_kinds),
-                    ~reachable(real_kinds))
-             .order_by(contacts.c.name, contacts.c.id).limit(TEST_CONTACTS))
-    if contact_id is not None:
-        query = query.where(contacts.c.id == contact_id)
-    return [{"id": int(row.id), "name": row.name or row.phone or row.email or _("Contato %(id)s", id=row.id)}
-            for row in conn.execute(query)]
-
-
-def run_links(enrollment_id: int, contact_id: int) -> dict[str, str]:
-    """Where a test run can be watched: the sandbox chat and the run's timeline (the Execuções page,
-    endpoint `followup_runs`; while it does not exist the link is left out)."""
-    links = {"sandbox": url_for("sandbox.index", contact=contact_id)}
-    try:
-        links["run"] = url_for("followup_runs.index", enrollment=enrollment_id)
-    except BuildError:
-        pass
-    return links
-
-
 def bundle_version() -> str:
     """The sources hash in the bundle's first line (a cache-buster for its URL)."""
     return _bundle_first_line().removeprefix("/*! lembra-flow-builder sources-sha256:").split(" ")[0][:16]
@@ -441,10 +382,9 @@ class FlowBuilderView(TenantPageView):
             "templates": template_choices(conn, oid),
             "fields": field_choices(conn, oid),
             "flows": flow_choices(conn, oid, pk),
-            "test_contacts": sandbox_contacts(conn, oid),
             "strings": ui_strings(),
             "urls": {name: url_for(f".{name}", flow_id=pk) for name in
-                     ("data", "save", "publish", "disable", "rollback", "test", "rehearse")},
+                     ("data", "save", "publish", "disable", "rollback", "rehearse")},
             "locale": current_locale(),
             "flows_url": _flows_url(),
         }
@@ -517,35 +457,6 @@ class FlowBuilderView(TenantPageView):
                 raise BuilderError(404, _("Versão não encontrada.")) from None
             write_audit(conn, "rollback", "flow_pointers", pk, {"version": row.version, "version_id": row.id})
             return 200, {**flow_state(conn, oid, pk), "rolled_back": row.version}
-
-        return self._answer(run, flow_id)
-
-    @expose("/<flow_id>/test", methods=("POST",))
-    def test(self, flow_id: str) -> Any:
-        """"Testar": enroll a sandbox contact in the published flow by hand (manual trigger)."""
-
-        def run(conn: Connection, oid: int, pk: int) -> tuple[int, dict[str, Any]]:
-            raw = _body().get("contact_id")
-            contact_id = parse_id(str(raw)) if isinstance(raw, int) and not isinstance(raw, bool) else None
-            if contact_id is None:
-                raise BuilderError(400, _("Pedido inválido."))
-            _exists(conn, oid, pk)
-            known = conn.execute(select(contacts.c.id).where(
-                contacts.c.org_id == oid, contacts.c.id == contact_id, contacts.c.erased_at.is_(None))).first()
-            if known is None:
-                raise BuilderError(404, _("Contato não encontrado."))
-            if not sandbox_contacts(conn, oid, contact_id):
-                raise BuilderError(409, _("Este contato pode receber mensagens de verdade por um canal que não é "
-                                          "o sandbox; o teste só usa contatos do sandbox."))
-            result = triggers.enroll(conn, oid, pk, contact_id, trigger_kind="manual",
-                                     trigger_key=f"console-test:{uuid.uuid4().hex}", automatic=False)
-            if result.enrollment_id is None:
-                text = queries.sentence(result.reason)
-                raise BuilderError(409, translate(text) if text is not None else _("O contato não entrou no fluxo."),
-                                   reason=result.reason)
-            write_audit(conn, "enroll", "enrollments", result.enrollment_id,
-                        {"flow_id": pk, "contact_id": contact_id, "source": "builder_test"})
-            return 200, {"enrollment_id": result.enrollment_id, "links": run_links(result.enrollment_id, contact_id)}
 
         return self._answer(run, flow_id)
 

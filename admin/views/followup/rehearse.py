@@ -11,14 +11,13 @@ the transcript in the reader's words (field labels, values, exits, steps).
 
 from __future__ import annotations
 
-from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Mapping
 
 from sqlalchemy.engine import Connection
 
 from admin.i18n import _, translate
-from admin.views.base import local_dt, runtime
+from admin.views.base import runtime
 from admin.views.followup.runs import collected
 from engine.flows import queries, versions
 from engine.flows.graph import GraphIndex
@@ -39,7 +38,7 @@ def ui_strings() -> dict[str, Any]:
         "unwritten": _("(a mensagem não pôde ser escrita com este modelo)"),
         "waiting": _("O fluxo espera a resposta do paciente."), "running": _("Testando…"),
         "ended": _("Fim do fluxo: %(resultado)s"), "stopped": _("O fluxo parou: %(motivo)s"),
-        "open": _("Testar o fluxo"), "close": _("Fechar o teste"),
+        "open": _("Testar"), "close": _("Fechar o teste"),
         "outcomes": {"converted": _("Convertido"), "exhausted": _("Esgotado (sem sucesso)"), "custom": _("Outro"),
                      "opted_out": _("O paciente não quer mais mensagens"), "replied": _("O paciente respondeu")},
         "intents": {"other": _("outra coisa"), "opt_out": _("não quer mais mensagens"), "choice": _("uma opção"),
@@ -144,15 +143,10 @@ def _understood(conn: Connection, oid: int, turn: Any, words: Mapping[str, Any],
         intents = {**panel["intents"], **words.get("choices", {}).get("intent", {})}
         out.append(str(intents.get(turn.intent, turn.intent)))
     fields = dict(turn.fields or {})
-    slot = fields.pop("slot", None)
+    slot = fields.pop("slot", None)  # the picked time last, after the fields
+    if slot is not None:
+        fields["slot"] = slot
     for label, shown in collected(conn, oid, SimpleNamespace(data=fields)):
         out.append(f"{label}={shown}")
-    if isinstance(slot, Mapping) and isinstance(slot.get("starts_at"), str):
-        try:
-            when = local_dt(datetime.fromisoformat(slot["starts_at"]))
-        except ValueError:
-            when = slot["starts_at"]
-        shown = f"{when} ({slot['professional']})" if slot.get("professional") else when
-        out.append("%s=%s" % (_("horário"), shown))
     return out
 

@@ -15,7 +15,7 @@ console.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from typing import Any, Mapping
 
 from flask import abort, request, url_for
@@ -146,15 +146,28 @@ def _shown(kind: str | None, value: Any) -> str:
     return str(value)
 
 
+def slot_text(slot: Mapping[str, Any]) -> str:
+    """The offered time the patient picked (`data.slot`, offer_slots), in the org's words:
+    "03/12/2026 09:30 (Dra. Beatriz Costa)"."""
+    try:
+        when = local_dt(datetime.fromisoformat(slot["starts_at"]))
+    except ValueError:
+        when = slot["starts_at"]
+    return f"{when} ({slot['professional']})" if slot.get("professional") else when
+
+
 def collected(conn: Any, oid: int, row: Any) -> list[tuple[str, str]]:
     """What the run has collected (its `data`), each value under its field's label, in the org's
-    words: a date as dd/mm/aaaa, a period in words, a yes/no as Sim/Não."""
+    words: a date as dd/mm/aaaa, a period in words, a yes/no as Sim/Não, the picked time as a time."""
     data = getattr(row, "data", None) or {}
     if not data:
         return []
     specs = fields_by_slug(conn, oid, sorted(data))
     out = []
     for slug, value in data.items():
+        if slug == "slot" and isinstance(value, Mapping) and isinstance(value.get("starts_at"), str):
+            out.append((str(_l("horário")), slot_text(value)))
+            continue
         spec = specs.get(slug)
         out.append((spec.label if spec is not None else slug, _shown(spec.type if spec is not None else None, value)))
     return out
