@@ -12,6 +12,10 @@ is shared (a row lock on PostgreSQL, the write lock on SQLite).
 
 Per channel: the channel's `channel_pacing.next_slot_at` (the row the Evolution pacing keeps) is
 pushed forward (`pause_channel`); the checks defer the channel's messages until it has passed.
+
+The slot is reserved at the check and counted again from the moment the call's wave is marked
+`sending` (`sending`), so a batch whose later waves start seconds after its checks still leaves
+the interval between two calls to one person.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from sqlalchemy import case, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from engine.store.dialect import insert_ignore
+from engine.store.dialect import in_pairs, insert_ignore
 from engine.store.models import channel_pacing, recipient_pacing
 
 #: The keyring purpose of the recipient hash (its own key: these hashes match no other table's).
@@ -36,12 +40,13 @@ HASH_PURPOSE = "recipient-pacing"
 
 @dataclass(frozen=True)
 class Want:
-    """One message that would go to `to` on `channel_id`, `interval` after the previous one."""
+    """One message that would go to `recipient` (its hash) on `channel_id`, `interval` after the
+    previous one."""
 
     message_id: int
     org_id: int
     channel_id: int
-    to: str
+    recipient: str
     interval: timedelta
 
 
@@ -56,13 +61,13 @@ class RecipientHasher:
         return hmac.new(self._key, f"{org_id}|{channel_id}|{to}".encode(), hashlib.sha256).hexdigest()
 
 
-def reserve(conn: Connection, hasher: RecipientHasher, wanted: Sequence[Want], now: datetime) -> dict[int, datetime]:
+def reserve(conn: Connection, wanted: Sequence[Want], now: datetime) -> dict[int, datetime]:
     """Take each recipient's next slot for the first of `wanted` (in order) that goes to them;
     returns, for every message that may NOT go now, the instant to try it again (the recipient's
     next slot, and one interval more for each further message to the same person)."""
     groups: dict[tuple[int, str], list[Want]] = {}
     for want in wanted:
-        groups.setdefault((want.channel_id, hasher(want.org_id, want.channel_id, want.to)), []).append(want)
+        groups.setdefault((want.channel_id, want.recipient), []).append(want)
     if not groups:
         return {}
     token = uuid.uuid4().hex
@@ -86,6 +91,21 @@ def reserve(conn: Connection, hasher: RecipientHasher, wanted: Sequence[Want], n
         for position, want in enumerate(waiting):
             later[want.message_id] = row.next_allowed_at + want.interval * position
     return later
+
+
+def sending(conn: Connection, wanted: Sequence[Want], now: datetime) -> None:
+    """The calls of `wanted` begin now (their wave was just marked `sending`): each recipient's
+    next slot counts from now, not from the check that reserved it, since a batch's later waves
+    (or a wait for the write lock) may start seconds after its checks. One statement per interval
+    (one per provider at most), only for waves with spaced messages."""
+    by_interval: dict[timedelta, set[tuple[int, str]]] = {}
+    for want in wanted:
+        by_interval.setdefault(want.interval, set()).add((want.channel_id, want.recipient))
+    for interval, pairs in by_interval.items():
+        conn.execute(update(recipient_pacing).where(
+            in_pairs(conn, (recipient_pacing.c.channel_id, recipient_pacing.c.recipient), pairs),
+            recipient_pacing.c.next_allowed_at < now + interval,
+        ).values(next_allowed_at=now + interval))
 
 
 def push_back(conn: Connection, hasher: RecipientHasher, org_id: int, channel_id: int, to: str,

@@ -159,12 +159,16 @@ def _space_recipients(conn: Connection, rt: Runtime, ready: list[Ready], outcome
     """Of the messages that may go, those whose provider spaces the sends to one recipient (Meta:
     6 s) take their recipient's slot, all in one statement; one whose recipient's slot has not
     come yet goes back to the queue for it. Returns the messages that still go."""
-    wanted = [recipient_pacing.Want(item.msg.id, item.msg.org_id, item.channel.id, item.rendered.outbound.to,
-                                    timedelta(seconds=interval))
-              for item in ready if (interval := type(item.provider).recipient_interval)]
-    if not wanted:
+    spaced = [item for item in ready if type(item.provider).recipient_interval]
+    if not spaced:
         return ready
-    later = recipient_pacing.reserve(conn, recipient_pacing.RecipientHasher(rt.keyring), wanted, now)
+    hasher = recipient_pacing.RecipientHasher(rt.keyring)
+    for item in spaced:
+        item.spacing = recipient_pacing.Want(
+            item.msg.id, item.msg.org_id, item.channel.id,
+            hasher(item.msg.org_id, item.channel.id, item.rendered.outbound.to),
+            timedelta(seconds=type(item.provider).recipient_interval or 0))
+    later = recipient_pacing.reserve(conn, [item.spacing for item in spaced if item.spacing], now)
     for item in ready:
         at = later.get(item.msg.id)
         if at is not None:

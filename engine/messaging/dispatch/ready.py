@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from engine.messaging.templates import RenderedMessage
+from engine.queue.recipient_pacing import Want
 from gateway.contract import Provider
 
 
@@ -39,3 +40,5 @@ class Ready:
     rendered: RenderedMessage
     provider: Provider
     send_at: datetime | None
+    #: Its recipient's slot, when its provider spaces the sends to one person (Meta).
+    spacing: Want | None = None
