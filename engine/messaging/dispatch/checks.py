@@ -167,7 +167,7 @@ def _space_recipients(conn: Connection, rt: Runtime, ready: list[Ready], outcome
         item.spacing = recipient_pacing.Want(
             item.msg.id, item.msg.org_id, item.channel.id,
             hasher(item.msg.org_id, item.channel.id, item.rendered.outbound.to),
-            timedelta(seconds=type(item.provider).recipient_interval or 0))
+            timedelta(seconds=type(item.provider).recipient_interval or 0), now)
     later = recipient_pacing.reserve(conn, [item.spacing for item in spaced if item.spacing], now)
     for item in ready:
         at = later.get(item.msg.id)
