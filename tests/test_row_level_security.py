@@ -106,8 +106,9 @@ def test_the_application_role_is_no_superuser_and_cannot_bypass_or_change_anythi
 @pytest.fixture
 def two_clinics(rt, clock, monkeypatch) -> tuple[Any, Any]:
     """Two clinics with a row in every org table: the security probe's world (tests/security), plus
-    the rows no page shows (a day's retention run, a paced channel's counters)."""
+    the rows no page shows (a day's retention run, a paced channel's counters, a recipient's slot)."""
     from admin.app import create_app
+    from engine.queue import recipient_pacing
     from engine.queue.pacing import DbPacingStore
     from engine.privacy.retention import DailyRetention
     from gateway.pacing import PacingPolicy
@@ -126,6 +127,8 @@ def two_clinics(rt, clock, monkeypatch) -> tuple[Any, Any]:
             DbPacingStore(conn, org.org_id).reserve(org.channels["sandbox"], PacingPolicy(
                 min_interval=timedelta(seconds=1), jitter=timedelta(0), daily_cap=None),
                 now, now.date().isoformat(), now + timedelta(days=1))
+            recipient_pacing.push_back(conn, recipient_pacing.RecipientHasher(rt.keyring), org.org_id,
+                                       org.channels["sandbox"], "+5516999887766", now + timedelta(seconds=6))
     return a, b
 
 
