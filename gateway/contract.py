@@ -305,6 +305,9 @@ class Provider(ABC):
     credential_fields: ClassVar[tuple[CredentialField, ...]] = ()
     #: True when `check()` really asks the provider; else only a test send proves the channel works.
     checks_connection: ClassVar[bool] = False
+    #: Seconds the provider wants between two messages to the same recipient from one channel
+    #: (Meta: one every 6 s); the engine spaces them fleet-wide before sending. None: no spacing.
+    recipient_interval: ClassVar[float | None] = None
 
     def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
         self.config = dict(config)

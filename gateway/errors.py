@@ -47,6 +47,21 @@ class TransientError(ProviderError):
     permanent = False
 
 
+class RateLimited(TransientError):
+    """The provider refused the call for how fast it came, not for what it carried: the same
+    message goes again after `retry_after` seconds (its own wait, not the backoff schedule's).
+
+    `scope` says what must slow down: `"recipient"` (too many messages to this person, e.g. Meta
+    131056: the engine spaces this recipient's next sends too) or `"channel"` (the sending number
+    reached its throughput, e.g. Meta 130429: every message of the channel waits)."""
+
+    def __init__(self, reason: str, *, scope: str, retry_after: float, code: str | None = None) -> None:
+        if scope not in ("recipient", "channel"):
+            raise ValueError(f"unknown rate-limit scope {scope!r}")
+        super().__init__(reason, code=code, retry_after=retry_after)
+        self.scope = scope
+
+
 class PermanentError(ProviderError):
     """Retrying will not help: invalid number, not on WhatsApp, unsubscribed, bad request."""
 

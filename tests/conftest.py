@@ -47,7 +47,7 @@ APP_ROLE = IS_POSTGRES and os.environ.get("LEMBRA_TEST_APP_ROLE", "").strip() no
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 ORG_TABLES = (
-    "meta_template_states", "webhook_deliveries", "webhook_endpoints", "conversation_fields", "address_optouts", "retention_runs", "contact_events", "early_statuses", "webhook_events", "channel_pacing", "audit_log", "inbox_items", "sandbox_messages", "inbound_messages", "message_events", "messages",
+    "meta_template_states", "webhook_deliveries", "webhook_endpoints", "conversation_fields", "address_optouts", "retention_runs", "contact_events", "early_statuses", "webhook_events", "channel_pacing", "recipient_pacing", "audit_log", "inbox_items", "sandbox_messages", "inbound_messages", "message_events", "messages",
     "flow_claims", "enrollment_events", "enrollments", "agents", "flow_versions", "flow_pointers", "reminder_rule_kinds",
     "reminder_rules", "channels", "professional_hours", "appointments", "professionals", "preferences", "contacts", "api_keys", "users",
 )

@@ -157,6 +157,7 @@ def test_reminder_status_confirm_and_sair_through_meta(rt, clock):
         with rt.db.connect() as conn:
             status = conn.execute(select(appointments.c.status).where(appointments.c.id == appointment_id)).scalar_one()
         assert status == "confirmed"
+        clock.advance(timedelta(seconds=6))  # Meta: one message every 6 s to one person
         assert _send_due(rt) == ["sent"]
         ack = graph.sends()[-1]
         assert ack["type"] == "text", "inside the window (the patient just wrote) free text goes"
@@ -167,6 +168,7 @@ def test_reminder_status_confirm_and_sair_through_meta(rt, clock):
         assert pending, "the other appointment's reminder is waiting"
         assert post(client, channel_id, text_body("wamid.IN2", "sair", now_ts + 120)).status_code == 200
         assert all(_status_of(rt, mid) == "cancelled" for mid in pending)
+        clock.advance(timedelta(seconds=6))
         assert _send_due(rt) == ["sent"]
         assert "não receberá mais" in graph.sends()[-1]["text"]["body"]
 
@@ -279,8 +281,10 @@ def test_throughput_errors_back_off_instead_of_failing(rt, clock):
         assert _send_due(rt) == ["retried"]
         [row] = world.messages()
         assert row.status == "pending" and row.error_code == "throughput"
-        assert row.next_attempt_at == clock.now() + timedelta(minutes=5)
-        clock.advance(timedelta(minutes=5))
+        # The number's throughput, not the message: the wait Meta implies (5 s without a
+        # Retry-After), not the backoff schedule's 5 minutes (tests/test_meta_limits.py).
+        assert row.next_attempt_at == clock.now() + timedelta(seconds=5)
+        clock.advance(timedelta(seconds=6))  # and the refused attempt held the patient's 6 s slot
         assert _send_due(rt) == ["sent"]
 
 

@@ -107,8 +107,9 @@ def test_the_application_role_is_no_superuser_and_cannot_bypass_or_change_anythi
 @pytest.fixture
 def two_clinics(rt, clock, monkeypatch) -> tuple[Any, Any]:
     """Two clinics with a row in every org table: the security probe's world (tests/security), plus
-    the rows no page shows (a day's retention run, a paced channel's counters)."""
+    the rows no page shows (a day's retention run, a paced channel's counters, a recipient's slot)."""
     from admin.app import create_app
+    from engine.queue import recipient_pacing
     from engine.queue.pacing import DbPacingStore
     from engine.privacy.retention import DailyRetention
     from gateway.pacing import PacingPolicy
@@ -131,6 +132,8 @@ def two_clinics(rt, clock, monkeypatch) -> tuple[Any, Any]:
             conn.execute(insert(meta_template_states).values(
                 org_id=org.org_id, channel_id=org.channels["sandbox"], name="session_reminder_v1", language="pt_BR",
                 category="UTILITY", status="APPROVED", updated_at=now))
+            recipient_pacing.push_back(conn, recipient_pacing.RecipientHasher(rt.keyring), org.org_id,
+                                       org.channels["sandbox"], "+5516999887766", now + timedelta(seconds=6))
     return a, b
 
 

@@ -541,6 +541,19 @@ class ChannelPacing(Base):
     sent_today: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class RecipientPacing(Base):
+    """When a channel may next send to one recipient (engine/queue/recipient_pacing.py)."""
+
+    __tablename__ = "recipient_pacing"
+    channel_id: Mapped[int] = mapped_column(PK, ForeignKey("channels.id"), primary_key=True)
+    #: A keyed hash of the recipient's address, never the address itself.
+    recipient: Mapped[str] = mapped_column(Text, primary_key=True)
+    org_id: Mapped[int] = _fk("orgs.id")
+    next_allowed_at: Mapped[datetime]
+    #: Which check took the current slot (the one statement that reserves says who won).
+    taken_by: Mapped[str] = mapped_column(Text)
+
+
 class WebhookEvent(Base):
     __tablename__ = "webhook_events"
     id: Mapped[int] = mapped_column(PK, primary_key=True)
@@ -555,6 +568,7 @@ class WebhookEvent(Base):
 
 
 channel_pacing = ChannelPacing.__table__
+recipient_pacing = RecipientPacing.__table__
 webhook_events = WebhookEvent.__table__
 
 

@@ -60,6 +60,7 @@ from gateway.errors import (
     MalformedWebhook,
     PermanentError,
     ProviderError,
+    RateLimited,
     TransientError,
 )
 from gateway.http import Client, HttpResponse, call, default_error, retry_after_seconds
@@ -123,6 +124,15 @@ _ERRORS: dict[int, tuple[bool, str, bool]] = {
 MARKETING_OPT_OUT_CODE = 131050
 #: Codes that, on a failed status webhook, are worth another attempt (the rest are permanent).
 _TRANSIENT_CODES = frozenset(code for code, (permanent, _, _) in _ERRORS.items() if not permanent)
+#: Refusals for the rate, not the message (→ `RateLimited`): who must slow down, and for how long
+#: when Meta sends no Retry-After. 131056: at most about one message every 6 s to one user (the
+#: "pair rate limit"); 130429: the number's throughput (messages per second) was reached.
+_RATE_LIMITS: dict[int, tuple[str, float]] = {
+    131056: ("recipient", 6.0),
+    130429: ("channel", 5.0),
+}
+#: The spacing the engine keeps between two messages to one person, so that 131056 stays rare.
+RECIPIENT_INTERVAL = 6.0
 
 
 class MetaProvider(Provider):
@@ -134,6 +144,7 @@ class MetaProvider(Provider):
     honours_idempotency = False
     credential_fields = FIELDS
     checks_connection = True
+    recipient_interval = RECIPIENT_INTERVAL
 
     def __init__(self, config: Mapping[str, Any], context: ProviderContext) -> None:
         super().__init__(config, context)
@@ -472,6 +483,10 @@ def classify_error(response: HttpResponse) -> ProviderError | None:
         permanent, name, broken = known
         if permanent:
             return PermanentError(f"Meta refused the message ({code})", code=name, channel_broken=broken)
+        if code in _RATE_LIMITS:
+            scope, default_wait = _RATE_LIMITS[code]
+            return RateLimited(f"Meta asked to slow down ({code})", code=name, scope=scope,
+                               retry_after=retry_after or default_wait)
         return TransientError(f"Meta asked to retry later ({code})", code=name, retry_after=retry_after)
     fallback = default_error(response)
     kind = PermanentError if fallback.permanent else TransientError

@@ -224,9 +224,9 @@ def test_131047_on_the_template_resend_is_not_retried_again(fake: FakeGraph) -> 
         (fixture_error("error_131047_reengagement.json"), True, "window_closed", False, None),
         # codes from Meta's error-code table, in Graph's error syntax
         (notes_error(130429, "Rate limit hit", 400, {"Retry-After": "30"}), False, "throughput", False, 30.0),
-        (notes_error(130429, "Rate limit hit", 429), False, "throughput", False, None),
+        (notes_error(130429, "Rate limit hit", 429), False, "throughput", False, 5.0),
         (notes_error(131056, "(Business Account, Consumer Account) pair rate limit hit"), False, "pair_rate_limit",
-         False, None),
+         False, 6.0),
         (notes_error(131026, "Message undeliverable"), True, "undeliverable", False, None),
         (notes_error(131048, "Spam rate limit hit"), True, "spam_rate_limit", False, None),
         (notes_error(131049, "Per-user marketing limit"), False, "marketing_limit", False, None),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from engine.store.dialect import in_pairs, in_values
@@ -23,6 +23,7 @@ from engine.store.models import (
     meta_template_states,
     address_optouts,
     appointments,
+    channel_pacing,
     channels,
     contacts,
     enrollments,
@@ -116,7 +117,12 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
                 in_values(conn, enrollments.c.org_id, org_ids), in_values(conn, enrollments.c.id, sorted(enrollment_ids))))}
     batch.refusals = refusals(conn, batch.contacts, {(r.org_id, r.contact_id, r.channel_kind) for r in rows},
                               keyring=keyring)
-    for channel in conn.execute(select(channels).where(in_values(conn, channels.c.org_id, org_ids))
+    # With each channel, its pacing row's next slot (`paused_until`): a channel its provider
+    # paused (Meta 130429, engine/queue/recipient_pacing.py) waits, at no extra statement.
+    paced = and_(channel_pacing.c.channel_id == channels.c.id, channel_pacing.c.org_id == channels.c.org_id)
+    for channel in conn.execute(select(channels, channel_pacing.c.next_slot_at.label("paused_until"))
+                                .select_from(channels.outerjoin(channel_pacing, paced))
+                                .where(in_values(conn, channels.c.org_id, org_ids))
                                 .order_by(channels.c.is_default.desc(), channels.c.id)):
         batch.channels.setdefault((channel.org_id, channel.kind), []).append(channel)
     wanted = set()

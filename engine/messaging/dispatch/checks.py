@@ -26,6 +26,7 @@ from engine.messaging.optout_links import OptOutTarget, make_url
 from engine.messaging.meta_categories import MARKETING
 from engine.messaging.pricing import billing_columns
 from engine.queue.address_optouts import MARKETING_OPTED_OUT
+from engine.queue import recipient_pacing
 from engine.queue.outbox import transition
 from engine.queue.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.queue.pacing import DbPacingStore
@@ -57,6 +58,7 @@ def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[in
                 outcomes[msg.id] = checked
             else:
                 ready.append(checked)
+        ready = _space_recipients(conn, rt, ready, outcomes, now)
     loaded = {msg.id for msg in batch.messages}
     for mid in message_ids:
         if mid not in loaded:
@@ -145,6 +147,12 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
     # reserved instant and the moment on the wire stay close.
     send_at = None
     pacing = PacingPolicy.from_channel(channel.min_interval_ms, channel.daily_cap)
+    if pacing is None and channel.paused_until is not None and channel.paused_until > now:
+        # The provider paused the whole number (its throughput was reached): wait it out.
+        transition(conn, org_id, msg.id, ("claimed",), "pending", "deferred",
+                   values={"lease_until": None, "next_attempt_at": channel.paused_until},
+                   detail={"reason": "throughput"})
+        return "deferred"
     if pacing is not None:
         reservation = _reserve_slot(conn, org, channel, pacing, now)
         if reservation.over_cap or reservation.at - now > MAX_PACING_WAIT:
@@ -155,6 +163,30 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
             return "deferred"
         send_at = reservation.at
     return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at, billing=billing)
+
+
+def _space_recipients(conn: Connection, rt: Runtime, ready: list[Ready], outcomes: dict[int, str],
+                      now: datetime) -> list[Ready]:
+    """Of the messages that may go, those whose provider spaces the sends to one recipient (Meta:
+    6 s) take their recipient's slot, all in one statement; one whose recipient's slot has not
+    come yet goes back to the queue for it. Returns the messages that still go."""
+    spaced = [item for item in ready if type(item.provider).recipient_interval]
+    if not spaced:
+        return ready
+    hasher = recipient_pacing.RecipientHasher(rt.keyring)
+    for item in spaced:
+        item.spacing = recipient_pacing.Want(
+            item.msg.id, item.msg.org_id, item.channel.id,
+            hasher(item.msg.org_id, item.channel.id, item.rendered.outbound.to),
+            timedelta(seconds=type(item.provider).recipient_interval or 0), now)
+    later = recipient_pacing.reserve(conn, [item.spacing for item in spaced if item.spacing], now)
+    for item in ready:
+        at = later.get(item.msg.id)
+        if at is not None:
+            transition(conn, item.msg.org_id, item.msg.id, ("claimed",), "pending", "deferred",
+                       values={"lease_until": None, "next_attempt_at": at}, detail={"reason": "pair_rate_limit"})
+            outcomes[item.msg.id] = "deferred"
+    return [item for item in ready if item.msg.id not in later]
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:

@@ -21,7 +21,8 @@ from engine.queue.address_optouts import MARKETING_OPTED_OUT, block_marketing
 from engine.store.models import channels, contacts, messages, reminder_rule_kinds
 from engine.queue.outbox import transition, transition_where
 from engine.store.runtime import Runtime
-from gateway.errors import ProviderError
+from engine.queue import recipient_pacing
+from gateway.errors import ProviderError, RateLimited
 
 if TYPE_CHECKING:
     from engine.messaging.dispatch.ready import Prepared
@@ -61,8 +62,19 @@ def after_transient(rt: Runtime, prepared: "Prepared", exc: ProviderError) -> st
         if msg.status != "sending":
             return msg.status
         _maybe_break_channel(conn, prepared, exc)
+        wait = None
+        if isinstance(exc, RateLimited):
+            # Refused for its rate, not its content: slow the recipient (or the whole number) down
+            # for every worker, and try this message again when the provider said, not on the
+            # backoff schedule (which starts at minutes).
+            wait = timedelta(seconds=exc.retry_after or 0)
+            if exc.scope == "channel":
+                recipient_pacing.pause_channel(conn, prepared.org_id, prepared.channel.id, now + wait)
+            else:
+                recipient_pacing.push_back(conn, recipient_pacing.RecipientHasher(rt.keyring), prepared.org_id,
+                                           prepared.channel.id, prepared.rendered.outbound.to, now + wait)
         return retry_or_give_up(conn, rt, msg, prepared.attempt, exc.code or "transient", exc.retry_after, now,
-                                from_status="sending")
+                                from_status="sending", wait=wait)
 
 
 def after_permanent(rt: Runtime, prepared: "Prepared", exc: ProviderError) -> str:
@@ -116,9 +128,10 @@ def _report_failure(conn: Connection, org_id: int, message_id: int, code: str | 
 
 def retry_or_give_up(
     conn: Connection, rt: Runtime, msg: Any, attempt: int, code: str | None, retry_after: float | None,
-    now: datetime, from_status: str = "claimed",
+    now: datetime, from_status: str = "claimed", wait: timedelta | None = None,
 ) -> str:
-    """After a transient failure: next attempt on the backoff schedule, or expired, or dead."""
+    """After a transient failure: next attempt on the backoff schedule (or after `wait`, when the
+    provider said how long), or expired, or dead."""
     delays = rt.settings.retry_delays
     base = {"lease_until": None, "error_code": code, "attempts": attempt}
     if attempt > len(delays):
@@ -128,7 +141,9 @@ def retry_or_give_up(
                         detail=f"gave up after {attempt} attempts (last error: {code})")
         return "dead"
     delay = delays[attempt - 1]
-    if retry_after:
+    if wait is not None:
+        delay = wait
+    elif retry_after:
         delay = max(delay, timedelta(seconds=retry_after))
     next_at = now + delay
     if msg.expires_at is not None and next_at >= msg.expires_at:

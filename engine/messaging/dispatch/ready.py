@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from engine.messaging.templates import RenderedMessage
+from engine.queue.recipient_pacing import Want
 from gateway.contract import Provider
 
 
@@ -42,3 +43,5 @@ class Ready:
     #: How Meta bills it (`price_*` columns, engine/messaging/pricing), written as it is marked
     #: `sending`; None off Meta.
     billing: dict[str, Any] | None = None
+    #: Its recipient's slot, when its provider spaces the sends to one person (Meta).
+    spacing: Want | None = None

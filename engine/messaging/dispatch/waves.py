@@ -42,6 +42,7 @@ from engine.store.dialect import in_values, insert_rows, update_per_row
 from engine.messaging.dispatch.ready import Prepared, Ready
 from engine.messaging.dispatch.claim import WORKER_ID
 from engine.store.models import message_events, messages
+from engine.queue import recipient_pacing
 from engine.store.runtime import Runtime
 from gateway.contract import SendResult
 
@@ -68,6 +69,9 @@ def settle_wave(conn: Connection, rt: Runtime, sent: Sequence[Sent], wave: Seque
         moved_sent, moved_sending = _settle_in_one_statement(conn, sent, wave, rows, now)
     else:
         moved_sent, moved_sending = _settle_in_three_statements(conn, sent, wave, rows, now)
+    spaced = [item.spacing for item in wave if item.spacing is not None and item.msg.id in moved_sending]
+    if spaced:
+        recipient_pacing.sending(conn, spaced, now)
     for event, count in (("sent", len(moved_sent)), ("sending", len(moved_sending))):
         if count:
             metrics.message_events(event, count)

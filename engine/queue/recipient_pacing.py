@@ -1,0 +1,139 @@
+"""Fleet-wide spacing of the messages one channel sends to one recipient (Meta refuses more than
+about one every 6 s to the same person: error 131056), and the pause of a whole channel that
+reached its provider's throughput (Meta 130429).
+
+Per recipient: one `recipient_pacing` row per (channel, recipient) holds the instant the channel
+may next send to that person. The recipient is an HMAC of the address under a key derived from
+the keyring, so no phone number is stored here. A batch's checks reserve the slots of all their
+recipients in ONE statement (`reserve`): an upsert that moves a row's instant forward only when
+it has passed, and names the check that moved it, so each check learns from the returned rows
+which recipients it may send to now — across every worker process and machine, because the row
+is shared (a row lock on PostgreSQL, the write lock on SQLite).
+
+Per channel: the channel's `channel_pacing.next_slot_at` (the row the Evolution pacing keeps) is
+pushed forward (`pause_channel`); the checks defer the channel's messages until it has passed.
+
+The slot is reserved at the check and, when the call's wave is marked `sending` more than `LATE`
+after it, counted again from then (`sending`), so a batch whose later waves start seconds after
+its checks still leaves the interval (less `LATE` at most) between two calls to one person.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Sequence
+
+from sqlalchemy import case, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from engine.store.dialect import in_pairs, insert_ignore
+from engine.store.models import channel_pacing, recipient_pacing
+
+#: How much later than its check a call may begin before its recipient's slot is counted again
+#: from the call (Meta counts its 6 s loosely: it lets a short burst through).
+LATE = timedelta(milliseconds=500)
+#: The keyring purpose of the recipient hash (its own key: these hashes match no other table's).
+HASH_PURPOSE = "recipient-pacing"
+
+
+@dataclass(frozen=True)
+class Want:
+    """One message that would go to `recipient` (its hash) on `channel_id`, `interval` after the
+    previous one."""
+
+    message_id: int
+    org_id: int
+    channel_id: int
+    recipient: str
+    interval: timedelta
+    #: When the check reserved the slot (the instant the reservation counts from).
+    checked_at: datetime
+
+
+class RecipientHasher:
+    """Keyed hashes of recipients; the key is derived once (HKDF costs more than the HMACs)."""
+
+    def __init__(self, keyring: Any) -> None:
+        self._key = keyring.derive(HASH_PURPOSE)
+
+    def __call__(self, org_id: int, channel_id: int, to: str) -> str:
+        """The stored name of `to` for this org's channel (hex HMAC-SHA256)."""
+        return hmac.new(self._key, f"{org_id}|{channel_id}|{to}".encode(), hashlib.sha256).hexdigest()
+
+
+def reserve(conn: Connection, wanted: Sequence[Want], now: datetime) -> dict[int, datetime]:
+    """Take each recipient's next slot for the first of `wanted` (in order) that goes to them;
+    returns, for every message that may NOT go now, the instant to try it again (the recipient's
+    next slot, and one interval more for each further message to the same person)."""
+    groups: dict[tuple[int, str], list[Want]] = {}
+    for want in wanted:
+        groups.setdefault((want.channel_id, want.recipient), []).append(want)
+    if not groups:
+        return {}
+    token = uuid.uuid4().hex
+    table = recipient_pacing
+    # Sorted: two checks lock the rows they share in the same order, so they never deadlock.
+    rows = [{"channel_id": channel_id, "recipient": recipient, "org_id": group[0].org_id,
+             "next_allowed_at": now + group[0].interval, "taken_by": token}
+            for (channel_id, recipient), group in sorted(groups.items())]
+    module = postgresql if conn.dialect.name == "postgresql" else sqlite
+    insert = module.insert(table).values(rows)
+    free = table.c.next_allowed_at <= now  # SET reads the row as it was: both use the old instant
+    statement = insert.on_conflict_do_update(
+        index_elements=["channel_id", "recipient"],
+        set_={"next_allowed_at": case((free, insert.excluded.next_allowed_at), else_=table.c.next_allowed_at),
+              "taken_by": case((free, insert.excluded.taken_by), else_=table.c.taken_by)},
+    ).returning(table.c.channel_id, table.c.recipient, table.c.next_allowed_at, table.c.taken_by)
+    later: dict[int, datetime] = {}
+    for row in conn.execute(statement):
+        group = groups[(row.channel_id, row.recipient)]
+        waiting = group[1:] if row.taken_by == token else group
+        for position, want in enumerate(waiting):
+            later[want.message_id] = row.next_allowed_at + want.interval * position
+    return later
+
+
+def sending(conn: Connection, wanted: Sequence[Want], now: datetime) -> None:
+    """The calls of `wanted` begin now (their wave was just marked `sending`): the recipient of
+    one checked more than `LATE` ago gets its next slot counted from now, not from the check that
+    reserved it, since a batch's later waves (or a wait for the write lock) may start seconds
+    after its checks. One statement per interval (one per provider at most), and none for a wave
+    marked right after its checks (the common case: a wave's calls take milliseconds on a fast
+    provider), so the spacing holds to within `LATE`."""
+    by_interval: dict[timedelta, set[tuple[int, str]]] = {}
+    for want in wanted:
+        if now - want.checked_at > LATE:
+            by_interval.setdefault(want.interval, set()).add((want.channel_id, want.recipient))
+    for interval, pairs in by_interval.items():
+        conn.execute(update(recipient_pacing).where(
+            in_pairs(conn, (recipient_pacing.c.channel_id, recipient_pacing.c.recipient), pairs),
+            recipient_pacing.c.next_allowed_at < now + interval,
+        ).values(next_allowed_at=now + interval))
+
+
+def push_back(conn: Connection, hasher: RecipientHasher, org_id: int, channel_id: int, to: str,
+              until: datetime) -> None:
+    """The provider refused a message for its recipient's rate: no send to them before `until`."""
+    recipient = hasher(org_id, channel_id, to)
+    conn.execute(insert_ignore(conn, recipient_pacing, ("channel_id", "recipient")).values(
+        channel_id=channel_id, recipient=recipient, org_id=org_id, next_allowed_at=until, taken_by="provider"))
+    conn.execute(update(recipient_pacing).where(
+        recipient_pacing.c.channel_id == channel_id, recipient_pacing.c.recipient == recipient,
+        recipient_pacing.c.org_id == org_id, recipient_pacing.c.next_allowed_at < until,
+    ).values(next_allowed_at=until, taken_by="provider"))
+
+
+def pause_channel(conn: Connection, org_id: int, channel_id: int, until: datetime) -> None:
+    """The provider refused a message for the channel's throughput: none of the channel's
+    messages goes before `until` (its `channel_pacing` slot, which every check reads)."""
+    conn.execute(insert_ignore(conn, channel_pacing, ("channel_id",)).values(
+        channel_id=channel_id, org_id=org_id, next_slot_at=until, day="", sent_today=0))
+    conn.execute(update(channel_pacing).where(
+        channel_pacing.c.channel_id == channel_id, channel_pacing.c.org_id == org_id,
+        channel_pacing.c.next_slot_at < until,
+    ).values(next_slot_at=until))
