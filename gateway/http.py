@@ -58,12 +58,14 @@ _CHUNK = 64 * 1024
 
 @dataclass(frozen=True)
 class HttpResponse:
-    """A provider's answer: status, headers and the body parsed as JSON when it is JSON."""
+    """A provider's answer: status, headers, the body parsed as JSON when it is JSON, the body as
+    text, and the status line's reason phrase as the server wrote it ("" in HTTP/2 or when absent)."""
 
     status: int
     headers: Mapping[str, str]
     body: Any
     text: str
+    reason: str = ""
 
 
 #: Given a non-2xx response, return the error to raise, or None for the default mapping.
@@ -157,7 +159,8 @@ class Client:
             parsed_body: Any = jsonlib.loads(text) if text else None
         except ValueError:
             parsed_body = None
-        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text)
+        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text,
+                            reason=str(getattr(raw, "reason", None) or ""))
 
     def close(self) -> None:
         """Close every kept connection."""
