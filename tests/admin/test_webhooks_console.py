@@ -41,7 +41,8 @@ def _count(rt, table, org_id: int) -> int:
 
 def _status(rt, delivery_id: int) -> str:
     with rt.db.connect() as conn:
-        return conn.execute(select(webhook_deliveries.c.status).where(webhook_deliveries.c.id == delivery_id)).scalar_one()
+        return conn.execute(select(webhook_deliveries.c.status)
+                            .where(webhook_deliveries.c.id == delivery_id)).scalar_one()
 
 
 def _token(client) -> str:

@@ -74,7 +74,7 @@ def delivery_detail(row: Any) -> dict[str, Any]:
     return {**delivery_row(row), "webhook_id": row.webhook_id, "pending": row.status == "pending",
             "delivered_at": local_dt(row.delivered_at), "next_attempt_at": local_dt(row.next_attempt_at),
             "resent_at": local_dt(row.resent_at) if row.resent_at else None,
-            "attempted": row.last_attempt_at is not None, "reason": row.last_response_reason,
+            "attempted": row.attempts > 0, "reason": row.last_response_reason,
             "body": row.last_response_body, "duration_ms": row.last_duration_ms, "kept": delivery.ANSWER_CHARS}
 
 
