@@ -72,7 +72,7 @@ def delivery_detail(row: Any) -> dict[str, Any]:
     """A delivery as its own page shows it: the list's line, its `webhook-id`, when it is due or
     was resent, and the receiver's answer to the last attempt (text the engine kept, never parsed)."""
     return {**delivery_row(row), "webhook_id": row.webhook_id, "pending": row.status == "pending",
-            "delivered_at": local_dt(row.delivered_at), "next_attempt_at": local_dt(row.next_attempt_at),
+            "next_attempt_at": local_dt(row.next_attempt_at),
             "resent_at": local_dt(row.resent_at) if row.resent_at else None,
             "attempted": row.attempts > 0, "reason": row.last_response_reason,
             "body": row.last_response_body, "duration_ms": row.last_duration_ms, "kept": delivery.ANSWER_CHARS}
