@@ -58,7 +58,8 @@ _CHUNK = 64 * 1024
 
 @dataclass(frozen=True)
 class HttpResponse:
-    """A provider's answer: status, headers and the body parsed as JSON when it is JSON."""
+    """A provider's answer: status, headers, the body parsed as JSON when it is JSON, the body as
+    text, and the status line's reason phrase as the server wrote it ("" in HTTP/2 or when absent)."""
 
     status: int
     headers: Mapping[str, str]
@@ -66,6 +67,7 @@ class HttpResponse:
     text: str
     #: The answer's bytes as read (downloaded media is not text).
     content: bytes = b""
+    reason: str = ""
 
 
 #: Given a non-2xx response, return the error to raise, or None for the default mapping.
@@ -159,7 +161,8 @@ class Client:
             parsed_body: Any = jsonlib.loads(text) if text else None
         except ValueError:
             parsed_body = None
-        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text, content=content)
+        return HttpResponse(status=raw.status, headers=raw.headers, body=parsed_body, text=text, content=content,
+                            reason=str(getattr(raw, "reason", None) or ""))
 
     def close(self) -> None:
         """Close every kept connection."""

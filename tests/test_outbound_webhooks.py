@@ -31,7 +31,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.secret: str | None = None
-        self.answers: list[int] = []
+        self.answers: list[int | Reply] = []
         self.verified: list[dict[str, Any]] = []
         self.refused = 0
 
@@ -43,7 +43,8 @@ class Receiver:
             self.refused += 1
             return Reply(401)
         self.verified.append({"id": request.header("webhook-id"), "body": body})
-        return Reply(self.answers.pop(0) if self.answers else 200)
+        answer = self.answers.pop(0) if self.answers else 200
+        return answer if isinstance(answer, Reply) else Reply(answer)
 
 
 @pytest.fixture
@@ -251,6 +252,74 @@ def test_a_400_is_dead_at_once_with_the_catalogues_reason(rt, clock, receiver):
     assert "recusou o aviso" in str(describe(dead.last_error))
     clock.advance(timedelta(days=1))
     assert _run(rt) == {}
+
+
+def test_the_receivers_answer_to_the_last_attempt_is_kept_as_text_and_never_logged(rt, clock, receiver, caplog):
+    caplog.set_level(logging.DEBUG)
+    hooks, server = receiver
+    long_body = "Falhou \x1b[31mvermelho\x1b[0m\u202e\x00 " + "x" * 5000
+    hooks.answers = [Reply(500, long_body, {"Content-Type": "text/plain; charset=utf-8"}),
+                     Reply(200, {"recebido": True}, delay=0.5),  # after the 0.1 s this attempt may take
+                     Reply(200, "ok\r\nobrigado", {"Content-Type": "text/plain"})]
+    world = clinic(rt)
+    _endpoint(rt, world, server.url, hooks=hooks)
+    _confirmed(rt, world)
+    [row] = _deliveries(rt)
+
+    assert _run(rt) == {row.id: "retry"}
+    failed = _deliveries(rt)[0]
+    assert (failed.last_status_code, failed.last_error, failed.last_response_reason) == \
+        (500, "webhook_server_error", "Internal Server Error")
+    assert failed.last_response_body == ("Falhou [31mvermelho[0m " + "x" * 5000)[:delivery.ANSWER_CHARS] + "…"
+    assert isinstance(failed.last_duration_ms, int) and failed.last_duration_ms >= 0
+
+    clock.set(failed.next_attempt_at)  # no answer in time: the last answer is this attempt's, none
+    delivery.sweep_expired(rt)
+    assert delivery.deliver_claimed(rt, delivery.claim_due(rt, limit=10), timeout=0.1) == {row.id: "retry"}
+    timed_out = _deliveries(rt)[0]
+    assert (timed_out.last_status_code, timed_out.last_error, timed_out.last_response_reason,
+            timed_out.last_response_body) == (None, "webhook_timeout", None, None)
+    assert timed_out.last_duration_ms is not None
+
+    clock.set(timed_out.next_attempt_at)
+    assert _run(rt) == {row.id: "delivered"}
+    done = _deliveries(rt)[0]
+    assert (done.attempts, done.last_status_code, done.last_response_reason, done.last_response_body) == \
+        (3, 200, "OK", "ok\nobrigado")
+    assert "vermelho" not in caplog.text and "obrigado" not in caplog.text  # the receiver's words: never logged
+
+
+def test_a_resend_is_the_same_delivery_with_the_same_webhook_id_and_a_fresh_round_of_retries(rt, clock, receiver):
+    hooks, server = receiver
+    hooks.answers = [400, 500, 200]
+    world = clinic(rt)
+    endpoint_id = _endpoint(rt, world, server.url, hooks=hooks)
+    _confirmed(rt, world)
+    [row] = _deliveries(rt)
+    assert _run(rt) == {row.id: "dead"}
+    with rt.db.begin() as conn:  # as if every retry of its round had been spent
+        conn.execute(update(webhook_deliveries).values(attempts=6))
+    with rt.db.begin() as conn:
+        assert delivery.resend(conn, world.org_id, endpoint_id, row.id).status == "dead"
+    with rt.db.begin() as conn, pytest.raises(delivery.ResendRefused) as twice:
+        delivery.resend(conn, world.org_id, endpoint_id, row.id)  # already queued: not twice
+    assert twice.value.code == "webhook_resend_pending"
+    queued = _deliveries(rt)[0]
+    assert (queued.status, queued.resend_base, queued.resent_at, queued.next_attempt_at) == \
+        ("pending", 6, clock.now(), clock.now())
+    assert _run(rt) == {row.id: "retry"}  # the 7th attempt starts a new round: retried, not dead
+    assert _deliveries(rt)[0].next_attempt_at == clock.now() + timedelta(seconds=30)
+    clock.advance(timedelta(seconds=30))
+    assert _run(rt) == {row.id: "delivered"}
+    assert [v["id"] for v in hooks.verified] == [row.webhook_id] * 3
+    assert [(r.id, r.attempts, r.status) for r in _deliveries(rt)] == [(row.id, 8, "delivered")]
+    with rt.db.begin() as conn, pytest.raises(delivery.DeliveryNotFound):
+        delivery.resend(conn, world.org_id + 1000, endpoint_id, row.id)  # not that org's
+    with rt.db.begin() as conn:
+        endpoints.update_endpoint(conn, world.org_id, endpoint_id, active=False)
+    with rt.db.begin() as conn, pytest.raises(delivery.ResendRefused) as inactive:
+        delivery.resend(conn, world.org_id, endpoint_id, row.id)
+    assert inactive.value.code == "webhook_resend_inactive"
 
 
 def test_a_receiver_that_is_down_is_a_connection_error_to_retry(rt, clock):

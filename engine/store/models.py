@@ -700,6 +700,13 @@ class WebhookDelivery(Base):
     last_attempt_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     delivered_at: Mapped[datetime | None]
+    # Added by 0025, so last: the receiver's answer to the last attempt (its reason phrase and the
+    # start of its body, as text; never logged) and the attempt's duration; a person's resend.
+    last_response_reason: Mapped[str | None] = mapped_column(Text)
+    last_response_body: Mapped[str | None] = mapped_column(Text)
+    last_duration_ms: Mapped[int | None] = mapped_column(Integer)
+    resend_base: Mapped[int] = mapped_column(Integer, default=0)
+    resent_at: Mapped[datetime | None]
 
 
 webhook_endpoints = WebhookEndpoint.__table__

@@ -749,6 +749,8 @@ CATALOGUE: dict[str, Text] = {
     "webhook_delivery_pending": N_("Na fila: será enviado na próxima tentativa."),
     "webhook_delivery_delivered": N_("Entregue: o sistema da clínica confirmou o recebimento."),
     "webhook_delivery_dead": N_("Não entregue: o Lembra parou de tentar."),
+    "webhook_resend_inactive": N_("Este endereço está desativado. Ative-o para reenviar."),
+    "webhook_resend_pending": N_("Este aviso ainda está na fila: ele será enviado sem precisar reenviar."),
     # --- the REST API and the CLI (admin/api/, admin/cli/): naming a contact, refusing a send, modes -------
     "api_contact_ref_one": N_("Informe o paciente por contact_id ou por contact_external_id, um dos dois."),
     "api_contact_not_found": N_("Este paciente não existe nesta clínica."),

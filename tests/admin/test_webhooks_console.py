@@ -1,14 +1,18 @@
 """Webhooks (Configuração): endpoints saved through the engine (the egress guard on the URL, events
-from the engine's list), the secret shown once, deliveries said in words, "Reenviar" queueing the
-event again; another org's ids a 404, CSRF and the role checked."""
+from the engine's list), the secret shown once, deliveries said in words with the receiver's answer
+on each one's page, "Reenviar" sending the same delivery again; another org's ids a 404, CSRF and
+the role checked."""
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import func, select, update
 
-from engine.store.models import audit_log, webhook_deliveries, webhook_endpoints
-from engine.tenants.webhooks import endpoints, events
+from engine.store.models import audit_log, users, webhook_deliveries, webhook_endpoints
+from engine.tenants.webhooks import delivery, endpoints, events
 from tests.admin.conftest import csrf
+from tests.fakes.server import FakeServer, Reply
 
 URL = "/admin/settings/webhooks/"
 #: A public address (no DNS needed); the test runtime allows only 127.0.0.0/8 inside the network.
@@ -33,6 +37,12 @@ def _delivery(rt, org_id: int, endpoint_id: int, **values) -> int:
 def _count(rt, table, org_id: int) -> int:
     with rt.db.connect() as conn:
         return conn.execute(select(func.count()).select_from(table).where(table.c.org_id == org_id)).scalar_one()
+
+
+def _status(rt, delivery_id: int) -> str:
+    with rt.db.connect() as conn:
+        return conn.execute(select(webhook_deliveries.c.status)
+                            .where(webhook_deliveries.c.id == delivery_id)).scalar_one()
 
 
 def _token(client) -> str:
@@ -90,19 +100,53 @@ def test_deliveries_read_as_sentences_and_a_given_up_one_is_sent_again(rt, owner
     assert "O sistema da clínica recusou o aviso" in page
     assert "Entregue: o sistema da clínica confirmou o recebimento." in page
     assert "webhook_refused" not in page and ">dead<" not in page and "appointment_id" not in page
-    response = owner.post(f"{URL}{endpoint_id}/resend/", data={"csrf_token": _token(owner), "delivery": dead})
-    assert response.status_code == 302
+    assert "mesmo identificador (webhook-id)" in page  # what Reenviar does, said before it is pressed
     with rt.db.connect() as conn:
-        rows = conn.execute(select(webhook_deliveries).where(webhook_deliveries.c.endpoint_id == endpoint_id)
-                            .order_by(webhook_deliveries.c.id)).all()
-        audited = conn.execute(select(audit_log.c.changes).where(audit_log.c.action == "resend")).scalar_one()
-    assert len(rows) == 3
-    new, old = rows[-1], rows[0]
-    assert (new.status, new.attempts, new.event_type, new.payload) == ("pending", 0, old.event_type, old.payload)
-    assert audited == {"endpoint_id": endpoint_id, "from": dead}
+        before = conn.execute(select(webhook_deliveries).where(webhook_deliveries.c.id == dead)).one()
+    response = owner.post(f"{URL}{endpoint_id}/resend/", data={"csrf_token": _token(owner), "delivery": dead})
+    assert response.status_code == 302 and response.headers["Location"].endswith(f"{URL}{endpoint_id}/deliveries/")
+    with rt.db.connect() as conn:
+        again = conn.execute(select(webhook_deliveries).where(webhook_deliveries.c.id == dead)).one()
+        audited = conn.execute(select(audit_log.c.changes, audit_log.c.entity_id)
+                               .where(audit_log.c.action == "resend")).one()
+    # The same delivery, the same webhook-id, one more attempt to come: no new row.
+    assert _count(rt, webhook_deliveries, a.world.org_id) == 2
+    assert (again.status, again.webhook_id, again.payload, again.resend_base) == \
+        ("pending", before.webhook_id, before.payload, 1)
+    assert tuple(audited) == ({"endpoint_id": endpoint_id, "status": "dead", "attempts": 1}, dead)
+    assert "mais uma tentativa" in owner.get(f"{URL}{endpoint_id}/deliveries/").text
     # A delivery still queued is not queued twice.
-    owner.post(f"{URL}{endpoint_id}/resend/", data={"csrf_token": _token(owner), "delivery": new.id})
-    assert _count(rt, webhook_deliveries, a.world.org_id) == 3
+    twice = owner.post(f"{URL}{endpoint_id}/resend/", data={"csrf_token": _token(owner), "delivery": dead},
+                       follow_redirects=True)
+    assert "ainda está na fila" in twice.text
+    assert _count(rt, webhook_deliveries, a.world.org_id) == 2
+
+
+def test_a_deliverys_page_shows_what_the_receiver_answered_as_text(rt, owner, tenants):
+    a, _ = tenants
+    answer = '<script>alert(1)</script> {"error_code": "agenda_fora_do_ar"}'
+    with FakeServer(lambda request: Reply(503, answer, {"Content-Type": "text/plain"})) as server:
+        with rt.db.begin() as conn:
+            endpoint_id = endpoints.create_endpoint(conn, rt.keyring, a.world.org_id, url=server.url,
+                                                    event_types=["appointment.confirmed"],
+                                                    egress=rt.settings.egress).endpoint_id
+        delivery_id = _delivery(rt, a.world.org_id, endpoint_id)
+        assert delivery.deliver_claimed(rt, delivery.claim_due(rt, limit=10)) == {delivery_id: "retry"}
+    listed = owner.get(f"{URL}{endpoint_id}/deliveries/").text
+    assert f"{URL}{endpoint_id}/deliveries/{delivery_id}/" in listed and "agenda_fora_do_ar" not in listed
+    page = owner.get(f"{URL}{endpoint_id}/deliveries/{delivery_id}/")
+    assert page.status_code == 200 and page.headers["Cache-Control"] == "no-store"
+    body = page.text.split('id="lembra-delivery-body"')[1].split("</pre>")[0]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<script>alert" not in page.text
+    assert "HTTP 503" in page.text and "<samp>Service Unavailable</samp>" in page.text
+    assert "O sistema da clínica respondeu com um erro dele." in page.text and " ms<" in page.text
+    # The page's own words: no raw code outside the receiver's text and the webhook-id.
+    words = re.sub(r"(?s)<(pre|code|samp|script)\b.*?</\1>|<[^>]+>", " ", page.text)
+    assert not re.findall(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", words)
+    with rt.db.begin() as conn:
+        conn.execute(update(users).where(users.c.email == "owner@a.com.br").values(locale="en"))
+    english = owner.get(f"{URL}{endpoint_id}/deliveries/{delivery_id}/").text
+    assert "Answer to the last attempt" in english and "Resposta à última tentativa" not in english
 
 
 def test_another_orgs_endpoint_and_delivery_answer_404(rt, owner, tenants):
@@ -116,11 +160,14 @@ def test_another_orgs_endpoint_and_delivery_answer_404(rt, owner, tenants):
     assert owner.post(f"{URL}{theirs}/edit/", data={"csrf_token": token, "url": PUBLIC,
                                                     "event_types": ["appointment.booked"]}).status_code == 404
     assert owner.post(f"{URL}{theirs}/resend/", data={"csrf_token": token, "delivery": their_delivery}).status_code == 404
+    assert owner.get(f"{URL}{theirs}/deliveries/{their_delivery}/").status_code == 404
+    assert owner.get(f"{URL}{mine}/deliveries/{their_delivery}/").status_code == 404
     # Their delivery through my endpoint: still not mine.
     assert owner.post(f"{URL}{mine}/resend/", data={"csrf_token": token, "delivery": their_delivery}).status_code == 404
     assert owner.post(f"{URL}{mine}/resend/", data={"csrf_token": token, "delivery": "abc"}).status_code == 404
     assert owner.get(f"{URL}99999999999999999999/deliveries/").status_code == 404
-    assert _count(rt, webhook_deliveries, b.world.org_id) == 1
+    assert owner.get(f"{URL}{mine}/deliveries/99999999999999999999/").status_code == 404
+    assert _count(rt, webhook_deliveries, b.world.org_id) == 1 and _status(rt, their_delivery) == "dead"
 
 
 def test_posts_without_csrf_are_refused(rt, owner, tenants):
@@ -130,15 +177,16 @@ def test_posts_without_csrf_are_refused(rt, owner, tenants):
     dead = _delivery(rt, a.world.org_id, endpoint_id, status="dead")
     assert owner.post(f"{URL}{endpoint_id}/resend/", data={"delivery": dead}).status_code == 400
     assert _count(rt, webhook_endpoints, a.world.org_id) == 1 and _count(rt, webhook_deliveries, a.world.org_id) == 1
+    assert _status(rt, dead) == "dead"
 
 
 def test_agents_get_403(rt, agent, tenants):
     a, _ = tenants
     endpoint_id = _endpoint(rt, a.world.org_id)
     dead = _delivery(rt, a.world.org_id, endpoint_id, status="dead")
-    for path in (URL, URL + "new/", f"{URL}{endpoint_id}/deliveries/"):
+    for path in (URL, URL + "new/", f"{URL}{endpoint_id}/deliveries/", f"{URL}{endpoint_id}/deliveries/{dead}/"):
         assert agent.get(path).status_code == 403, path
     token = csrf(agent.get("/admin/queue/").text)
     assert agent.post(f"{URL}{endpoint_id}/resend/", data={"csrf_token": token, "delivery": dead}).status_code == 403
     assert URL not in agent.get("/admin/").text
-    assert _count(rt, webhook_deliveries, a.world.org_id) == 1
+    assert _count(rt, webhook_deliveries, a.world.org_id) == 1 and _status(rt, dead) == "dead"

@@ -123,6 +123,16 @@ def test_the_console_runs_under_its_policy(rt, server, browser_page) -> None:
     expect(page.get_by_text("1 chave revogada")).to_be_visible()
     assert _violations(page) == []
 
+    # A key shown once (admin/_shown_once.html, shared with the webhook secret): its Copiar button's
+    # nonce'd script runs.
+    page.goto(f"{server}/admin/apikeys/new/")
+    page.fill("#name", "Chave copiada")
+    page.locator("form.admin-form input[type=submit].btn-primary").first.click()
+    page.locator("#lembra-new-key-copy").click()
+    expect(page.locator("#lembra-new-key-copied")).to_be_visible()
+    assert page.input_value("#lembra-new-key").startswith("lembra_")
+    assert _violations(page) == []
+
     # Flask-Admin's filter menu (its items carry an inline "return false;", allowed by hash).
     page.goto(f"{server}/admin/appointments/")
     page.get_by_role("link", name="Adicionar Filtro").click()

@@ -41,9 +41,10 @@ from engine.messaging import dispatch
 from engine.fleet.demo import DEMO_EMAIL, DEMO_PASSWORD, seed
 from engine.flows.runtime import advance_claimed, claim_due
 from engine.messaging.inbound import process_inbound, receive
-from engine.store.models import Base, channels
+from engine.store.models import Base, channels, webhook_deliveries
 from engine.tenants.audit import audit
 from engine.tenants.channels import create_channel
+from engine.tenants.webhooks import endpoints, events
 from gateway.contract import WebhookRequest
 from tests.e2e.live import CHROMIUM_ARGS, serve
 from tests.factories import sandbox_headers
@@ -112,7 +113,24 @@ def demo(rt, clock) -> dict[str, int]:
     for inbound_id in received.inbound_ids:
         process_inbound(rt, inbound_id)
     _seed_codes_a_page_must_say_in_words(rt, seeded.org_id, clock.now())
-    return {"org_id": seeded.org_id, "email_channel": int(email_channel or 0)}
+    endpoint_id, delivery_id = _seed_a_webhook_answer(rt, seeded.org_id, clock.now())
+    return {"org_id": seeded.org_id, "email_channel": int(email_channel or 0),
+            "delivery_page": f"/admin/settings/webhooks/{endpoint_id}/deliveries/{delivery_id}/"}
+
+
+def _seed_a_webhook_answer(rt, org_id: int, now: datetime) -> tuple[int, int]:
+    """A webhook delivery the clinic's system refused with an answer in its own words (English,
+    snake_case keys): shown as the receiver's text, not read as the console's."""
+    with rt.db.begin() as conn:
+        endpoint_id = endpoints.create_endpoint(conn, rt.keyring, org_id, url="https://93.184.216.34/lembra",
+                                                event_types=["appointment.confirmed"], egress=None).endpoint_id
+        [delivery_id] = events.enqueue(conn, org_id, [endpoint_id], events.APPOINTMENT_CONFIRMED,
+                                       events.envelope(events.APPOINTMENT_CONFIRMED, {"appointment_id": 1}))
+        conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == delivery_id).values(
+            status="dead", attempts=6, last_attempt_at=now, last_status_code=500, last_error="webhook_server_error",
+            last_response_reason="Internal Server Error", last_duration_ms=42,
+            last_response_body='{"error_code": "agenda_down", "message": "the agenda failed, please retry"}'))
+    return endpoint_id, delivery_id
 
 
 def _seed_codes_a_page_must_say_in_words(rt, org_id: int, now: datetime) -> None:
@@ -210,7 +228,7 @@ def _problems(page, language: str) -> list[str]:
 
 
 @pytest.mark.parametrize("language", ["pt-BR", "en"])
-def test_every_console_page_speaks_one_language_and_shows_no_raw_code(rt, server, language) -> None:
+def test_every_console_page_speaks_one_language_and_shows_no_raw_code(rt, demo, server, language) -> None:
     failures: dict[str, list[str]] = {}
     errors: list[str] = []
     folder = ARTIFACTS / language
@@ -230,7 +248,7 @@ def test_every_console_page_speaks_one_language_and_shows_no_raw_code(rt, server
             page.select_option("#lembra-locale", "en")
             page.wait_for_load_state("load")
         menu_height = page.locator(".navbar").first.bounding_box()["height"]
-        pages = _pages(page, server)
+        pages = _pages(page, server) + [demo["delivery_page"]]
         for index, path in enumerate(pages):
             page.goto(f"{server}{path}")
             page.wait_for_load_state("load")

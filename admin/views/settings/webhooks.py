@@ -6,10 +6,13 @@ refusal is the catalogue's sentence on the URL, nothing written) and its events 
 engine's list. The signing secret is on the page that answers the creation, once: the response is
 not cached, the secret is never in a redirect, the session, a log or the audit, and no later page
 shows it. A delivery shows its status as a sentence, the receiver's HTTP status and the last error
-in the catalogue's words; the receiver's answer body is never kept by the engine, so never shown.
-"Reenviar" queues the same event again for the endpoint with the engine's `events.enqueue` (a new
-delivery, signed and retried like any other). Owners and managers only; another org's endpoint or
-delivery is a 404.
+in the catalogue's words; its own page adds what the receiver answered to the last attempt (its
+reason phrase and the start of its body, as the engine kept them, shown as text in a <pre>: the
+clinic's own system's words, for the org's admins only) and how long the attempt took.
+"Reenviar" sends the same delivery again with the engine's `delivery.resend`: the same row and
+`webhook-id` (receivers drop repeats by it, docs/webhooks.md), one more attempt of it with a fresh
+round of retries, not a new delivery. Owners and managers only; another org's endpoint or delivery
+is a 404.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from admin.ids import parse_id
 from admin.views.base import db_session, local_dt, org_id, runtime, write_audit
 from admin.views.settings.gated import AdminPageView, path_id
 from engine.store.models import webhook_deliveries
-from engine.tenants.webhooks import endpoints, events
+from engine.tenants.webhooks import delivery, endpoints, events
 from engine.words.catalogue import describe, known
 
 #: The events an endpoint may subscribe to, as the clinic reads them (the engine's list, in its order).
@@ -56,13 +59,23 @@ def event_label(event_type: str) -> str:
 
 
 def delivery_row(row: Any) -> dict[str, Any]:
-    """A delivery as the page shows it: no payload, no body of the answer, no raw code."""
+    """A delivery as the list shows it: no payload, no body of the answer, no raw code."""
     error = translate(describe(row.last_error)) if row.last_error and known(row.last_error) else ""
     return {"id": row.id, "event": event_label(row.event_type), "status": translate(describe(STATUS_CODES.get(
         row.status, "webhook_delivery_pending"))), "color": STATUS_COLORS.get(row.status, "secondary"),
         "attempts": row.attempts, "http": row.last_status_code, "error": error,
         "created_at": local_dt(row.created_at), "last_attempt_at": local_dt(row.last_attempt_at),
         "resendable": row.status in ("delivered", "dead")}
+
+
+def delivery_detail(row: Any) -> dict[str, Any]:
+    """A delivery as its own page shows it: the list's line, its `webhook-id`, when it is due or
+    was resent, and the receiver's answer to the last attempt (text the engine kept, never parsed)."""
+    return {**delivery_row(row), "webhook_id": row.webhook_id, "pending": row.status == "pending",
+            "next_attempt_at": local_dt(row.next_attempt_at),
+            "resent_at": local_dt(row.resent_at) if row.resent_at else None,
+            "attempted": row.attempts > 0, "reason": row.last_response_reason,
+            "body": row.last_response_body, "duration_ms": row.last_duration_ms, "kept": delivery.ANSWER_CHARS}
 
 
 def posted(form: Any) -> dict[str, Any]:
@@ -155,34 +168,56 @@ class WebhooksView(AdminPageView):
         return self.render("admin/settings/webhook_deliveries.html", endpoint=row,
                            deliveries=[delivery_row(d) for d in found], rows=DELIVERY_ROWS)
 
+    @expose("/<int:endpoint_id>/deliveries/<int:delivery_id>/")
+    def delivery_details(self, endpoint_id: int, delivery_id: int) -> Any:
+        """One delivery: its status, attempts and what the receiver answered to the last one."""
+        endpoint_id, delivery_id = path_id(endpoint_id), path_id(delivery_id)
+        session = db_session()
+        conn = session.connection()
+        oid = org_id()
+        row = self._endpoint(conn, oid, endpoint_id)
+        found = conn.execute(select(webhook_deliveries).where(
+            webhook_deliveries.c.org_id == oid, webhook_deliveries.c.endpoint_id == endpoint_id,
+            webhook_deliveries.c.id == delivery_id)).first()
+        session.rollback()
+        if found is None:
+            abort(404)
+        page = make_response(self.render("admin/settings/webhook_delivery.html", endpoint=row,
+                                          d=delivery_detail(found)))
+        page.headers["Cache-Control"] = "no-store"  # the receiver's answer stays out of shared caches
+        return page
+
     @expose("/<int:endpoint_id>/resend/", methods=("POST",))
     def resend(self, endpoint_id: int) -> Any:
-        """Queue the posted delivery's event again for this endpoint (a delivered or given-up one)."""
+        """Send the posted delivery (a delivered or given-up one) again: the same delivery, the same
+        `webhook-id`, one more attempt of it (the engine's `delivery.resend`)."""
         endpoint_id = path_id(endpoint_id)
         session = db_session()
         conn = session.connection()
         oid = org_id()
-        endpoint = self._endpoint(conn, oid, endpoint_id)
+        self._endpoint(conn, oid, endpoint_id)
         delivery_id = parse_id(request.form.get("delivery", ""))
-        old = conn.execute(select(webhook_deliveries).where(
-            webhook_deliveries.c.org_id == oid, webhook_deliveries.c.endpoint_id == endpoint_id,
-            webhook_deliveries.c.id == delivery_id)).first() if delivery_id is not None else None
-        if old is None:
+        if delivery_id is None:
             session.rollback()
             abort(404)
-        back = redirect(url_for(".deliveries", endpoint_id=endpoint_id))
-        if not endpoint.active:
+        if request.form.get("back") == "details":
+            back = redirect(url_for(".delivery_details", endpoint_id=endpoint_id, delivery_id=delivery_id))
+        else:
+            back = redirect(url_for(".deliveries", endpoint_id=endpoint_id))
+        try:
+            old = delivery.resend(conn, oid, endpoint_id, delivery_id)
+        except delivery.DeliveryNotFound:
             session.rollback()
-            flash(_("Este endereço está desativado. Ative-o para reenviar."), "error")
-            return back
-        if old.status == "pending":
+            abort(404)
+        except delivery.ResendRefused as exc:
             session.rollback()
-            flash(_("Este aviso ainda está na fila: ele será enviado sem precisar reenviar."), "warning")
+            flash(translate(describe(exc.code)), "error" if exc.code == "webhook_resend_inactive" else "warning")
             return back
-        [new_id] = events.enqueue(conn, oid, [endpoint_id], old.event_type, old.payload)
-        write_audit(conn, "resend", "webhook_deliveries", new_id, {"endpoint_id": endpoint_id, "from": old.id})
+        write_audit(conn, "resend", "webhook_deliveries", delivery_id,
+                    {"endpoint_id": endpoint_id, "status": old.status, "attempts": old.attempts})
         session.commit()
-        flash(_("Aviso colocado na fila de novo. Acompanhe o envio nesta lista."), "success")
+        flash(_("Aviso colocado na fila de novo, com o mesmo identificador: ele aparece aqui como mais uma "
+                "tentativa."), "success")
         return back
 
     def _endpoint(self, conn: Any, oid: int, endpoint_id: int) -> Any:

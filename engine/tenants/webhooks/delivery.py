@@ -16,14 +16,22 @@ Outcomes: a 2xx is `delivered`. Timeouts, connection errors, 5xx, 408 and 429 ar
 next attempt comes after BACKOFF (30 s, 2 min, 10 min, 1 h, 6 h; a 429's Retry-After when longer)
 and after the last one the delivery is `dead`. Any other answer (4xx, a redirect) and an address
 the egress guard refuses are permanent: `dead` at once. `last_error` keeps a catalogue code,
-`last_status_code` the HTTP status; the answer's body is never kept nor logged.
+`last_status_code` the HTTP status, and the last attempt's answer is kept to show the org's admins
+(`last_response_reason`, the start of `last_response_body` as text fit to show, `last_duration_ms`):
+the clinic's own system's words, never logged.
+
+A person's "Reenviar" (`resend`) puts a delivered or given-up delivery back in the queue as it is:
+the same row, the same `webhook-id` (the receiver's dedupe key, so a receiver that already has it
+drops the repeat) and a fresh round of retries counted from `resend_base`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import time
+import unicodedata
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Sequence
 
@@ -32,6 +40,7 @@ from sqlalchemy.engine import Connection
 from standardwebhooks import Webhook
 
 from engine.core import clock
+from engine.core.errors import DomainError
 from engine.store.models import webhook_deliveries, webhook_endpoints
 from engine.store.runtime import Runtime
 from engine.tenants.webhooks.endpoints import endpoint_secret
@@ -48,8 +57,14 @@ BACKOFF = (timedelta(seconds=30), timedelta(minutes=2), timedelta(minutes=10), t
 #: How long one POST may take, connect to last byte (seconds), at most: a shorter
 #: LEMBRA_SEND_TIMEOUT shortens it (`post_timeout`).
 TIMEOUT = 10.0
-#: How much of the receiver's answer is read: only its status matters.
+#: How much of the receiver's answer is read (a longer one is a failed attempt).
 MAX_ANSWER = 64 * 1024
+#: How much of it is kept to show: characters of its body, of its status line's reason phrase.
+ANSWER_CHARS = 2000
+REASON_CHARS = 200
+#: Unicode categories taken out of a kept answer: controls (but line breaks and tabs), invisible
+#: formatting (a right-to-left override, a zero-width joiner) and lone surrogates.
+_UNSHOWN = ("Cc", "Cf", "Cs")
 #: Deliveries per worker task: each may take TIMEOUT, and all of them must fit in one lease.
 TASK = 10
 #: Codes of the transient failures (gateway/http.py's) and what the delivery log says of each.
@@ -65,14 +80,40 @@ class Claim(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Answer:
+    """What the receiver answered, fit to show: its reason phrase and the start of its body."""
+
+    reason: str | None
+    body: str | None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What one attempt came to: `delivered`, `retry` or `dead`, the catalogue code of a failure,
-    the HTTP status when there was an answer, and the receiver's Retry-After (seconds)."""
+    the HTTP status when there was an answer, the receiver's Retry-After (seconds), its answer and
+    how long the attempt took (ms; None when nothing was sent)."""
 
     result: str
     code: str | None = None
     status: int | None = None
     retry_after: float | None = None
+    answer: Answer | None = None
+    duration_ms: int | None = None
+
+
+class DeliveryNotFound(DomainError):
+    """No such delivery of this endpoint in this org (another org's id included)."""
+
+    def __init__(self) -> None:
+        super().__init__("no such webhook delivery")
+
+
+class ResendRefused(DomainError):
+    """A delivery that cannot be sent again now: `code` is the catalogue's."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 # --- the scheduler's side ------------------------------------------------------------------------
@@ -131,7 +172,7 @@ def sweep_expired(rt: Runtime, *, limit: int | None = None) -> Swept:
                     webhook_deliveries.c.id == row.id, webhook_deliveries.c.revision == row.revision,
                     webhook_deliveries.c.claim_started_at.is_(None))
                     .values(lease_until=None)).rowcount
-            elif _finish(conn, row.id, row.revision, row.attempts, Outcome("retry", "webhook_interrupted"), now):
+            elif _finish(conn, row, row.revision, Outcome("retry", "webhook_interrupted"), now):
                 interrupted += 1
     if interrupted:
         log.warning("webhook deliveries cut short swept for a retry", extra={"count": interrupted})
@@ -210,7 +251,7 @@ def deliver_one(rt: Runtime, client: http.Client, delivery_id: int, revision: in
         else:
             outcome = post(client, target.url, secret, row.webhook_id, row.payload, timeout=timeout)
     with rt.db.begin() as conn:
-        _finish(conn, row.id, revision, row.attempts, outcome, clock.now())
+        _finish(conn, row, revision, outcome, clock.now())
     log.info("webhook delivery attempted", extra={"delivery_id": row.id, "org_id": row.org_id,
                                                  "endpoint_id": row.endpoint_id, "result": outcome.result,
                                                  "code": outcome.code, "status": outcome.status})
@@ -236,14 +277,46 @@ def post(client: http.Client, url: str, secret: str, webhook_id: str, payload: A
     # The signature's timestamp is the wall clock's, not the engine's: the receiver compares it
     # with its own clock to refuse replays, so it must say when the request really left.
     body, headers = signed_request(secret, webhook_id, payload, clock.SystemClock().now())
+    answered: list[http.HttpResponse] = []
+
+    def keep(response: http.HttpResponse) -> None:
+        answered.append(response)  # a non-2xx answer, kept to show; the default mapping classifies it
+        return None
+
+    # How long the attempt took is the real time it took, whatever the engine's clock says.
+    started = time.perf_counter()
     try:
         response = http.call(client, "POST", url, timeout=timeout, data=body, headers=headers,
-                             max_bytes=MAX_ANSWER)
+                             max_bytes=MAX_ANSWER, classify=keep)
     except EgressRefused:
         return Outcome("dead", "egress_refused")
     except ProviderError as exc:
-        return _failure(exc)
-    return Outcome("delivered", status=response.status)
+        return replace(_failure(exc), answer=answer_of(answered[0]) if answered else None,
+                       duration_ms=_elapsed_ms(started))
+    return Outcome("delivered", status=response.status, answer=answer_of(response),
+                   duration_ms=_elapsed_ms(started))
+
+
+def _elapsed_ms(started: float) -> int:
+    return max(int((time.perf_counter() - started) * 1000), 0)
+
+
+def shown_text(text: str | None, limit: int) -> str | None:
+    """`text` fit to show on a page: line breaks made one kind, control and invisible formatting
+    characters taken out (a terminal escape, a right-to-left override), outer blanks trimmed, cut to
+    `limit` characters with "…" after; None when nothing is left."""
+    if not text:
+        return None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in _UNSHOWN).strip()
+    if not kept:
+        return None
+    return kept if len(kept) <= limit else kept[:limit].rstrip() + "…"
+
+
+def answer_of(response: http.HttpResponse) -> Answer:
+    """The receiver's answer as it is kept: its reason phrase and the start of its body, as text."""
+    return Answer(reason=shown_text(response.reason, REASON_CHARS), body=shown_text(response.text, ANSWER_CHARS))
 
 
 def _failure(exc: ProviderError) -> Outcome:
@@ -256,7 +329,8 @@ def _failure(exc: ProviderError) -> Outcome:
 
 
 def next_attempt(attempts: int, now: datetime, retry_after: float | None = None) -> datetime | None:
-    """When attempt number `attempts + 1` is due after `attempts` failed ones; None: give up."""
+    """When attempt number `attempts + 1` is due after `attempts` failed ones (of this round: a
+    person's resend starts a new one); None: give up."""
     if attempts > len(BACKOFF):
         return None
     wait = BACKOFF[attempts - 1]
@@ -265,17 +339,54 @@ def next_attempt(attempts: int, now: datetime, retry_after: float | None = None)
     return now + wait
 
 
-def _finish(conn: Connection, delivery_id: int, revision: int, attempts: int, outcome: Outcome,
-            now: datetime) -> bool:
-    """Record an attempt's outcome if the claim is still this one; True when it was recorded."""
-    done = attempts + 1
+def _finish(conn: Connection, row: Any, revision: int, outcome: Outcome, now: datetime) -> bool:
+    """Record an attempt's outcome on the delivery `row` if the claim is still this one; True when
+    it was recorded. The answer replaces the previous attempt's (None: no answer this time)."""
+    done = row.attempts + 1
+    answer = outcome.answer or Answer(None, None)
     values: dict[str, Any] = {"attempts": done, "last_attempt_at": now, "last_status_code": outcome.status,
-                              "last_error": outcome.code, "lease_until": None, "claim_started_at": None}
+                              "last_error": outcome.code, "lease_until": None, "claim_started_at": None,
+                              "last_response_reason": answer.reason, "last_response_body": answer.body,
+                              "last_duration_ms": outcome.duration_ms}
     if outcome.result == "delivered":
         values.update(status="delivered", delivered_at=now, next_attempt_at=None, last_error=None)
     else:
-        due = next_attempt(done, now, outcome.retry_after) if outcome.result == "retry" else None
+        due = (next_attempt(done - (row.resend_base or 0), now, outcome.retry_after)
+               if outcome.result == "retry" else None)
         values.update(status="pending" if due else "dead", next_attempt_at=due)
     return bool(conn.execute(update(webhook_deliveries).where(
-        webhook_deliveries.c.id == delivery_id, webhook_deliveries.c.revision == revision,
+        webhook_deliveries.c.id == row.id, webhook_deliveries.c.revision == revision,
         webhook_deliveries.c.status == "pending").values(**values)).rowcount)
+
+
+# --- a person's resend ---------------------------------------------------------------------------
+
+def resend(conn: Connection, org_id: int, endpoint_id: int, delivery_id: int) -> Any:
+    """Send a delivered or given-up delivery again, in `conn`'s transaction: the same row back in
+    the queue, due now, with the same `webhook-id` and payload and a fresh round of retries (its
+    attempts go on counting). Returns the row as it was before. DeliveryNotFound when it is not a
+    delivery of this endpoint of the org; ResendRefused when the endpoint is inactive
+    (`webhook_resend_inactive`) or the delivery is still waiting for its turn
+    (`webhook_resend_pending`)."""
+    row = conn.execute(select(webhook_deliveries).where(
+        webhook_deliveries.c.org_id == org_id, webhook_deliveries.c.endpoint_id == endpoint_id,
+        webhook_deliveries.c.id == delivery_id)).first()
+    if row is None:
+        raise DeliveryNotFound()
+    active = conn.execute(select(webhook_endpoints.c.active).where(
+        webhook_endpoints.c.org_id == org_id, webhook_endpoints.c.id == endpoint_id)).scalar()
+    if not active:
+        raise ResendRefused("webhook_resend_inactive")
+    if row.status not in ("delivered", "dead"):
+        raise ResendRefused("webhook_resend_pending")
+    # Compare-and-set on the status it had: two clicks queue it once. The revision moves on, so a
+    # worker still holding an old claim of this row cannot write over the new round.
+    queued = conn.execute(update(webhook_deliveries).where(
+        webhook_deliveries.c.org_id == org_id, webhook_deliveries.c.id == delivery_id,
+        webhook_deliveries.c.status == row.status, webhook_deliveries.c.revision == row.revision)
+        .values(status="pending", next_attempt_at=clock.now(), lease_until=None, claim_started_at=None,
+                revision=webhook_deliveries.c.revision + 1, resend_base=row.attempts,
+                resent_at=clock.now())).rowcount
+    if not queued:
+        raise ResendRefused("webhook_resend_pending")
+    return row
