@@ -244,6 +244,8 @@ class FlowVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
     graph: Mapped[dict[str, Any]]
     created_by: Mapped[int | None] = _fk("users.id", nullable=True)
+    #: Who published it: 'user' (`created_by`), or the system: 'demo', 'import', 'api' (None: not recorded).
+    published_by: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
 
 
