@@ -244,9 +244,9 @@ class FlowVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
     graph: Mapped[dict[str, Any]]
     created_by: Mapped[int | None] = _fk("users.id", nullable=True)
+    created_at: Mapped[datetime]
     #: Who published it: 'user' (`created_by`), or the system: 'demo', 'import', 'api' (None: not recorded).
     published_by: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime]
 
 
 class Enrollment(Base):
