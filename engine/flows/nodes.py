@@ -124,7 +124,8 @@ def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     def classify() -> Decision:
         try:
             result = classifier.classify(text=text, classes=config["classes"], keywords=config.get("keywords") or {},
-                                         hint=config.get("hint"), context=context)
+                                         hint=config.get("hint"), context=context,
+                                         labels=config.get("labels") or {})
         except AIError as exc:
             return _ai_error(exc)
         if result.label is not None and result.label in config["classes"]:
