@@ -144,3 +144,9 @@ def test_the_demos_flows_say_lembra_published_them(rt, clock):
     page = client.get("/admin/followup/flows/").text
     assert page.count("por Lembra (demonstração)") == 3
     assert "usuário removido ou pela API" not in page
+    # The version says who published it; the audit log keeps what people did, not the seed's work.
+    from engine.store.models import audit_log, flow_versions
+
+    with rt.db.connect() as conn:
+        assert set(conn.execute(select(flow_versions.c.published_by)).scalars()) == {"demo"}
+        assert conn.execute(select(audit_log.c.id).where(audit_log.c.entity == "flow_versions")).first() is None

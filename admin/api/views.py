@@ -350,7 +350,7 @@ def publish_flow(flow_id: int) -> Any:
     flow_id = path_id(flow_id)
     org_id = caller().org_id
     with org_tx() as conn:
-        row = versions.publish(conn, org_id, flow_id)
+        row = versions.publish(conn, org_id, flow_id, by="api")
         _audit(conn, "publish", "flow", flow_id, {"version": row.version, "version_id": row.id})
     return dump(VersionOut, services.version_out(row))
 

@@ -15,7 +15,6 @@ from sqlalchemy.engine import Connection
 from engine.core import clock
 from engine.people.agenda import create_professional, link_appointments
 from engine.people.appointments import create_appointment
-from engine.tenants.audit import audit
 from engine.tenants.channels import create_channel
 from engine.people.contacts import create_contact
 from engine.store.models import agents, orgs, reminder_rule_kinds, reminder_rules
@@ -26,9 +25,6 @@ from gateway.crypto import Keyring
 DEMO_SLUG = "demo"
 DEMO_EMAIL = "dona@clinica-demo.local"
 DEMO_PASSWORD = "lembra-demo"
-#: Who published the demo's flows, as their audit rows say (the console reads "Lembra
-#: (demonstração)"): the seed is no user of the clinic, and `flow_versions.created_by` names users.
-DEMO_PUBLISHER = "lembra-demo"
 #: The demo's sandbox channels report each message delivered this many seconds after the send and
 #: read twice as late, so the dashboard shows the whole funnel (providers/sandbox/provider.py).
 DEMO_RECEIPTS_SECONDS = 3
@@ -247,9 +243,7 @@ def _seed_flow(conn: Connection, org_id: int, contact_id: int) -> None:
                                   {"kind": "appointment", "appointment_event": "no_show", "repeat": "always"})):
         flow_id = versions.create_flow(conn, org_id, name=name, draft_graph=graph, trigger_config=trigger,
                                        handoff_policy="pause")
-        version = versions.publish(conn, org_id, flow_id)
-        audit(conn, org_id=org_id, action="publish", entity="flow_versions", entity_id=int(version.id),
-              changes={"publisher": DEMO_PUBLISHER, "flow_id": flow_id})
+        versions.publish(conn, org_id, flow_id, by="demo")  # the flow list says "Lembra (demonstração)"
         published.append(flow_id)
     pointer_id = published[0]
     now = clock.now()

@@ -83,12 +83,15 @@ def _count_step(event_type: str, payload: Mapping[str, Any] | None) -> None:
 
 def step_payload(
     *, kind: str, status: str, reason: str, next_node: str | None = None, until: datetime | None = None,
-    llm_calls: int = 0, params: Mapping[str, Any] | None = None,
+    llm_calls: int = 0, params: Mapping[str, Any] | None = None, exit: tuple[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The payload of a `step` event: one line of a run's timeline (no patient data in it)."""
+    """The payload of a `step` event: one line of a run's timeline (no patient data in it). `exit`
+    is the edge condition the step left by to `next_node`, recorded as `{"type", "value"?}`."""
     payload: dict[str, Any] = {"kind": kind, "status": status, "reason": reason, "llm_calls": llm_calls}
     if next_node is not None:
         payload["next"] = next_node
+        if exit is not None:
+            payload["exit"] = {"type": exit[0]} if exit[1] is None else {"type": exit[0], "value": exit[1]}
     if until is not None:
         payload["until"] = until.isoformat()
     if params:

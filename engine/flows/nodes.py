@@ -26,7 +26,7 @@ from engine.flows.conversation.ask import AskState, TurnResult, take_turn
 from engine.flows.conversation.fields import fields_by_slug
 from engine.flows.graph import GraphIndex
 from engine.flows.actions import node as do_node
-from engine.flows.step import Ask, Decision, Send, Snapshot
+from engine.flows.step import Ask, Decision, Send, Snapshot, via
 from engine.flows.turns import DEFAULT_KINDS, ai_context, opted_out_in_words, turn_fragments, usable_kind
 from engine.people.appointments import GOING
 from engine.queue.conversation_window import conversation_open
@@ -54,9 +54,10 @@ def decide(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
 def _trigger(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     if not triggers.premise_holds(conn, snap.enrollment):
         return Decision("skipped", "silence_broken", end=("cancelled", None))
-    after = snap.graph.target(snap.node_id, "always")
+    way = via(snap.graph, snap.node_id, "always")
+    after = way["next_node"]
     # The message that started the run (an intent trigger) is the first reply of a node that reads one.
-    decision = Decision("ok", "trigger_fired", next_node=after,
+    decision = Decision("ok", "trigger_fired", **way,
                         keep_reply=snap.reply is not None and after is not None and reads_first_reply(snap.graph, after))
     waits = [SmartWait(node_id, snap.graph.config(node_id)["min_minutes"], snap.graph.config(node_id)["max_minutes"],
                        snap.graph.config(node_id).get("guidance"))
@@ -92,12 +93,13 @@ def reads_first_reply(graph: GraphIndex, node_id: str) -> bool:
 
 
 def _wait(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
-    replied = snap.graph.target(snap.node_id, "replied")
+    way = via(snap.graph, snap.node_id, "replied")
+    replied = way["next_node"]
     if snap.reply is not None and replied is not None:
         # An `ask` after the wait reads the reply itself ("segunda de tarde" answers its question).
         passed_on = reads_first_reply(snap.graph, replied)
-        return Decision("ok", "wait_replied", next_node=replied, consumed_reply=not passed_on, keep_reply=passed_on)
-    return Decision("ok", "wait_elapsed", next_node=snap.graph.target(snap.node_id, "always"))
+        return Decision("ok", "wait_replied", **way, consumed_reply=not passed_on, keep_reply=passed_on)
+    return Decision("ok", "wait_elapsed", **via(snap.graph, snap.node_id, "always"))
 
 
 def _condition(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
@@ -106,13 +108,13 @@ def _condition(conn: Connection, snap: Snapshot, ai: AI) -> Decision:
                          enrollment=snap.enrollment)
     result = conditions.evaluate(config["checks"], config.get("combinator", "all"), known, snap.now)
     return Decision("ok", "condition_true" if result else "condition_false",
-                    next_node=snap.graph.target(snap.node_id, "cond_result", result))
+                    **via(snap.graph, snap.node_id, "cond_result", result))
 
 
 def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     node = snap.node_id
     if snap.reply is None:
-        return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"),
+        return Decision("ok", "no_reply", **via(snap.graph, node, "no_reply"),
                         values={"last_class": "no_reply"})
     config = snap.graph.config(node)
     text = snap.reply.text or snap.reply.button_payload or ""
@@ -122,14 +124,15 @@ def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     def classify() -> Decision:
         try:
             result = classifier.classify(text=text, classes=config["classes"], keywords=config.get("keywords") or {},
-                                         hint=config.get("hint"), context=context)
+                                         hint=config.get("hint"), context=context,
+                                         labels=config.get("labels") or {})
         except AIError as exc:
             return _ai_error(exc)
         if result.label is not None and result.label in config["classes"]:
-            return Decision("ok", "classified", next_node=snap.graph.target(node, "class_match", result.label),
+            return Decision("ok", "classified", **via(snap.graph, node, "class_match", result.label),
                             consumed_reply=True, llm_calls=result.llm_calls, values={"last_class": result.label},
                             params={"class": result.label, "why": result.reason})
-        return Decision("ok", "not_classified", next_node=snap.graph.target(node, "always"), consumed_reply=True,
+        return Decision("ok", "not_classified", **via(snap.graph, node, "always"), consumed_reply=True,
                         llm_calls=result.llm_calls, values={"last_class": None}, params={"why": result.reason})
 
     return Ask(classify)
@@ -138,27 +141,27 @@ def _classify(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
 def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     node = snap.node_id
     config = snap.graph.config(node)
-    after = snap.graph.target(node, "always")
+    after = via(snap.graph, node, "always")
     usable = usable_kind(conn, snap, tuple(config.get("channel_kinds") or DEFAULT_KINDS))
     if usable is None:
-        return Decision("skipped", "no_usable_channel", next_node=after)
+        return Decision("skipped", "no_usable_channel", **after)
     kind, channel = usable
     if config["mode"] == "template":
         if _already_told(conn, snap, config["template"]):
-            return Decision("skipped", "message_already_queued", next_node=after)
-        return Decision("ok", "message_queued", next_node=after, send=Send(kind, config["template"]))
+            return Decision("skipped", "message_already_queued", **after)
+        return Decision("ok", "message_queued", **after, send=Send(kind, config["template"]))
     fallback = config.get("fallback_template")
     closed = channel.provider == "meta" and not conversation_open(
         conn, snap.org.id, channel.id, snap.contact.id, snap.now)
     if closed:
         # Outside Meta's 24 h window only an approved template may go out.
         if fallback:
-            return Decision("ok", "window_closed_template", next_node=after, send=Send(kind, fallback))
+            return Decision("ok", "window_closed_template", **after, send=Send(kind, fallback))
         return Decision("failed", "window_closed", failed=True)
     if snap.human:
         if fallback:
-            return Decision("ok", "human_holds_template", next_node=after, send=Send(kind, fallback))
-        return Decision("skipped", "human_holds", next_node=after)
+            return Decision("ok", "human_holds_template", **after, send=Send(kind, fallback))
+        return Decision("skipped", "human_holds", **after)
     context = ai_context(conn, snap)
 
     def write() -> Decision:
@@ -169,10 +172,10 @@ def _action(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
             return _ai_error(exc)
         text = clean_text(written.text, config.get("max_chars", 600)) if written.text else None
         if text:
-            return Decision("ok", "ai_message_queued", next_node=after, send=Send(kind, fallback, text),
+            return Decision("ok", "ai_message_queued", **after, send=Send(kind, fallback, text),
                             llm_calls=written.llm_calls)
         if fallback:
-            return Decision("ok", "ai_fallback_template", next_node=after, send=Send(kind, fallback),
+            return Decision("ok", "ai_fallback_template", **after, send=Send(kind, fallback),
                             llm_calls=written.llm_calls, params={"why": written.reason})
         return Decision("failed", "ai_no_text", failed=True, llm_calls=written.llm_calls,
                         params={"why": written.reason})
@@ -226,7 +229,7 @@ def _ask(conn: Connection, snap: Snapshot, ai: AI) -> Decision | Ask:
     phrasing_context = ai_context(conn, snap) if phrase else None
     if snap.reply is None:
         if snap.enrollment.status == "waiting_reply":
-            return Decision("ok", "no_reply", next_node=snap.graph.target(node, "no_reply"), values={"ask_state": None})
+            return Decision("ok", "no_reply", **via(snap.graph, node, "no_reply"), values={"ask_state": None})
         if floor.taken_by_other(conn, snap.org.id, snap.contact.id, snap.enrollment.id) is not None:
             return Decision("waiting", "floor_busy", wait_floor=True)
         first = take_turn(specs, data, state, text=None, reading=None, max_asks=config["max_asks"], today=today)
@@ -270,14 +273,14 @@ def _ask_decision(snap: Snapshot, turn: TurnResult, usable: tuple[str, Any] | No
     if turn.outcome in ("complete", "gave_up"):
         if turn.outcome == "gave_up":
             params["field"] = turn.ask_for.slug if turn.ask_for is not None else None
-        return Decision("ok", f"ask_{turn.outcome}", next_node=snap.graph.target(node, turn.outcome),
+        return Decision("ok", f"ask_{turn.outcome}", **via(snap.graph, node, turn.outcome),
                         consumed_reply=replied, llm_calls=llm_calls, also_read=read,
                         values={**data, "ask_state": None}, params=params)
     spec = turn.ask_for
     assert spec is not None
     params.update(field=spec.slug, ask=turn.state.asks[spec.slug])
     if usable is None:  # no way to ask the patient anything: the conversation cannot go on
-        return Decision("skipped", "no_usable_channel", next_node=snap.graph.target(node, "gave_up"),
+        return Decision("skipped", "no_usable_channel", **via(snap.graph, node, "gave_up"),
                         consumed_reply=replied, llm_calls=llm_calls, also_read=read,
                         values={**data, "ask_state": None}, params=params)
     kind = usable[0]

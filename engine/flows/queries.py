@@ -121,6 +121,8 @@ class RunStep:
     until: datetime | None
     llm_calls: int
     params: Mapping[str, Any]
+    #: The exit a step left its node by (`{"type", "value"?}`, as the engine recorded it), or None.
+    exit: Mapping[str, Any] | None = None
 
     @property
     def reason_text(self) -> Text | None:
@@ -151,7 +153,16 @@ def _run_step(row: Any) -> RunStep:
         reason=_text_or_none(payload.get("reason")), next=_text_or_none(payload.get("next")),
         until=_instant(until), llm_calls=llm_calls if isinstance(llm_calls, int) else 0,
         params=params if isinstance(params, Mapping) else {},
+        exit=exit_of(payload),
     )
+
+
+def exit_of(payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The exit a `step` event's payload records (the edge condition its step left by), or None."""
+    way = payload.get("exit")
+    if not isinstance(way, Mapping) or not isinstance(way.get("type"), str):
+        return None
+    return dict(way)
 
 
 def _text_or_none(value: Any) -> str | None:

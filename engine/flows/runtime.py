@@ -438,7 +438,8 @@ def _apply(conn: Connection, journal: lifecycle.Journal, rt: Runtime, snap: node
     journal.add(row.org_id, row.id, "step", step_key, node_id=row.current_node_id, at=now,
                 payload=lifecycle.step_payload(kind=kind, status=decision.status, reason=decision.reason,
                                                next_node=target if ended is None else None, until=until,
-                                               llm_calls=decision.llm_calls, params=decision.params))
+                                               llm_calls=decision.llm_calls, params=decision.params,
+                                               exit=decision.exit if ended is None and not decision.stay else None))
     if ended is not None and ended[0] == "dead":
         _open_dead_item(conn, row, decision.reason)
     return Step(decision.status, decision.reason, continue_with)

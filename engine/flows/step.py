@@ -53,6 +53,9 @@ class Decision:
     status: str
     reason: str
     next_node: str | None = None
+    #: The exit `next_node` was reached by: the edge condition (type, value), as the step's event
+    #: records it, so no reader has to guess it from the reason (two exits may share a target).
+    exit: tuple[str, Any] | None = None
     end: tuple[str, str | None] | None = None
     send: Send | None = None
     failed: bool = False
@@ -79,6 +82,11 @@ class Decision:
     #: What follows the step in its transaction once it is written (the patient's opt-out in words:
     #: recorded for the contact, which ends their other runs too).
     then: Callable[[Connection], None] | None = None
+
+
+def via(graph: GraphIndex, node_id: str, condition_type: str, value: Any = None) -> dict[str, Any]:
+    """A `Decision`'s `next_node` and `exit` for leaving `node_id` by this edge condition."""
+    return {"next_node": graph.target(node_id, condition_type, value), "exit": (condition_type, value)}
 
 
 @dataclass(frozen=True)

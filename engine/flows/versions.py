@@ -154,10 +154,18 @@ def field_checker(conn: Connection, org_id: int) -> Callable[[str], bool]:
     return slugs.__contains__
 
 
-def publish(conn: Connection, org_id: int, pointer_id: int, *, user_id: int | None = None) -> Any:
-    """Validate the draft and make it the active version; FlowRejected lists every issue.
+#: Who may publish a version besides a user of the clinic (`flow_versions.published_by`).
+SYSTEM_PUBLISHERS = ("demo", "import", "api")
+
+
+def publish(conn: Connection, org_id: int, pointer_id: int, *, user_id: int | None = None,
+            by: str | None = None) -> Any:
+    """Validate the draft and make it the active version; FlowRejected lists every issue. The new
+    version records who published it: the user `user_id`, or the system `by` (SYSTEM_PUBLISHERS).
 
     Publishing a draft identical to the active version only re-activates it (no new version)."""
+    if by is not None and by not in SYSTEM_PUBLISHERS:
+        raise ValueError(f"unknown publisher {by!r}")
     pointer = get_flow(conn, org_id, pointer_id)
     issues = validate_for_publish(pointer.draft_graph, trigger_config=pointer.trigger_config,
                                   max_steps=pointer.max_steps, template_exists=template_checker(conn, org_id),
@@ -176,7 +184,8 @@ def publish(conn: Connection, org_id: int, pointer_id: int, *, user_id: int | No
         number = (conn.execute(select(func.max(flow_versions.c.version)).where(
             flow_versions.c.org_id == org_id, flow_versions.c.pointer_id == pointer_id)).scalar() or 0) + 1
         version_id = int(conn.execute(insert(flow_versions).values(
-            org_id=org_id, pointer_id=pointer_id, version=number, graph=graph, created_by=user_id, created_at=now,
+            org_id=org_id, pointer_id=pointer_id, version=number, graph=graph, created_by=user_id,
+            published_by="user" if user_id is not None else by, created_at=now,
         ).returning(flow_versions.c.id)).scalar_one())
     conn.execute(update(flow_pointers).where(flow_pointers.c.org_id == org_id, flow_pointers.c.id == pointer_id)
                  .values(active_version_id=version_id, status="active", updated_at=now))

@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection
 
 from engine.core import clock
 from engine.core.errors import DomainError
-from engine.flows import lifecycle, runtime, triggers, versions
+from engine.flows import lifecycle, queries, runtime, triggers, versions
 from engine.flows.ai.base import AI
 from engine.flows.ai.factory import ai_for
 from engine.flows.graph import GraphIndex
@@ -444,7 +444,7 @@ class _Play:
                 continue
             params = payload.get("params") or {}
             target = payload.get("next")
-            way = exit_taken(graph, step.node_id, target, payload.get("reason") or "", params) if target else None
+            way = queries.exit_of(payload)  # as the engine recorded it
             taken.append({"node": step.node_id, "reason": payload.get("reason"), "exit": way, "next": target,
                           "params": params, "kind": payload.get("kind")})
         turn.path = [{key: value for key, value in step.items() if key not in ("params", "kind")} for step in taken]
@@ -487,40 +487,3 @@ class _Play:
             if row.enrollment_id == run_id and row.idempotency_key:
                 node = row.idempotency_key.split(":node:", 1)[-1].split(":attempt:", 1)[0]
             self.turns.append(Turn("bot", text, node=node))
-
-
-#: The exit a step's reason says it took, where a node's exits may lead to the same step (the
-#: timeline records the reason and the next node, not the exit): checked in order against the edges.
-_EXITS: dict[str, tuple[tuple[str, Any], ...]] = {
-    "no_reply": (("no_reply", None),), "not_classified": (("always", None),),
-    "wait_replied": (("replied", None),), "wait_elapsed": (("always", None),),
-    "condition_true": (("cond_result", True),), "condition_false": (("cond_result", False),),
-    "ask_complete": (("complete", None),), "ask_gave_up": (("gave_up", None),),
-    "no_usable_channel": (("gave_up", None), ("failed", None)), "window_closed": (("failed", None),),
-    "do_slot_taken": (("unavailable", None),), "do_no_free_slots": (("unavailable", None),),
-    **{reason: (("failed", None),) for reason in ("do_agenda_unreachable", "do_appointment_not_live",
-                                                  "do_no_appointment", "do_no_pick", "do_no_time")},
-}
-
-
-def exit_taken(graph: GraphIndex, node_id: str, next_node: str, reason: str,
-               params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The condition of the edge a step left `node_id` by to reach `next_node`: the one edge there,
-    else the one its class or its reason names (`ask_complete`: complete; `do_moved`: ok)."""
-    edges = [edge.get("condition") or {} for edge in graph.out_edges(node_id) if edge.get("target") == next_node]
-    if not edges:
-        return None
-    if len(edges) == 1:
-        return dict(edges[0])
-    label = params.get("class")
-    wanted = list(_EXITS.get(reason, ()))
-    if label is not None:
-        wanted.insert(0, ("class_match", label))
-    elif reason.startswith("do_"):
-        wanted.append(("ok", None))  # every other `do` reason is its `ok` or `failed` exit
-        wanted.append(("failed", None))
-    for kind, value in wanted:
-        for condition in edges:
-            if condition.get("type") == kind and (value is None or condition.get("value") == value):
-                return dict(condition)
-    return dict(edges[0])

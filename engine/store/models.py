@@ -256,6 +256,8 @@ class FlowVersion(Base):
     graph: Mapped[dict[str, Any]]
     created_by: Mapped[int | None] = _fk("users.id", nullable=True)
     created_at: Mapped[datetime]
+    #: Who published it: 'user' (`created_by`), or the system: 'demo', 'import', 'api' (None: not recorded).
+    published_by: Mapped[str | None] = mapped_column(Text)
 
 
 class Enrollment(Base):

@@ -92,6 +92,40 @@ def test_only_the_chosen_providers_fields_are_read_and_checked(owner, tenants, r
     assert set(opened) == {"webhook_secret"}  # generated; nothing of another provider stored
 
 
+def test_the_sandbox_receipts_delay_is_set_on_its_form_checked_and_shown_on_edit(owner, tenants, rt):
+    a, _ = tenants
+    page = owner.get("/admin/channels/new/?provider=sandbox").text
+    assert "Confirmações de entrega e leitura (segundos)" in html.unescape(page)
+    posted = {"csrf_token": csrf(page), "name": "Demo", "kind": "whatsapp", "provider": "sandbox", "status": "active"}
+    before = count(rt)
+    for bad in ("601", "-1", "3.5", "dez"):
+        refused = owner.post("/admin/channels/new/", data={**posted, "receipts_seconds": bad})
+        assert refused.status_code == 200 and "Informe um número inteiro de 0 a 600 segundos." in html.unescape(
+            refused.text), bad
+    assert count(rt) == before
+    assert owner.post("/admin/channels/new/", data={**posted, "receipts_seconds": "5"}).status_code == 302
+    # Another provider's form does not read it.
+    evo_page = owner.get("/admin/channels/new/?provider=evolution").text
+    assert owner.post("/admin/channels/new/", data={
+        "csrf_token": csrf(evo_page), "name": "Zap", "kind": "whatsapp", "provider": "evolution", "status": "active",
+        "cred_base_url": "https://evolution.clinica.example", "cred_api_key": "k", "cred_instance": "c",
+        "receipts_seconds": "9999"}).status_code == 302
+    with rt.db.connect() as conn:
+        demo = conn.execute(select(channels).where(channels.c.org_id == a.world.org_id, channels.c.name == "Demo")).one()
+        zap = conn.execute(select(channels).where(channels.c.org_id == a.world.org_id, channels.c.name == "Zap")).one()
+    assert demo.settings.get("receipts_seconds") == 5 and "receipts_seconds" not in (zap.settings or {})
+    url = f"/admin/channels/edit/?id={demo.id}"
+    edit = owner.get(url).text
+    assert re.search(r'id="setting-sandbox-receipts_seconds"[^>]*value="5"', edit) or \
+        re.search(r'value="5"[^>]*id="setting-sandbox-receipts_seconds"', edit)
+    assert owner.post(url, data={"csrf_token": csrf(edit), "name": "Demo", "status": "active",
+                                 "receipts_seconds": ""}).status_code == 302
+    with rt.db.connect() as conn:
+        assert "receipts_seconds" not in conn.execute(select(channels.c.settings).where(
+            channels.c.id == demo.id)).scalar_one()
+    assert owner.get(f"/admin/channels/edit/?id={demo.id + 10**6}").status_code in (302, 404)
+
+
 def test_after_saving_a_real_provider_the_channel_page_shows_the_next_steps(owner, tenants, rt):
     a, _ = tenants
     page = owner.get("/admin/channels/new/?provider=evolution")

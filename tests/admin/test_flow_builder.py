@@ -556,7 +556,7 @@ def test_freshly_dropped_ask_and_do_steps_save_and_publish_says_what_each_one_st
     assert published.status_code == 200, published.text
 
 
-def test_a_class_named_in_words_is_shown_by_its_name_in_the_runs_timeline(owner, rt, tenants, clock):
+def test_a_class_named_in_words_is_shown_by_its_name_in_the_runs_timeline_and_the_queue(owner, rt, tenants, clock):
     """The builder names a class "Não quer" (slug `nao_quer` for the engine): Execuções says the reply
     was understood as "Não quer", never the slug."""
     a, _ = tenants
@@ -575,4 +575,8 @@ def test_a_class_named_in_words_is_shown_by_its_name_in_the_runs_timeline(owner,
     assert flows.enrollment(run).status == "completed"
     page = html.unescape(owner.get(f"/admin/followup_runs/?enrollment={run}").get_data(as_text=True))
     assert "A resposta do paciente foi entendida como Não quer." in page
+    assert "pela saída Não quer" in page  # the exit the engine recorded, by the class's name
+    assert 'data-last-class>Não quer<' in page
     assert "nao_quer" not in page
+    queue = html.unescape(owner.get("/admin/followup_queue/?flt0_1=completed").get_data(as_text=True))
+    assert "Não quer" in queue and "nao_quer" not in queue

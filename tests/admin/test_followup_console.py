@@ -617,6 +617,11 @@ def test_the_flow_list_shows_trigger_runs_this_week_and_conversion(owner, rt, wo
     assert cell(flow_row(page, falta), "trigger") == "Falta (no-show)"
     assert cell(flow_row(page, remarcar), "trigger") == "Intenção: remarcar"
     assert "Fluxo da B" not in page
+    # A version no user published is named by who did (flow_versions.published_by).
+    with rt.db.begin() as conn:
+        conn.execute(update(flow_versions).where(flow_versions.c.pointer_id == remarcar)
+                     .values(created_by=None, published_by="api"))
+    assert "por API" in text_of(owner.get("/admin/followup/flows/"))
 
 
 def test_the_flow_list_costs_the_same_queries_for_two_flows_or_ten(owner, rt, world):

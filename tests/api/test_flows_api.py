@@ -16,7 +16,7 @@ from engine.words.catalogue import describe
 from engine.people.contacts import opt_out
 from engine.flows import runtime
 from engine.flows.schema import json_schema
-from engine.store.models import audit_log, enrollments, messages
+from engine.store.models import audit_log, enrollments, flow_versions, messages
 from engine.words.texts import Text
 from tests.flows.helpers import edge, linear, node
 
@@ -125,6 +125,9 @@ def test_a_flows_life_from_draft_to_disabled(rt, api):
     assert v2["version"] == 2
     listed = api.get(f"/flows/{flow_id}/versions").get_json()["data"]
     assert [(v["version"], v["created_by"]) for v in listed] == [(2, None), (1, None)]
+    with rt.db.connect() as conn:  # no user published them: the versions say the API did
+        assert set(conn.execute(select(flow_versions.c.published_by).where(
+            flow_versions.c.pointer_id == flow_id)).scalars()) == {"api"}
     assert api.get(f"/flows/{flow_id}").get_json()["active_version"] == 2
 
     assert api.post(f"/flows/{flow_id}/rollback", {"version": 7}).status_code == 404

@@ -26,7 +26,8 @@ def ai_graph() -> dict:
             node("inicio", "trigger"),
             node("escrever", "action", mode="ai_message", prompt_hint="Pergunte se quer agendar.",
                  fallback_template="followup_checkin"),
-            node("ler", "ai_classify", classes=["confirm", "reschedule", "not_interested"], grace_minutes=60),
+            node("ler", "ai_classify", classes=["confirm", "reschedule", "not_interested"], grace_minutes=60,
+                 labels={"not_interested": "Não quer", "reschedule": "Quer \"outro\" dia\nnovo"}),
             node("confirm", "end", outcome="converted"), node("reschedule", "end", outcome="custom"),
             node("not_interested", "end", outcome="exhausted"), node("calado", "end", outcome="exhausted"),
             node("outro", "end", outcome="custom"),
@@ -88,6 +89,12 @@ def test_the_model_writes_the_follow_up_and_classifies_the_reply(rt, setup, llm,
     assert classify.labels == ["confirm", "reschedule", "not_interested", "none"]
     assert classify.patient_text == text
     assert text not in classify.system  # the patient's words are data, never instructions
+    # The builder's names describe the classes; the answer is still the class (the enum above).
+    assert '- not_interested: "Não quer"' in classify.system and "- confirm\n" in classify.system
+    assert '- reschedule: "Quer \\"outro\\" dia\\nnovo"' in classify.system, "a name stays one quoted line"
+    if route != "outro":
+        assert [s.get("exit") for s in flows.steps(enrollment_id) if s["node"] == "ler"] == [
+            {"type": "class_match", "value": route}]
 
 
 def test_the_grace_timeout_takes_no_reply_without_a_call(rt, setup, llm, clock):

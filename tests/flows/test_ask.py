@@ -51,6 +51,11 @@ def sent(flows: Flows, enrollment_id: int) -> list[str]:
     return [(row.payload or {}).get("text") for row in flows.followups(enrollment_id)]
 
 
+def exits(flows: Flows, enrollment_id: int) -> list[dict | None]:
+    """The exit each step of the `ask` recorded (None: it stayed and asked)."""
+    return [step.get("exit") for step in flows.steps(enrollment_id) if step["node"] == "pergunta"]
+
+
 def reasons(flows: Flows, enrollment_id: int) -> list[str]:
     return [step["reason"] for step in flows.steps(enrollment_id) if step["node"] == "pergunta"]
 
@@ -70,6 +75,7 @@ def test_fields_come_in_any_order_a_correction_wins_and_the_run_completes(world,
     assert done.data["periodo"] == "afternoon" and done.data["data"] is not None
     assert reasons(flows, run) == ["ask_question", "ask_question", "ask_complete"]
     assert done.llm_calls == 0 and done.ask_state is None
+    assert exits(flows, run) == [None, None, {"type": "complete"}], "the step records the exit it took"
 
 
 def test_a_field_asked_max_asks_times_gives_up(world, flows, clock):
@@ -81,6 +87,7 @@ def test_a_field_asked_max_asks_times_gives_up(world, flows, clock):
     assert (done.status, done.current_node_id) == ("completed", "desistiu")
     assert len(sent(flows, run)) == 2
     assert reasons(flows, run) == ["ask_question", "ask_question", "ask_gave_up"]
+    assert exits(flows, run)[-1] == {"type": "gave_up"}
     assert flows.steps(run)[-2]["params"]["field"] == "data"
 
 
@@ -90,6 +97,7 @@ def test_no_reply_within_the_grace_takes_the_no_reply_exit(world, flows, clock):
     clock.advance(timedelta(minutes=31))
     flows.run()
     assert flows.enrollment(run).current_node_id == "calado"
+    assert exits(flows, run)[-1] == {"type": "no_reply"}
 
 
 def test_fragments_within_the_debounce_are_one_turn(world, flows, clock):

@@ -121,6 +121,15 @@ def test_silence_takes_the_no_reply_exit(world, rt):
     assert done.outcome == "exhausted"
 
 
+def test_giving_up_shows_the_exit_the_engine_recorded(world, rt):
+    # gave_up and no_reply both lead to `falhou`: the target alone cannot say which was taken.
+    graph = move_graph()
+    graph["nodes"][1]["config"]["max_asks"] = 1
+    done = rehearse(rt, world.org_id, Flows(world).flow(graph), version="published", replies=["não sei"])
+    [unsure] = patient(done)
+    assert unsure.reason == "ask_gave_up" and unsure.exit == {"type": "gave_up"} and unsure.next_node == "falhou"
+
+
 def test_a_draft_that_breaks_a_publish_rule_is_refused_with_its_issues(world, rt):
     graph = move_graph()
     graph["edges"] = [e for e in graph["edges"] if e["source"] != "quando"]

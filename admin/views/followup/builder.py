@@ -38,6 +38,7 @@ from admin.ids import parse_id
 from admin.json_body import BodyRefused, request_json
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
 from admin.views.followup import rehearse as rehearsing
+from admin.views.followup.exits import edge_words
 from admin.views.followup.flow_list import FLOW_STATUS_LABELS, list_page
 from admin.views.settings.templates import preview
 from engine.flows import queries, versions
@@ -110,10 +111,7 @@ def ui_strings() -> dict[str, Any]:
             "action_move": _("Usa o horário escolhido numa oferta; sem oferta, a data e a hora coletadas."),
             "action_book": _("Usa o horário escolhido numa oferta; sem oferta, a data e a hora coletadas."),
         },
-        "edges": {"always": _("Sempre"), "cond_true": _("Sim"), "cond_false": _("Não"),
-                  "no_reply": _("Sem resposta"), "replied": _("Respondeu"), "fallback": _("Outra resposta"),
-                  "complete": _("Completo"), "gave_up": _("Desistiu"), "ok": _("Feito"), "failed": _("Falhou"),
-                  "unavailable": _("Sem horário")},
+        "edges": edge_words(),
         "fields": {
             "mode": _("Modo"), "minutes": _("Duração"), "min_minutes": _("Espera mínima"),
             "max_minutes": _("Espera máxima"), "guidance": _("Orientação para a IA"),

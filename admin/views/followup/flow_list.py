@@ -24,10 +24,9 @@ from admin.i18n import _, _l, format_percent_local, translate
 from admin.views.base import TenantPageView, db_session, local_dt, org_id, org_timezone
 from admin.views.costs import estimate
 from engine.core import clock
-from engine.fleet.demo import DEMO_PUBLISHER
 from engine.flows import lifecycle, queries
 from engine.messaging.meta_categories import graph_template_keys, marketing_keys
-from engine.store.models import audit_log, enrollments, flow_pointers, flow_versions, users
+from engine.store.models import enrollments, flow_pointers, flow_versions, users
 from engine.words.catalogue import describe
 
 #: A flow's status in the manager's words.
@@ -112,31 +111,28 @@ def flow_stats(conn: Connection, oid: int, flow_ids: list[int], since: datetime)
             for row in rows}
 
 
+#: Who published a version when no user of the clinic did (`flow_versions.published_by`).
+SYSTEM_PUBLISHER_LABELS = {"demo": _l("Lembra (demonstração)"), "import": _l("Importação de arquivo"),
+                           "api": _l("API")}
+
+
 def last_published(conn: Connection, oid: int, flow_ids: list[int]) -> dict[int, dict[str, Any]]:
     """Per flow, its newest version: number, when it was published and by whom (an e-mail; the
-    demo's "Lembra (demonstração)" for a version the demo seeded; or None for a publish through
-    the API or by a user since removed). Two queries whatever the number of flows."""
+    system's name for a version the demo, an import or the API published; or None for a user since
+    removed or a version older than `published_by`). One query whatever the number of flows."""
     if not flow_ids:
         return {}
     rows = conn.execute(
         select(flow_versions.c.id, flow_versions.c.pointer_id, flow_versions.c.version, flow_versions.c.created_at,
-               users.c.email)
+               flow_versions.c.published_by, users.c.email)
         .outerjoin(users, (users.c.id == flow_versions.c.created_by) & (users.c.org_id == oid))
         .where(flow_versions.c.org_id == oid, flow_versions.c.pointer_id.in_(flow_ids))
         .order_by(flow_versions.c.pointer_id, flow_versions.c.version.desc()))
     out: dict[int, dict[str, Any]] = {}
     for row in rows:
+        system = SYSTEM_PUBLISHER_LABELS.get(row.published_by or "")
         out.setdefault(int(row.pointer_id), {"id": int(row.id), "version": row.version, "at": row.created_at,
-                                             "by": row.email})
-    unnamed = {pub["id"]: pub for pub in out.values() if pub["by"] is None}
-    if unnamed:
-        # The seed is no user: its publishes are named by their audit rows (engine/fleet/demo.py).
-        seeded = conn.execute(select(audit_log.c.entity_id, audit_log.c.changes).where(
-            audit_log.c.org_id == oid, audit_log.c.action == "publish", audit_log.c.entity == "flow_versions",
-            audit_log.c.user_id.is_(None), audit_log.c.entity_id.in_(list(unnamed))))
-        for version_id, changes in seeded:
-            if isinstance(changes, Mapping) and changes.get("publisher") == DEMO_PUBLISHER:
-                unnamed[int(version_id)]["by"] = str(_l("Lembra (demonstração)"))
+                                             "by": row.email or (str(system) if system is not None else None)})
     return out
 
 

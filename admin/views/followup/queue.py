@@ -28,6 +28,7 @@ from admin.api.core import ApiError
 from admin.i18n import _, _l, ngettext, translate
 from admin.views.base import TenantModelView, db_session, ids_of, is_editor, local_dt, org_id, write_audit
 from admin.views.filters import IdEqualFilter, OrgDateTimeBetweenFilter
+from admin.views.followup.exits import last_class_label
 from engine.core import clock
 from engine.flows import lifecycle, queries
 from engine.flows.versions import FlowNotFound, graph_of
@@ -250,6 +251,16 @@ def _node(view: Any, model: Any) -> str:
     return node_label(view.session.connection(), org_id(), int(model.version_id), model.current_node_id)
 
 
+def _last_class(view: Any, model: Any) -> str:
+    if not model.last_class:
+        return ""
+    try:
+        graph = graph_of(view.session.connection(), org_id(), int(model.version_id))
+    except FlowNotFound:
+        return str(model.last_class)
+    return last_class_label(graph, model.last_class) or ""
+
+
 def _reason(view: Any, model: Any) -> str:
     reasons = _lookups(view).reasons
     params = reasons.get(int(model.id), {}) if reasons is not None else None
@@ -281,11 +292,13 @@ class FollowupQueueView(TenantModelView):
 
     allow_create = allow_edit = allow_delete = False  # runs start by triggers or by hand (contact page)
     can_view_details = False  # a run's page is its timeline (Execuções)
-    column_list = ("contact", "flow", "node", "next_eval_at", "status", "reason", "run")
-    column_export_list = ("id", "contact", "flow", "node", "next_eval_at", "status", "reason", "created_at")
+    column_list = ("contact", "flow", "node", "next_eval_at", "status", "last_class", "reason", "run")
+    column_export_list = ("id", "contact", "flow", "node", "next_eval_at", "status", "last_class", "reason",
+                          "created_at")
     column_labels = {"id": "#", "contact": _l("Paciente"), "flow": _l("Fluxo"), "node": _l("Etapa atual"),
                      "next_eval_at": _l("Próximo disparo"), "status": _l("Status"),
-                     "reason": _l("Motivo ou último erro"), "run": _l("Execução"), "created_at": _l("Entrou em")}
+                     "reason": _l("Motivo ou último erro"), "run": _l("Execução"), "created_at": _l("Entrou em"),
+                     "last_class": _l("Última classe da resposta")}
     column_formatters = {
         "contact": _contact_link,
         "flow": lambda v, c, m, n: _flow(v, m),
@@ -293,6 +306,7 @@ class FollowupQueueView(TenantModelView):
         "next_eval_at": lambda v, c, m, n: next_run(m.next_eval_at),
         "status": lambda v, c, m, n: enrollment_badge(m.status),
         "reason": lambda v, c, m, n: _reason(v, m),
+        "last_class": lambda v, c, m, n: _last_class(v, m),
         "run": _run_link,
     }
     column_formatters_export = {
@@ -302,6 +316,7 @@ class FollowupQueueView(TenantModelView):
         "next_eval_at": lambda v, c, m, n: local_dt(m.next_eval_at),
         "status": lambda v, c, m, n: m.status,
         "reason": lambda v, c, m, n: _reason(v, m),
+        "last_class": lambda v, c, m, n: _last_class(v, m),
     }
     column_filters = (
         IdEqualFilter(Enrollment.pointer_id, _l("Fluxo"), options=_flow_options),

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from admin.i18n import _, translate
 from admin.views.base import runtime
+from admin.views.followup.exits import class_label, exit_label
 from admin.views.followup.runs import collected
 from engine.flows import queries, versions
 from engine.flows.graph import GraphIndex
@@ -76,7 +77,7 @@ def transcript_out(conn: Connection, oid: int, pk: int, transcript: Transcript,
         item["node_label"] = _node_label(graph, turn.node, words)
         if turn.role == "bot":
             continue
-        item["understood"] = _understood(conn, oid, turn, words, panel)
+        item["understood"] = _understood(conn, oid, turn, words, panel, graph)
         item["exit_label"] = _exit_label(turn.exit, graph, turn.node, words)
         item["next_label"] = _node_label(graph, turn.next_node, words)
         item["reason_text"] = _sentence(turn.reason)
@@ -113,32 +114,15 @@ def _node_label(graph: GraphIndex, node_id: str | None, words: Mapping[str, Any]
 def _exit_label(condition: Mapping[str, Any] | None, graph: GraphIndex, node_id: str | None,
                 words: Mapping[str, Any]) -> str | None:
     """An exit in the canvas's words: Completo, Sim, Sem resposta, the class's name…"""
-    if not condition:
-        return None
-    edges = words.get("edges", {})
-    kind, value = condition.get("type"), condition.get("value")
-    if kind == "class_match":
-        return str(value)
-    if kind == "cond_result":
-        return str(edges.get("cond_true" if value else "cond_false"))
-    if kind == "always" and node_id is not None and _type(graph, node_id) == "ai_classify":
-        return str(edges.get("fallback"))
-    return str(edges.get(kind, kind))
-
-
-def _type(graph: GraphIndex, node_id: str) -> str | None:
-    try:
-        return graph.type(node_id)
-    except KeyError:
-        return None
+    return exit_label(condition, graph, node_id, words.get("edges", {}))
 
 
 def _understood(conn: Connection, oid: int, turn: Any, words: Mapping[str, Any],
-                panel: Mapping[str, Any]) -> list[str]:
-    """What the reply was read as: the intent or class, then each field taken, in words."""
+                panel: Mapping[str, Any], graph: GraphIndex) -> list[str]:
+    """What the reply was read as: the intent or class (by its name), then each field taken, in words."""
     out: list[str] = []
     if turn.label:
-        out.append(str(turn.label))
+        out.append(str(class_label(graph, turn.node, turn.label)))
     elif turn.intent and not (turn.intent == "other" and turn.fields):  # a pick or a value says enough
         intents = {**panel["intents"], **words.get("choices", {}).get("intent", {})}
         out.append(str(intents.get(turn.intent, turn.intent)))

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 from admin.i18n import _l, translate
 from admin.ids import valid_id
 from admin.views.base import TenantPageView, db_session, is_editor, local_dt, org_id
+from admin.views.followup.exits import class_label, exit_label, last_class_label
 from admin.views.followup.queue import (
     ENROLLMENT_STATUS_COLORS,
     ENROLLMENT_STATUS_LABELS,
@@ -40,6 +41,7 @@ from admin.views.followup.queue import (
     run_reason,
 )
 from engine.flows import lifecycle, queries
+from engine.flows.graph import GraphIndex
 from engine.flows.versions import FlowNotFound, graph_of
 from engine.flows.conversation.fields import fields_by_slug
 from engine.store.models import contacts, enrollment_events, enrollments, inbound_messages
@@ -75,11 +77,17 @@ class Line:
     next: str | None
     until: str | None
     llm_calls: int
+    #: The exit the step left its node by, in the canvas's words (as the engine recorded it).
+    exit: str | None = None
 
 
 def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
     """The run's events as the page shows them (labels, sentences, local instants)."""
     lines = []
+    try:
+        graph: GraphIndex | None = graph_of(conn, oid, int(run.version_id))
+    except FlowNotFound:
+        graph = None
     for step in queries.run_steps(conn, oid, run.id):
         status_code = step.status
         if status_code in STEP_STATUS_LABELS:
@@ -95,6 +103,7 @@ def timeline(conn: Connection, oid: int, run: Any) -> list[Line]:
             node=node_label(conn, oid, int(run.version_id), step.node_id), status=status, status_color=color,
             reason=reason, next=node_label(conn, oid, int(run.version_id), step.next) if step.next else None,
             until=local_dt(step.until) if step.until else None, llm_calls=step.llm_calls,
+            exit=exit_label(step.exit, graph, step.node_id) if graph is not None and step.next else None,
         ))
     return lines
 
@@ -106,11 +115,21 @@ def _named_class(conn: Connection, oid: int, version_id: int, node_id: str | Non
     if reason != "classified" or not isinstance(params, Mapping) or not node_id:
         return params
     try:
-        labels = graph_of(conn, oid, version_id).node(node_id).get("config", {}).get("labels") or {}
-    except (FlowNotFound, KeyError):
+        named = class_label(graph_of(conn, oid, version_id), node_id, params.get("class"))
+    except FlowNotFound:
         return params
-    named = labels.get(params.get("class"))
-    return {**params, "class": named} if isinstance(named, str) and named else params
+    return {**params, "class": named}
+
+
+def _last_class(conn: Connection, oid: int, row: Any) -> str | None:
+    """The run's last class under its name in the version that ran (the slug when it has none)."""
+    slug = getattr(row, "last_class", None)
+    if not slug:
+        return None
+    try:
+        return last_class_label(graph_of(conn, oid, int(row.version_id)), slug)
+    except FlowNotFound:
+        return str(slug)
 
 
 def _summary(conn: Connection, oid: int, row: Any, flows: dict[int, str],
@@ -285,6 +304,7 @@ class RunsView(TenantPageView):
             run = _summary(conn, oid, row, flows)
             run["collected"] = collected(conn, oid, row)
             run["ending"] = ending(conn, oid, row)
+            run["last_class"] = _last_class(conn, oid, row)
             lines = timeline(conn, oid, row)
             taken = replies(conn, oid, row)
             session.rollback()  # read only; the scoped session is reused by the next request

@@ -31,7 +31,7 @@ from engine.flows.ai.builtin import BuiltinAI
 from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation import floor
 from engine.flows.conversation.fields import fields_by_slug
-from engine.flows.step import Ask, Decision, Send, Snapshot
+from engine.flows.step import Ask, Decision, Send, Snapshot, via
 from engine.flows.triggers import enroll
 from engine.flows.turns import DEFAULT_KINDS, opted_out_in_words, turn_fragments, usable_kind
 from engine.people.agenda import AgendaError, AvailabilityUnavailable, Slot, SlotQuery, free_slots
@@ -52,7 +52,7 @@ def _leave(snap: Snapshot) -> Callable[..., Decision]:
     """A function that ends the step by one of the node's exits."""
     def leave(which: str, reason: str, *, params: Mapping[str, Any] | None = None,
               values: Mapping[str, Any] | None = None, **extra: Any) -> Decision:
-        return Decision("ok" if which == "ok" else "skipped", reason, next_node=snap.graph.target(snap.node_id, which),
+        return Decision("ok" if which == "ok" else "skipped", reason, **via(snap.graph, snap.node_id, which),
                         params=dict(params or {}), values=dict(values or {}), **extra)
     return leave
 

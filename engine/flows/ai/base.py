@@ -208,9 +208,12 @@ class AI(Protocol):
         keywords: Mapping[str, Sequence[str]],
         hint: str | None,
         context: AIContext,
+        labels: Mapping[str, str] | None = None,
     ) -> Classification:
         """Which of `classes` the patient's reply `text` is, or label None. `keywords` are the
-        node's own keyword lists by class; `hint` the operator's note on the node."""
+        node's own keyword lists by class; `hint` the operator's note on the node; `labels` the
+        builder's name of each class ("Não quer" for `nao_quer`), which describes it: the answer
+        is still the class itself."""
         ...
 
     def write(self, *, prompt_hint: str, max_chars: int, context: AIContext) -> Written:

@@ -74,8 +74,10 @@ class BuiltinAI:
         keywords: Mapping[str, Sequence[str]],
         hint: str | None,
         context: AIContext,
+        labels: Mapping[str, str] | None = None,
     ) -> Classification:
-        """The first declared class with a keyword in `text` (node's, org's, then defaults)."""
+        """The first declared class with a keyword in `text` (node's, org's, then defaults); the
+        classes' names play no part (keywords decide)."""
         for name in classes:
             candidates = (
                 *keywords.get(name, ()),

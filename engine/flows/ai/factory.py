@@ -113,7 +113,7 @@ class UnavailableAI:
         return AIError(self.message, permanent=True, code=self.code)
 
     def classify(self, *, text: str, classes: Sequence[str], keywords: Mapping[str, Sequence[str]],
-                 hint: str | None, context: AIContext) -> Classification:
+                 hint: str | None, context: AIContext, labels: Mapping[str, str] | None = None) -> Classification:
         """Raises the permanent error."""
         raise self._fail()
 

@@ -96,19 +96,21 @@ class OpenAICompatAI:
         keywords: Mapping[str, Sequence[str]],
         hint: str | None,
         context: AIContext,
+        labels: Mapping[str, str] | None = None,
     ) -> Classification:
-        """One of `classes`, or label None for the model's "none" (no_match) or a bad answer."""
+        """One of `classes`, or label None for the model's "none" (no_match) or a bad answer. Each
+        class is described to the model by its name (`labels`); the answer is the class itself."""
         if not classes or not text.strip():
             return Classification(None, 0, "no_match")  # nothing to ask the model about
-        labels = [*classes, NONE_LABEL]
-        schema = _object_schema({"label": {"type": "string", "enum": labels}})
+        answers = [*classes, NONE_LABEL]
+        schema = _object_schema({"label": {"type": "string", "enum": answers}})
         messages = [
-            {"role": "system", "content": _classify_system(classes, keywords, hint, context)},
+            {"role": "system", "content": _classify_system(classes, keywords, hint, context, labels or {})},
             {"role": "user", "content": _quoted(_classify_data(text, context))},
         ]
         answer = self._ask("classify", "classificacao", schema, messages)
         label = answer.get("label") if answer is not None else None
-        if not isinstance(label, str) or label not in labels:
+        if not isinstance(label, str) or label not in answers:
             return self._malformed("classify", Classification(None, 1, "ai_malformed"))
         if label == NONE_LABEL:
             return Classification(None, 1, "no_match")
@@ -277,18 +279,22 @@ def _quoted(data: Mapping[str, Any]) -> str:
 
 
 def _classify_system(classes: Sequence[str], keywords: Mapping[str, Sequence[str]], hint: str | None,
-                     context: AIContext) -> str:
+                     context: AIContext, labels: Mapping[str, str]) -> str:
     lines = [f"Você classifica a resposta de um paciente a uma mensagem da clínica {context.org_name}.",
-             "Classes possíveis:"]
+             "Classes possíveis (a classe, e entre aspas o que ela quer dizer, nas palavras da clínica):"]
     for name in classes:
         examples = list(dict.fromkeys((*keywords.get(name, ()), *context.org_keywords.get(name, ()))))
         shown = f" (exemplos: {', '.join(examples[:KEYWORD_EXAMPLES])})" if examples else ""
-        lines.append(f"- {name}{shown}")
+        label = labels.get(name)
+        # The builder's name of the class describes it; JSON-quoted, it stays one line of text.
+        described = f": {json.dumps(label, ensure_ascii=False)}" if isinstance(label, str) and label.strip() else ""
+        lines.append(f"- {name}{described}{shown}")
     lines.append(f'Use "{NONE_LABEL}" quando nenhuma classe se aplica ou quando houver dúvida.')
     if hint:
         lines.append(f"Orientação do operador: {hint}")
     lines.append(f"A mensagem do paciente {_QUOTED_DATA}")
-    lines.append('Responda apenas com JSON: {"label": "<classe>"}.')
+    lines.append('Responda apenas com JSON: {"label": "<classe>"}, com a classe como está escrita antes dos '
+                 'dois-pontos.')
     return "\n".join(lines)
 
 

@@ -30,6 +30,10 @@ from gateway.errors import EgressRefused
 
 CHANNEL_STATUSES = [("active", _l("Ativo")), ("disabled", _l("Desativado"))]
 PREFIX = "cred_"
+#: The sandbox's receipts (delivered, then read) come this many seconds after a send at most, on the form.
+MAX_RECEIPTS_SECONDS = 600
+#: Settings (not credentials: stored in the clear in `channels.settings`) each provider's form shows.
+PROVIDER_SETTINGS: dict[str, tuple[str, ...]] = {"sandbox": ("receipts_seconds",)}
 
 
 def provider_fields(provider: str | None) -> tuple[CredentialField, ...]:
@@ -71,7 +75,49 @@ def form_attributes() -> dict[str, Any]:
     for key, secret in sorted(_declared().items()):
         field_class = PasswordField if secret else StringField
         attrs[PREFIX + key] = field_class(key, validators=[Optional(), Length(max=2000)])
+    attrs["receipts_seconds"] = StringField(
+        _l("Confirmações de entrega e leitura (segundos)"),
+        description=_l("O sandbox marca cada mensagem como entregue este número de segundos depois do envio, e "
+                       "como lida o dobro depois, como o celular do paciente faria. 0 ou em branco: sem "
+                       "confirmações."),
+        validators=[Optional(), Length(max=10)])
     return attrs
+
+
+def check_settings(form: Any, provider: str) -> bool:
+    """Validate the provider's form settings: `receipts_seconds` a whole number of 0 to 600."""
+    field = getattr(form, "receipts_seconds", None)
+    if field is None or "receipts_seconds" not in PROVIDER_SETTINGS.get(provider, ()):
+        return True
+    raw = str(field.data or "").strip()
+    if raw and not (raw.isdigit() and int(raw) <= MAX_RECEIPTS_SECONDS):
+        field.errors = [*field.errors, _("Informe um número inteiro de 0 a %(max)s segundos.",
+                                         max=MAX_RECEIPTS_SECONDS)]
+        return False
+    return True
+
+
+def settings_of(form: Any, provider: str, stored: Mapping[str, Any]) -> dict[str, Any]:
+    """The channel's settings with the provider's form settings over them (a blank one is unset)."""
+    merged = dict(stored)
+    for key in PROVIDER_SETTINGS.get(provider, ()):
+        field = getattr(form, key, None)
+        if field is None:
+            continue
+        raw = str(field.data or "").strip()
+        if raw:
+            merged[key] = int(raw)  # check_settings let only a whole number of seconds through
+        else:
+            merged.pop(key, None)
+    return merged
+
+
+def show_settings(form: Any, provider: str, stored: Mapping[str, Any]) -> None:
+    """Put the stored settings the provider's form shows in the form (an edit shows what is set)."""
+    for key in PROVIDER_SETTINGS.get(provider, ()):
+        field = getattr(form, key, None)
+        if field is not None and not field.data and isinstance(stored.get(key), (int, float)):
+            field.data = str(int(stored[key]))
 
 
 def keep_only(form: Any, provider: str) -> None:
@@ -79,6 +125,9 @@ def keep_only(form: Any, provider: str) -> None:
     wanted = {PREFIX + f.key for f in provider_fields(provider)}
     for name in [n for n in form._fields if n.startswith(PREFIX) and n not in wanted]:
         delattr(form, name)
+    for key in {key for keys in PROVIDER_SETTINGS.values() for key in keys} - set(PROVIDER_SETTINGS.get(provider, ())):
+        if key in form._fields:
+            delattr(form, key)
 
 
 def show_stored(form: Any, provider: str, stored: Mapping[str, Any]) -> None:

@@ -169,6 +169,7 @@ class ChannelView(TenantModelView):
             forms.keep_only(form, obj.provider)
             if request.method == "GET":
                 forms.show_stored(form, obj.provider, _open_credentials(obj))
+                forms.show_settings(form, obj.provider, obj.settings or {})
             for name in ("kind", "provider"):  # a channel's provider and kind are fixed once created
                 getattr(form, name).render_kw = {"disabled": True}
                 getattr(form, name).validators = []
@@ -191,6 +192,7 @@ class ChannelView(TenantModelView):
                                                      tipos=", ".join(str(KIND_LABELS[k])
                                                                      for k in forms.provider_kinds(provider)))]
             ok = False
+        ok = forms.check_settings(form, provider) and ok
         return forms.check_credentials(form, provider, stored, runtime().settings.egress) and ok
 
     def _editing(self) -> Any:
@@ -219,6 +221,7 @@ class ChannelView(TenantModelView):
         try:
             channel_id = create_channel(conn, runtime().keyring, org_id=org_id(), kind=form.kind.data,
                                         provider=provider, name=form.name.data, credentials=creds or None,
+                                        settings=forms.settings_of(form, provider, {}),
                                         is_default=bool(form.is_default.data))
             if form.status.data != "active":
                 conn.execute(update(channels).where(channels.c.org_id == org_id(), channels.c.id == channel_id)
@@ -249,10 +252,19 @@ class ChannelView(TenantModelView):
             new = bool(form.is_default.data) if name == "is_default" else form[name].data
             if getattr(model, name) != new:
                 values[name] = new
+        settings = forms.settings_of(form, model.provider, model.settings or {})
+        if settings != (model.settings or {}):
+            values["settings"] = settings
+            changes_settings = sorted(k for k in settings.keys() | (model.settings or {}).keys()
+                                      if settings.get(k) != (model.settings or {}).get(k))
+        else:
+            changes_settings = []
         stored = _open_credentials(model)
         merged, dropped = forms.updated_credentials(form, model.provider, stored)
         changed = sorted(k for k in merged.keys() | stored.keys() if merged.get(k) != stored.get(k))
-        changes: dict[str, Any] = dict(values)
+        changes: dict[str, Any] = {key: value for key, value in values.items() if key != "settings"}
+        if changes_settings:
+            changes["settings_changed"] = changes_settings
         if changed:
             sealed = runtime().keyring.seal(merged, table="channels", org_id=oid, row_id=cid)
             values.update(credentials=sealed.ciphertext, key_version=sealed.key_version)
