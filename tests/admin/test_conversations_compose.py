@@ -125,6 +125,7 @@ def test_outside_metas_window_only_the_approved_template_goes(rt, clock):
         # The patient answers: the window is open, free text goes.
         now_ts = int(clock.now().timestamp())
         assert post(app.test_client(), channel_id, text_body("wamid.C1", FREE_TEXT, now_ts)).status_code == 200
+        clock.advance(timedelta(seconds=6))  # Meta's spacing between two messages to one person
         page = client.get(url).text
         assert 'id="lembra-compose-text"' in page and "lembra-compose-reason" not in page
         client.post(action, data={"csrf_token": csrf(page), "key": compose_key(page), "text": "Claro, sexta às 9h."})
