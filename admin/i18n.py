@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from babel.messages.mofile import write_mo
@@ -56,10 +58,31 @@ _l = domain.lazy_gettext
 ngettext = domain.ngettext
 
 
+#: Says an instant as the reader reads one (the org's zone, the reader's format). The engine writes
+#: the instants of its sentences ("O paciente escolheu o horário %(starts_at)s.") as ISO-8601 text,
+#: zone and all; admin.views.base, which knows the signed-in org, sets this.
+format_instant: Callable[[datetime], str] | None = None
+
+
+def _param(name: str, value: object) -> object:
+    """One parameter of a sentence, ready to read: a nested sentence translated, an instant
+    (a parameter named `…_at` holding ISO-8601 text with its zone) in the org's time."""
+    if isinstance(value, Text):
+        return translate(value)
+    if name.endswith("_at") and isinstance(value, str) and format_instant is not None and has_request_context():
+        try:
+            instant = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        if instant.tzinfo is not None:
+            return format_instant(instant)
+    return value
+
+
 def translate(value: object) -> str:
     """A sentence from the engine (`engine.words.texts.Text`) in the reader's language; anything else as is."""
     if isinstance(value, Text):
-        params = {k: translate(v) if isinstance(v, Text) else v for k, v in value.params.items()}
+        params = {k: _param(k, v) for k, v in value.params.items()}
         if value.plural is not None and value.count is not None:
             return ngettext(value.msgid, value.plural, value.count, **params)
         return _(value.msgid, **params)

@@ -47,6 +47,7 @@ from sqlalchemy.engine import Connection
 from werkzeug.utils import secure_filename
 from wtforms.fields.choices import SelectChoice
 
+from admin import i18n
 from admin.i18n import _, _l, current_locale
 from admin.ids import MAX_ID, parse_id
 from engine.core import clock
@@ -182,6 +183,9 @@ def local_dt(value: datetime | None, fmt: str | None = None, *, seconds: bool = 
     if fmt is None:
         fmt = DATETIME_FORMATS.get(current_locale(), DATETIME_FORMATS["pt_BR"]) + (":%S" if seconds else "")
     return value.astimezone(ZoneInfo(org_timezone())).strftime(fmt)
+
+
+i18n.format_instant = local_dt
 
 
 def badge(status: str | None, labels: Mapping[str, Any] | None = None) -> Markup:

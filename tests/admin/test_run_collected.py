@@ -6,10 +6,12 @@ from __future__ import annotations
 import html
 import re
 
-from sqlalchemy import update
+from datetime import UTC, datetime
+
+from sqlalchemy import insert, update
 
 from engine.flows.conversation.fields import create_field
-from engine.store.models import enrollments
+from engine.store.models import enrollment_events, enrollments
 from tests.flows.helpers import Flows, linear, node
 
 
@@ -29,11 +31,17 @@ def test_a_runs_page_shows_the_values_its_conversation_collected(rt, tenants, ow
                      .values(data={"data": "2026-12-11", "periodo": "morning",
                                    "slot": {"starts_at": "2026-12-11T12:30:00+00:00", "professional": "Dra. Beatriz",
                                             "professional_id": 1}}))
+        # The engine writes a sentence's instants as ISO-8601; the page says them in the clinic's time.
+        conn.execute(insert(enrollment_events).values(
+            org_id=a.world.org_id, enrollment_id=run, node_id="espera", event_type="advanced",
+            payload={"status": "ok", "reason": "do_slot_picked", "params": {"starts_at": "2026-12-11T12:30:00+00:00"}},
+            idempotency_key=f"picked-{run}", created_at=datetime.now(UTC)))
     page = html.unescape(owner.get(f"/admin/followup_runs/?enrollment={run}").get_data(as_text=True))
     assert "Dados coletados" in page
     assert "Dia preferido: <strong>11/12/2026</strong>" in page and "Período: <strong>de manhã</strong>" in page
     # The picked time in the clinic's time, not the stored dict.
     assert "horário: <strong>11/12/2026 09:30 (Dra. Beatriz)</strong>" in page and "starts_at" not in page
+    assert "O paciente escolheu o horário 11/12/2026 09:30." in page and "2026-12-11T12:30" not in page
     other = Flows(b.world)
     theirs = other.enroll(other.flow(graph), b.contact_id)
     assert owner.get(f"/admin/followup_runs/?enrollment={theirs}").status_code == 404
