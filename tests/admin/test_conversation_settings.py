@@ -50,9 +50,11 @@ def test_set_read_back_keep_the_key_and_clear(rt, owner, tenants):
     assert moved.status_code == 302 and _org(rt, a.world.org_id).transcription_api_key is None
     with rt.db.connect() as conn:
         rows = conn.execute(select(audit_log.c.changes).where(audit_log.c.org_id == a.world.org_id,
-                                                              audit_log.c.entity == "orgs")).scalars().all()
+                                                              audit_log.c.entity == "orgs").order_by(audit_log.c.id)).scalars().all()
     assert len(rows) == 3 and all(KEY not in str(r) and PUBLIC not in str(r) for r in rows)
-    assert "staff_quiet_minutes" in rows[0]["fields"] and "transcription_api_key" in rows[0]["fields"]
+    assert rows[0] == {"transcription_server": True, "model": "whisper-1", "api_key_set": True,
+                       "staff_quiet_minutes": 45, "reply_debounce_seconds": 0}
+    assert rows[1] == {"model": "whisper-large"} and rows[2]["api_key_set"] is False
     # Remover o servidor.
     token = csrf(owner.get(URL).text)
     assert owner.post(URL + "clear/", data={"csrf_token": token}).status_code == 302

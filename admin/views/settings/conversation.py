@@ -68,8 +68,8 @@ class ConversationSettingsView(AdminPageView):
             if errors:
                 session.rollback()
             else:
-                if changed:  # which settings, not the URL (it may hold a token) and never the key
-                    write_audit(conn, "update", "orgs", oid, {"fields": sorted(changed)})
+                if changed:  # the new values; for the server and the key only whether there is one
+                    write_audit(conn, "update", "orgs", oid, changed)
                 session.commit()
                 if dropped:
                     flash(translate(describe("credentials_cleared_new_endpoint")), "warning")
@@ -86,11 +86,12 @@ class ConversationSettingsView(AdminPageView):
                            max_quiet=MAX_QUIET_MINUTES, max_debounce=MAX_REPLY_DEBOUNCE_SECONDS)
 
     def _save(self, conn: Any, org: Any, values: Mapping[str, str],
-              api_key: str) -> tuple[dict[str, str], set[str], bool]:
+              api_key: str) -> tuple[dict[str, str], dict[str, Any], bool]:
         """Every setting through its engine setter, in this transaction: (errors by input, the
-        settings changed, whether a stored key was dropped). The caller rolls back on errors."""
+        audit's changes, whether a stored key was dropped). The caller rolls back on errors.
+        The URL is audited as whether there is a server (it may hold a token), the key likewise."""
         errors: dict[str, str] = {}
-        changed: set[str] = set()
+        changed: dict[str, Any] = {}
         dropped = False
         api_key = api_key.strip()
         url, model = values["url"], values["model"]
@@ -106,11 +107,12 @@ class ConversationSettingsView(AdminPageView):
                 where, text = _refusal(exc)
                 errors[where] = text
             else:
-                changed |= {name for name, old, new in (
-                    ("transcription_base_url", org.transcription_base_url or "", url),
-                    ("transcription_model", org.transcription_model or "", model)) if old != new}
+                if url != (org.transcription_base_url or ""):
+                    changed["transcription_server"] = bool(url)
+                if model != (org.transcription_model or ""):
+                    changed["model"] = model
                 if api_key or dropped or (not url and org.transcription_api_key is not None):
-                    changed.add("transcription_api_key")
+                    changed["api_key_set"] = bool(api_key)
         for name, setter, raw, old in (
                 ("staff_quiet_minutes", set_quiet_minutes, values["quiet_minutes"], org.staff_quiet_minutes),
                 ("reply_debounce_seconds", set_reply_debounce, values["debounce_seconds"],
@@ -124,7 +126,7 @@ class ConversationSettingsView(AdminPageView):
                 where, text = _refusal(exc)
                 errors[where] = text
             else:
-                changed.add(name)
+                changed[name] = number
         return errors, changed, dropped
 
     @expose("/clear/", methods=("POST",))
@@ -136,8 +138,8 @@ class ConversationSettingsView(AdminPageView):
         had = conn.execute(select(orgs.c.transcription_base_url).where(orgs.c.id == oid)).scalar()
         configure_transcription(conn, runtime().keyring, oid, base_url=None, model=None)
         if had:
-            write_audit(conn, "update", "orgs", oid, {"fields": ["transcription_api_key", "transcription_base_url",
-                                                                "transcription_model"]})
+            write_audit(conn, "update", "orgs", oid, {"transcription_server": False, "model": "",
+                                                      "api_key_set": False})
         session.commit()
         flash(_("Servidor de transcrição removido: os áudios dos pacientes vão para uma pessoa."), "success")
         return redirect(url_for(".index"))
