@@ -72,7 +72,7 @@ def test_bad_input_shows_the_error_and_writes_nothing(rt, owner, tenants):
         page = _post(owner, url=PUBLIC, model="whisper-1", quiet_minutes=minutes)
         assert page.status_code == 200 and "use um número inteiro de 0 a 1440" in page.text, minutes
     assert "de 0 a 120" in _post(owner, debounce_seconds="121").text
-    assert "whisper-1" in _post(owner, url=PUBLIC).text  # the model's hint: it is required with a URL
+    assert "Informe o modelo do servidor de transcrição" in _post(owner, url=PUBLIC).text
     org = _org(rt, a.world.org_id)
     assert (org.transcription_base_url, org.transcription_api_key, org.staff_quiet_minutes,
             org.reply_debounce_seconds) == (None, None, 30, 8)
