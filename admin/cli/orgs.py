@@ -87,5 +87,5 @@ def orgs_transcription(org_slug: str, url: str | None, model: str | None, clear:
     with rt.db.begin() as conn:
         org = domain(lambda: org_by_slug(conn, org_slug))
         domain(lambda: configure_transcription(conn, rt.keyring, org.id, base_url=None if clear else url,
-                                               model=model, api_key=key))
+                                               model=model, api_key=key, egress=rt.settings.egress))
     click.echo("transcription cleared" if clear else "transcription set")

@@ -48,6 +48,7 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     from admin.views.settings.templates import TemplateView
     # settings pages: Campos, Agenda, Webhooks (i33/settings)
     from admin.views.settings.agenda import AgendaView
+    from admin.views.settings.conversation import ConversationSettingsView
     from admin.views.settings.fields import FieldsView
     from admin.views.settings.webhooks import WebhooksView
     from engine.store.models import Agent, ApiKey, Enrollment, InboxItem, User
@@ -99,6 +100,8 @@ def init_admin(app: Flask, rt: Runtime) -> Admin:
     # settings pages: Campos, Agenda, Webhooks (i33/settings)
     admin.add_view(FieldsView(name=_l("Campos"), endpoint="settings_fields", url="settings/fields", category=settings))
     admin.add_view(AgendaView(name=_l("Agenda"), endpoint="settings_agenda", url="settings/agenda", category=settings))
+    admin.add_view(ConversationSettingsView(name=_l("Atendimento"), endpoint="settings_conversation",
+                                            url="settings/conversation", category=settings))
     admin.add_view(WebhooksView(name=_l("Avisos por webhook"), endpoint="settings_webhooks", url="settings/webhooks",
                                 category=settings))
     admin.add_view(AuditView(AuditLog, s, name=_l("Auditoria"), endpoint="audit", category=settings))

@@ -56,7 +56,8 @@ from engine.tenants.audit import redact
 from engine.store.runtime import Runtime
 
 #: Columns that hold secrets (sealed credentials, hashes): never listed, in forms or exported.
-SECRET_COLUMNS = frozenset({"credentials", "key_version", "password_hash", "key_hash", "llm_api_key"})
+SECRET_COLUMNS = frozenset({"credentials", "key_version", "password_hash", "key_hash", "llm_api_key",
+                            "transcription_api_key"})
 #: A CSV cell starting with one of these is a formula in a spreadsheet (CWE-1236).
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 

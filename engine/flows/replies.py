@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
+from engine.core.errors import DomainError, SettingRefused
 from engine.flows import lifecycle
 from engine.flows.conversation import floor
 from engine.people.contacts import opted_out_everywhere
@@ -39,6 +40,25 @@ def _reader(conn: Connection, org_id: int, row: Any) -> str | None:
     if node_type in ("ai_classify", "ask", "do"):  # a `do` waits only for the pick of an offer
         return node_type if row.status == "waiting_reply" else None
     return node_type if node_type == "wait" and graph.target(row.current_node_id, "replied") is not None else None
+
+
+#: The org's reply debounce may be 0 (each message read on its own) up to two minutes, in seconds
+#: (the column's CHECK says the same).
+MAX_REPLY_DEBOUNCE_SECONDS = 120
+
+
+def set_reply_debounce(conn: Connection, org_id: int, seconds: int) -> int:
+    """Change how long an `ask` waits for more fragments of a patient's turn before reading them
+    together (0: each message on its own). Takes effect from the next reply; SettingRefused
+    outside 0 to MAX_REPLY_DEBOUNCE_SECONDS."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_REPLY_DEBOUNCE_SECONDS:
+        raise SettingRefused("reply_debounce_seconds", "detail_integer_range",
+                             f"the reply debounce must be 0 to {MAX_REPLY_DEBOUNCE_SECONDS} seconds",
+                             min=0, max=MAX_REPLY_DEBOUNCE_SECONDS)
+    if not conn.execute(update(orgs).where(orgs.c.id == org_id).values(reply_debounce_seconds=seconds,
+                                                                        updated_at=clock.now())).rowcount:
+        raise DomainError("no such org")
+    return seconds
 
 
 def _debounce(conn: Connection, org_id: int) -> timedelta:

@@ -31,7 +31,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.core.errors import DomainError
+from engine.core.errors import DomainError, SettingRefused
 from engine.flows import facts
 from engine.flows.contact_events import record_contact_event
 from engine.people.contacts import find_all_by_address
@@ -152,8 +152,9 @@ def end_quiet(rt: Runtime, *, limit: int) -> int:
 def set_quiet_minutes(conn: Connection, org_id: int, minutes: int) -> int:
     """Change how long the clinic's phone may stay quiet before its hand-off ends (0: only a
     person ends it). Takes effect from the next staff message."""
-    if not 0 <= minutes <= MAX_QUIET_MINUTES:
-        raise DomainError(f"the quiet time must be 0 to {MAX_QUIET_MINUTES} minutes")
+    if isinstance(minutes, bool) or not isinstance(minutes, int) or not 0 <= minutes <= MAX_QUIET_MINUTES:
+        raise SettingRefused("staff_quiet_minutes", "detail_integer_range",
+                             f"the quiet time must be 0 to {MAX_QUIET_MINUTES} minutes", min=0, max=MAX_QUIET_MINUTES)
     if not conn.execute(update(orgs).where(orgs.c.id == org_id).values(staff_quiet_minutes=minutes,
                                                                         updated_at=clock.now())).rowcount:
         raise DomainError("no such org")

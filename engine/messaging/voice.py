@@ -26,14 +26,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from engine.core.errors import DomainError
+from engine.core.errors import SettingRefused
 from engine.flows.ai.transcribe import TranscriptionError, seal_transcription_key, transcriber_for
 from engine.flows.contact_events import record_contact_event
 from engine.store.models import channels, inbound_messages, orgs
 from engine.store.runtime import Runtime
 from gateway.contract import Media, MediaRef
 from gateway.crypto import Keyring
-from gateway.egress import InvalidAddress, endpoint
+from gateway.egress import EgressPolicy, EgressRefused, InvalidAddress, check_saved_url, secrets_follow
 from gateway.errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -51,25 +51,47 @@ VOICE_OUTCOME = "voice_note"
 
 
 def configure_transcription(conn: Connection, keyring: Keyring, org_id: int, *, base_url: str | None,
-                            model: str | None, api_key: str | None = None) -> None:
+                            model: str | None, api_key: str | None = None, keep_key: bool = False,
+                            egress: EgressPolicy | None = None) -> bool:
     """Set (or, with no base URL, clear) the org's transcription server: an OpenAI-compatible base
     URL (``https://api.openai.com/v1``, a self-hosted Whisper server's ``http://whisper:8000/v1``),
     its model (``whisper-1``) and key (sealed for the org and this URL; none for a keyless server).
-    The URL is checked like every tenant-typed address; each call goes through the egress guard."""
+
+    The URL is checked like every tenant-typed address (`check_saved_url`: with `egress`, the
+    process's policy, a host that resolves inside the network is refused now; each call goes
+    through the guard again). A refusal is a SettingRefused and writes nothing. With `keep_key`
+    and no `api_key`, the stored key stays while the URL points where it pointed
+    (`secrets_follow`); to another server it is dropped, never sent there. Returns True when it was."""
     base_url, model = (base_url or "").strip() or None, (model or "").strip() or None
+    api_key = (api_key or "").strip() or None
     sealed: tuple[bytes | None, int | None] = (None, None)
+    dropped = False
     if base_url is not None:
         if model is None:
-            raise DomainError("transcription model is required with a base URL")
+            raise SettingRefused("transcription_model", "transcription_model_required",
+                                 "transcription model is required with a base URL")
         try:
-            endpoint(base_url)
-        except InvalidAddress:
-            raise DomainError("transcription base URL is not a valid http(s) URL") from None
+            check_saved_url(base_url, egress)
+        except InvalidAddress as exc:
+            raise SettingRefused("transcription_base_url", exc.code,
+                                 "transcription base URL is not a valid http(s) URL") from None
+        except EgressRefused:
+            raise SettingRefused("transcription_base_url", "egress_refused",
+                                 "transcription base URL points inside the network") from None
         if api_key:
             sealed = seal_transcription_key(keyring, org_id=org_id, api_key=api_key, base_url=base_url)
+        elif keep_key:
+            before = conn.execute(select(orgs.c.transcription_base_url, orgs.c.transcription_api_key,
+                                         orgs.c.transcription_key_version).where(orgs.c.id == org_id)).first()
+            if before is not None and before.transcription_api_key is not None:
+                if secrets_follow({"url": before.transcription_base_url}, {"url": base_url}):
+                    sealed = (bytes(before.transcription_api_key), before.transcription_key_version)
+                else:
+                    dropped = True
     conn.execute(update(orgs).where(orgs.c.id == org_id).values(
         transcription_base_url=base_url, transcription_model=model if base_url else None,
         transcription_api_key=sealed[0], transcription_key_version=sealed[1]))
+    return dropped
 
 
 def pending_values(audio: MediaRef | None) -> dict[str, Any]:

@@ -495,6 +495,7 @@ CATALOGUE: dict[str, Text] = {
     "reply_voice_note": N_("Áudio recebido — ouça e responda."),
     # --- voice notes (engine/messaging/voice.py, inbound_messages.voice_reason) --------------
     "voice_transcribed": N_("Transcrito de um áudio."),
+    "transcription_model_required": N_("Informe o modelo do servidor de transcrição, por exemplo whisper-1."),
     "voice_no_transcriber": N_("A clínica não tem um serviço de transcrição configurado, então o áudio não foi "
                                "transcrito."),
     "voice_transcription_failed": N_("O serviço de transcrição deu erro e o áudio não foi transcrito."),

@@ -81,6 +81,9 @@ FIELDS: dict[str, LazyString] = {
     "created": _l("Criados"), "updated": _l("Atualizados"), "rows": _l("Linhas"), "errors": _l("Erros"),
     "erased_at": _l("Apagado em"), "source": _l("Origem"), "evidence": _l("Evidência"), "flow": _l("Fluxo"),
     "model": _l("Modelo de IA"), "api_key_set": _l("Chave de API salva"), "max_steps": _l("Limite de passos"),
+    # Atendimento (admin/views/settings/conversation.py)
+    "transcription_server": _l("Servidor de transcrição"), "staff_quiet_minutes": _l("Minutos sem mensagens da clínica"),
+    "reply_debounce_seconds": _l("Segundos para juntar mensagens do paciente"),
 }
 
 
