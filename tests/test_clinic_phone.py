@@ -2,11 +2,14 @@
 (Evolution's `messages.upsert` with `key.fromMe`) is a staff message of the conversation and
 hands it to the staff; the echo of a send of ours starts nothing and is not stored, whether it
 arrives after the send's answer or before it; the hand-off ends after the org's quiet time.
-Through the Evolution webhook (Lembra's own fixtures) and the Evolution fake for the sends."""
+Through the Evolution webhook (Lembra's own fixtures) and the Evolution fake for the sends; the
+same through Meta's `smb_message_echoes` (a number in coexistence with the WhatsApp Business app)."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import hmac
 import json
 from datetime import timedelta
 from typing import Any
@@ -23,8 +26,10 @@ from engine.messaging.inbound import process_inbound, receive
 from engine.store.models import contact_events, inbound_messages, messages
 from engine.tenants.channels import create_channel
 from gateway.contract import WebhookRequest
+from gateway.errors import BadSignature
 from tests.factories import World
 from tests.fakes import evolution as evo
+from tests.fakes.meta import FakeGraph
 from tests.fixtures import fixture_json
 from tests.flows.helpers import Flows
 from tests.flows.test_runtime import classify_graph
@@ -224,3 +229,68 @@ def test_a_message_to_a_number_with_no_contact_is_stored_and_starts_nothing(clin
     assert clinic.post(body) == ["staff_message"]
     [row] = clinic.stored()
     assert row.from_me and row.contact_id is None and row.quiet_until is None
+
+
+# ------------------------------------------------------------------ Meta coexistence echoes
+
+APP_SECRET = "meta-app-secret-of-the-clinic"
+
+
+class MetaClinic(Clinic):
+    """The same clinic on Meta's Cloud API, its number in coexistence with the WhatsApp Business
+    app: what the receptionist sends from the app arrives as an `smb_message_echoes` webhook."""
+
+    def __init__(self, rt: Any, graph_url: str) -> None:
+        self.rt = rt
+        self.world = World(rt, "clinica", quiet_start="00:00", quiet_end="23:59", skip_sundays=False,
+                           skip_holidays=False)
+        with rt.db.begin() as conn:
+            self.channel_id = create_channel(
+                conn, rt.keyring, org_id=self.world.org_id, kind="whatsapp", provider="meta",
+                name="Número da recepção", is_default=True,
+                credentials={"phone_number_id": "106540352242922", "access_token": "EAAG-token",
+                             "app_secret": APP_SECRET, "verify_token": "v", "base_url": graph_url})
+        self.world.channels["whatsapp"] = self.channel_id
+        self.contact_id = self.world.contact(name="Maria Souza", phone=MARIA)
+        self.flows = Flows(self.world)
+
+    def post(self, body: dict[str, Any], secret: str = APP_SECRET) -> list[str | None]:
+        raw = json.dumps(body).encode()
+        signature = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+        request = WebhookRequest(method="POST", url=f"/webhooks/meta/{self.channel_id}",
+                                 headers={"X-Hub-Signature-256": signature}, body=raw)
+        received = receive(self.rt, "meta", self.channel_id, request)
+        return [process_inbound(self.rt, i) for i in received.inbound_ids]
+
+
+def meta_echo(message_id: str | None = None) -> dict[str, Any]:
+    """The receptionist writes to Maria from the WhatsApp Business app (Lembra's own fixture)."""
+    body = copy.deepcopy(fixture_json("meta_whatsapp/webhook_smb_message_echoes_text.json"))
+    if message_id is not None:
+        body["entry"][0]["changes"][0]["value"]["message_echoes"][0]["id"] = message_id
+    return body
+
+
+def test_a_meta_coexistence_echo_takes_the_conversation_and_an_echo_of_ours_starts_nothing(rt, clock):
+    with FakeGraph() as graph:
+        clinic = MetaClinic(rt, graph.url)
+        # Maria wrote first (the 24-hour window is open), then the flow asks her in a session text.
+        assert clinic.post(fixture_json("meta_whatsapp/webhook_inbound_text.json")) != []
+        run = waiting_run(clinic)
+    [sent] = [m for m in clinic.sends() if m.status == "sent"]
+    stored_before = len(clinic.stored())
+
+    # The app echoes Lembra's own send (its id is the outbox row's): nothing stored, nothing started.
+    assert clinic.post(meta_echo(sent.provider_message_id)) == []
+    # A forged delivery is refused before anything is read.
+    with pytest.raises(BadSignature):
+        clinic.post(meta_echo(), secret="not-the-app-secret")
+    assert len(clinic.stored()) == stored_before and not clinic.holds()
+    assert clinic.flows.enrollment(run).status == "waiting_reply"
+
+    # The receptionist writes from the app: a staff message of the conversation, and the bot steps back.
+    assert clinic.post(meta_echo()) == ["staff_message"]
+    row = clinic.stored()[-1]
+    assert row.from_me and row.contact_id == clinic.contact_id and row.provider_message_id == "wamid.lembra-echo-01"
+    assert row.text == "Oi Maria, aqui é a Júlia da recepção. Posso te ligar agora?"
+    assert clinic.holds() and clinic.flows.enrollment(run).status == "paused_handoff"

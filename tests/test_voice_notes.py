@@ -1,7 +1,8 @@
 """Issue 34, voice notes: an audio reply is downloaded through its provider (Evolution's base64
 endpoint, Meta's media id → url), transcribed by the org's OpenAI-compatible server, and read like
 text; without a server, or when a step fails, it goes to a person with a catalogue reason.
-Loopback fakes speak the wire formats (tests/fakes: evolution, meta, llm's /audio/transcriptions)."""
+Loopback fakes speak the wire formats (tests/fakes: evolution, meta, llm's /audio/transcriptions).
+End to end: a no-show's rebook flow on the built-in path (no model) books from a voice note."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import hashlib
 import hmac
 import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,12 +19,15 @@ from sqlalchemy import select
 
 from engine.core import clock as engine_clock
 from engine.core.errors import DomainError
+from engine.flows.conversation.fields import create_field
 from engine.messaging import inbound as inbound_module
 from engine.messaging import voice
 from engine.messaging.conversations import waiting_for_person
 from engine.messaging.inbound import process_inbound, receive
+from engine.people.agenda import create_professional
+from engine.people.appointments import set_status
 from engine.privacy import retention
-from engine.store.models import appointments, contact_events, inbound_messages
+from engine.store.models import appointments, contact_events, enrollments, inbound_messages, messages
 from engine.tenants.channels import create_channel
 from gateway.contract import WebhookRequest
 from gateway.errors import TransientError
@@ -31,6 +35,8 @@ from tests.factories import World
 from tests.fakes.evolution import EvolutionFake, envelope, error, mint_token, upsert
 from tests.fakes.llm import Error, LLMFake, Slow
 from tests.fakes.meta import FakeGraph, sample_json
+from tests.flows.helpers import Flows
+from tests.flows.test_scenarios import DIA, PERIODO, SP, _rebook
 
 EVO_SECRET = "evo-webhook-secret-0123456789abcdef"
 APP_SECRET = "meta-app-secret"
@@ -246,3 +252,62 @@ def test_the_cli_sets_the_org_setting_with_the_key_from_stdin_and_clears_it(rt, 
     assert CliRunner().invoke(main, ["orgs", "transcription", "--org", "clinica", "--clear"], env=env).exit_code == 0
     with rt.db.connect() as conn:
         assert conn.execute(select(orgs.c.transcription_base_url).where(orgs.c.id == world.org_id)).scalar() is None
+
+
+def test_a_voice_note_rebooks_a_no_show_end_to_end_on_the_built_in_path(rt, serve, clock):
+    """A no-show's rebook flow waits on its ask step; the patient answers with a voice note
+    ("pode ser sexta de manhã", transcribed), the built-in reader (no model) takes the day and the
+    period from it, free times are offered from the built-in agenda, she answers "1" and a new
+    appointment is booked."""
+    fake = EvolutionFake(media={"3A5F1C2B9D8E7F60A1B2": AUDIO})
+    with serve(fake) as server, LLMFake(transcribe=lambda audio: "pode ser sexta de manhã") as llm:
+        world = World(rt, quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
+        with rt.db.begin() as conn:
+            world.channels["whatsapp"] = create_channel(
+                conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="evolution", name="evolution",
+                is_default=True, credentials={"base_url": server.url, "api_key": "global-api-key",
+                                              "instance": "clinica", "webhook_secret": EVO_SECRET})
+            for slug, kind, question in (("data", "date", DIA), ("periodo", "period", PERIODO)):
+                create_field(conn, world.org_id, {"slug": slug, "label": slug, "type": kind, "question": question})
+            professional = create_professional(
+                conn, world.org_id, name="Dra. Beatriz Costa", slot_minutes=30,
+                hours=[{"weekday": d, "starts": "08:00", "ends": "12:00"} for d in range(5)]).id
+        with_transcriber(rt, world, llm)
+        contact = world.contact(phone=PHONE)
+        missed = world.appointment(contact, engine_clock.now() - timedelta(hours=1), professional_id=professional)
+        flows = Flows(world)
+        flows.flow(_rebook("data,periodo", "book", before=[]),
+                   trigger={"kind": "appointment", "appointment_event": "no_show", "repeat": "always"})
+        with rt.db.begin() as conn:  # the receptionist marks "não compareceu"
+            set_status(conn, world.org_id, missed, "scheduled", "no_show")
+        flows.run()
+        with rt.db.connect() as conn:
+            [run] = conn.execute(select(enrollments.c.id).where(enrollments.c.org_id == world.org_id)).scalars().all()
+        assert flows.enrollment(run).status == "waiting_reply"
+
+        [voice_id] = evolution_audio(rt, world.channels["whatsapp"])
+        process_inbound(rt, voice_id)
+        assert (row(rt, voice_id).voice_state, row(rt, voice_id).text) == ("transcribed", "pode ser sexta de manhã")
+        clock.advance(timedelta(seconds=9))  # past the reply debounce
+        flows.run()
+        raw = json.dumps(envelope("messages.upsert", upsert({"conversation": "1"},
+                                                             message_id="3A5F1C2B9D8E7F60A1B9"))).encode()
+        [text_id] = receive(rt, "evolution", world.channels["whatsapp"], WebhookRequest(
+            "POST", "/", {"Authorization": f"Bearer {mint_token(EVO_SECRET)}"}, raw)).inbound_ids
+        process_inbound(rt, text_id)
+        clock.advance(timedelta(seconds=9))
+        flows.run()
+
+    with rt.db.connect() as conn:
+        sent = conn.execute(select(messages.c.payload).where(messages.c.org_id == world.org_id,
+                                                             messages.c.purpose == "followup")
+                            .order_by(messages.c.id)).scalars().all()
+        booked = conn.execute(select(appointments.c.starts_at, appointments.c.status).where(
+            appointments.c.org_id == world.org_id, appointments.c.id != missed)).all()
+    texts = [(p or {}).get("text") for p in sent]
+    assert texts[0] == DIA and len(texts) == 2 and texts[1].startswith("Tenho estes horários livres:\n")
+    assert "1. sexta-feira, 04/12 às 08:00 (Dra. Beatriz Costa)" in texts[1]
+    assert [(b.starts_at.astimezone(SP), b.status) for b in booked] == [
+        (datetime(2026, 12, 4, 8, 0, tzinfo=SP), "scheduled")]
+    assert [(s["node"], s["reason"]) for s in flows.steps(run) if s["node"] != "inicio"][-3:] == [
+        ("oferta", "do_slots_offered"), ("oferta", "do_slot_picked"), ("acao", "do_booked")]

@@ -1,7 +1,8 @@
 """The clinic's own phone: what the clinic's WhatsApp number sends outside Lembra.
 
-A provider reports a message its number sent (Evolution's `messages.upsert` with `key.fromMe`) as
-an inbound event with `from_me`. It is one of two things:
+A provider reports a message its number sent (Evolution's `messages.upsert` with `key.fromMe`,
+Meta's `smb_message_echoes` of a number in coexistence with the WhatsApp Business app) as an
+inbound event with `from_me`. It is one of two things:
 
 - **an echo of a send of ours**: its provider id is an outbox row's. It is not stored (`receive`
   skips it) and starts nothing. The echo may arrive while our call to the provider is still under

@@ -16,6 +16,10 @@ Sending (SPEC §5, the 24-hour customer-service window):
 `message.reference` goes out as `biz_opaque_callback_data`, which status webhooks echo back
 (`StatusEvent.reference`).
 
+Receiving: `messages` (the patient's messages and replies), `statuses`, template updates, and
+`smb_message_echoes` (what the clinic sent from the WhatsApp Business app on a coexistence number:
+`from_me` events, as Evolution's `fromMe`).
+
 Listing the account's templates (`list_templates`): `GET /{waba_id}/message_templates` with
 `fields` and `limit`, answered as `{data: [{name, language, status, category, components, …}],
 paging: {cursors: {before, after}, next}}` (Meta's "Template management" page); the next page is
@@ -33,6 +37,7 @@ import hashlib
 import hmac
 import logging
 import re
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -540,11 +545,17 @@ def _parse_notification(data: Any, *, waba_id: str = "") -> list[WebhookEvent]:
                 if event is not None:
                     events.append(event)
                 continue
-            if field != "messages":
+            if field not in ("messages", _ECHOES_FIELD):
                 continue  # account / quality updates: not events we act on
             value = change.get("value")
             if not isinstance(value, dict):
                 raise MalformedWebhook("change value is not an object")
+            if field == _ECHOES_FIELD:
+                for item in _list(value.get("message_echoes"), "message_echoes"):
+                    event = _echo(item)
+                    if event is not None:
+                        events.append(event)
+                continue
             for item in _list(value.get("messages"), "messages"):
                 event = _inbound(item)
                 if event is not None:
@@ -690,6 +701,28 @@ def _inbound(item: Any) -> InboundMessageEvent | None:
         provider_message_id=message_id, from_address=from_address, text=text, timestamp=timestamp,
         button_payload=payload or None, in_reply_to=in_reply_to, audio=audio,
     )
+
+
+#: A coexistence number (used in the WhatsApp Business app and the Cloud API at once) reports what
+#: the clinic sent from the app or a linked device under this field, in `value.message_echoes[]`.
+_ECHOES_FIELD = "smb_message_echoes"
+
+
+def _echo(item: Any) -> InboundMessageEvent | None:
+    """A message the business number sent from the WhatsApp Business app (an `smb_message_echoes`
+    item: shaped like a message, `from` the business number, `to` the patient) as a `from_me`
+    event whose address is the patient's, as Evolution's `fromMe` is. Edits and revokes are not
+    new messages: skipped."""
+    if not isinstance(item, dict):
+        raise MalformedWebhook("message echo is not an object")
+    recipient = item.get("to")
+    if not isinstance(recipient, str):
+        raise MalformedWebhook("message echo without to")
+    # `to` is the number as the app had it (Meta's example shows a leading +): the wa_id without it.
+    event = _inbound({**item, "from": recipient.strip().removeprefix("+")})
+    if event is None:
+        return None
+    return replace(event, from_me=True)
 
 
 def _skipped(message_id: str, kind: Any) -> None:

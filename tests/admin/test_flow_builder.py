@@ -1,7 +1,8 @@
 """The flow builder's page and JSON endpoints (admin/views/followup/builder.py) and the Fluxos list:
 a saved draft reloads exactly, a draft the engine refuses is not written at all, publish issues come
 back on their node, every write needs the session's CSRF token and an owner or manager, and another
-org's ids answer 404 as if they did not exist."""
+org's ids answer 404 as if they did not exist; the page warns of a template Meta calls marketing
+and shows the flow's estimated cost per run this month, as the list does."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import re
 import pytest
 from sqlalchemy import func, select
 
+from admin.app import create_app
 from engine.flows.conversation.fields import create_field
 from engine.flows import triggers, versions
 from engine.store.models import audit_log, flow_pointers, flow_versions, users
 from tests.admin.conftest import csrf, login
 from tests.flows.helpers import Flows, edge, node
+from tests.test_meta_flow import Graph, meta_world, post
+from tests.test_meta_pricing import _console, category_body
 
 GOOD_GRAPH = {
     "nodes": [
@@ -580,3 +584,33 @@ def test_a_class_named_in_words_is_shown_by_its_name_in_the_runs_timeline_and_th
     assert "nao_quer" not in page
     queue = html.unescape(owner.get("/admin/followup_queue/?flt0_1=completed").get_data(as_text=True))
     assert "Não quer" in queue and "nao_quer" not in queue
+
+
+def test_the_page_warns_of_a_marketing_template_and_shows_the_cost_per_run_only_where_they_apply(rt, clock):
+    """Above the canvas, what the flow list says of the flow: the template Meta categorised as
+    marketing (the catalogue's sentence) and the month's estimated cost per run; a flow that sends
+    no such template and cost nothing this month shows neither."""
+    rebook = {"nodes": [node("inicio", "trigger"),
+                        node("convite", "action", mode="template", template="followup_rebook",
+                             channel_kinds=["whatsapp"]),
+                        node("fim", "end", outcome="converted")],
+              "edges": [edge("inicio", "convite"), edge("convite", "fim")]}
+    quiet = {"nodes": [node("inicio", "trigger"), node("fim", "end", outcome="converted")],
+             "edges": [edge("inicio", "fim")]}
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph, quiet_start="00:00", quiet_end="23:59", skip_sundays=False,
+                                       skip_holidays=False)
+        flows = Flows(world)
+        sends, silent = flows.flow(rebook), flows.flow(quiet)
+        flows.enroll(sends, world.contact(phone="+5516999887766"))
+        flows.run()
+        assert [m.status for m in flows.followups()] == ["sent"]
+        # Meta moves the rebook template to marketing.
+        assert post(create_app(rt).test_client(), channel_id,
+                    category_body(name="followup_rebook_v1")).status_code == 200
+        console = _console(rt, world, "dona@sorriso.com.br")
+        page = console.get(_url(sends)).text
+        other = console.get(_url(silent)).text
+    assert "Este fluxo envia o modelo followup_rebook, que a Meta classificou como marketing" in page
+    assert page.count("data-marketing") == 1 and "Custo por acompanhamento: US$ 0,01" in page
+    assert "data-marketing" not in other and "data-cost-per-run" not in other

@@ -574,6 +574,24 @@ def test_inbound_text() -> None:
         InboundMessageEvent("wamid.lembra-in-01", PATIENT, "Oi! Posso remarcar para sexta?", ts(1764591000))]
 
 
+def test_coexistence_echo_is_a_from_me_message_to_the_patient() -> None:  # smb_message_echoes: from us, to her
+    text = "Oi Maria, aqui é a Júlia da recepção. Posso te ligar agora?"
+    assert parse_sample("webhook_smb_message_echoes_text.json") == [
+        InboundMessageEvent("wamid.lembra-echo-01", PATIENT, text, ts(1764591300), from_me=True)]
+    body = sample_json("webhook_smb_message_echoes_text.json")
+    echoes = body["entry"][0]["changes"][0]["value"]["message_echoes"]
+    echoes[0]["to"] = "+" + echoes[0]["to"]  # Meta's reference shows `to` with a leading +
+    echoes.append({"from": "551633334444", "to": "5516999887766", "id": "wamid.edit", "timestamp": "1764591301",
+                   "type": "revoke", "revoke": {"original_message_id": "wamid.lembra-echo-01"}})
+    raw = json.dumps(body).encode()
+    [event] = provider().parse_webhook(post(raw, sign(raw))).events  # the revoke is no new message
+    assert (event.from_address, event.from_me) == (PATIENT, True)
+    del echoes[0]["to"]
+    raw = json.dumps(body).encode()
+    with pytest.raises(MalformedWebhook):
+        provider().parse_webhook(post(raw, sign(raw)))
+
+
 def test_inbound_text_replying_to_a_message() -> None:  # context{from, id}: the reminder she answers
     assert parse_sample("webhook_inbound_text_reply_with_context.json") == [
         InboundMessageEvent("wamid.lembra-in-02", PATIENT, "Vou sim, obrigada", ts(1764591060), in_reply_to=WAMID)]

@@ -38,8 +38,9 @@ from admin.ids import parse_id
 from admin.json_body import BodyRefused, request_json
 from admin.views.base import KIND_LABELS, PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, write_audit
 from admin.views.followup import rehearse as rehearsing
+from admin.views.costs import estimate
 from admin.views.followup.exits import edge_words
-from admin.views.followup.flow_list import FLOW_STATUS_LABELS, list_page
+from admin.views.followup.flow_list import FLOW_STATUS_LABELS, list_page, marketing_notices
 from admin.views.settings.templates import preview
 from engine.flows import queries, versions
 from engine.flows.schema import CHANNEL_KINDS, json_schema
@@ -386,9 +387,13 @@ class FlowBuilderView(TenantPageView):
             "locale": current_locale(),
             "flows_url": _flows_url(),
         }
+        # What the flow list says of this flow, above the canvas: its marketing templates, its cost.
+        notices = marketing_notices(conn, oid, [pk]).get(pk, [])
+        cost = estimate(conn, oid)
+        flow_cost = cost.costs.by_flow.get(pk) if cost.costs else None
         session.rollback()  # read only; the scoped session is reused by the next request
         return self.render("admin/followup/builder.html", boot=boot, flow=state["flow"],
-                           bundle_version=bundle_version())
+                           bundle_version=bundle_version(), notices=notices, cost=cost, flow_cost=flow_cost)
 
     @expose("/<flow_id>/data")
     def data(self, flow_id: str) -> Any:
