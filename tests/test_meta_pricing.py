@@ -107,7 +107,7 @@ def test_template_webhooks_update_the_org_whose_waba_it_is_and_flag_marketing(rt
         with rt.db.begin() as conn:  # a flow that sends the reminder's template is warned about it
             create_flow(conn, world.org_id, name="Lembrete extra", draft_graph=REMINDER_FLOW)
         fluxos = console.get("/admin/followup/flows/").text
-        assert "Este fluxo envia o modelo session_reminder, que a Meta classificou como marketing" in fluxos
+        assert "Este fluxo envia o modelo “Lembrete de sessão”, que a Meta classificou como marketing" in fluxos
 
 
 def test_131050_is_a_marketing_only_opt_out(rt, clock):

@@ -661,7 +661,7 @@ CATALOGUE: dict[str, Text] = {
                                 "%(count)s modelos do WhatsApp da clínica saem como marketing na Meta: custam cerca de "
                                 "9 vezes mais que os de utilidade no Brasil e têm limite de mensagens por pessoa. "
                                 "Veja em Configuração → Modelos."),
-    "flow_marketing_template": N_("Este fluxo envia o modelo %(template)s, que a Meta classificou como marketing: "
+    "flow_marketing_template": N_("Este fluxo envia o modelo “%(template)s”, que a Meta classificou como marketing: "
                                   "custa cerca de 9 vezes mais que um de utilidade no Brasil, tem limite de mensagens "
                                   "por pessoa e não chega a quem recusou marketing. Use um modelo de utilidade."),
     "price_file_broken": N_("A tabela de preços da Meta não pôde ser lida (%(error)s); o custo estimado não é "

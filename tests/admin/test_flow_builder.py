@@ -611,6 +611,6 @@ def test_the_page_warns_of_a_marketing_template_and_shows_the_cost_per_run_only_
         console = _console(rt, world, "dona@sorriso.com.br")
         page = console.get(_url(sends)).text
         other = console.get(_url(silent)).text
-    assert "Este fluxo envia o modelo followup_rebook, que a Meta classificou como marketing" in page
+    assert "Este fluxo envia o modelo “Follow-up: remarcar a falta”, que a Meta classificou como marketing" in page
     assert page.count("data-marketing") == 1 and "Custo por acompanhamento: US$ 0,01" in page
     assert "data-marketing" not in other and "data-cost-per-run" not in other

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from admin.api import services
 from admin.i18n import _, _l, format_percent_local, translate
-from admin.views.base import TenantPageView, db_session, local_dt, org_id, org_timezone
+from admin.views.base import PURPOSE_LABELS, TenantPageView, db_session, local_dt, org_id, org_timezone
 from admin.views.costs import estimate
 from engine.core import clock
 from engine.flows import lifecycle, queries
@@ -168,7 +168,7 @@ def marketing_notices(conn: Connection, oid: int, flow_ids: list[int]) -> dict[i
     notices: dict[int, list[str]] = {}
     for flow_id, graph in conn.execute(select(flow_pointers.c.id, flow_pointers.c.draft_graph).where(
             flow_pointers.c.org_id == oid, flow_pointers.c.id.in_(flow_ids))):
-        found = [translate(describe("flow_marketing_template", template=key))
+        found = [translate(describe("flow_marketing_template", template=str(PURPOSE_LABELS.get(key, key))))
                  for key in graph_template_keys(graph) if key in marketing]
         if found:
             notices[flow_id] = found
