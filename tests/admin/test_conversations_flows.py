@@ -122,7 +122,7 @@ def test_a_reply_the_flow_did_not_understand_is_para_responder_with_what_the_flo
     flows.run()  # no class fits: the fallback edge, and the reply is left to a person
     page = text_of(agent.get("/admin/conversations/"))
     assert "Quem está falando?" in page and "Conversas (1)" in page and "Para responder" in page
-    assert f"O fluxo {FLOW} não entendeu esta resposta e seguiu pela saída padrão" in page
+    assert f"O fluxo {FLOW} não entendeu esta resposta e seguiu pela saída “Outra resposta”" in page
     details = text_of(agent.get(f"/admin/conversations/{reply}/"))
     assert "Marcar como resolvida" in details and 'class="lembra-msg in waiting"' in details
     assert 'id="lembra-reply-text"' in details
