@@ -205,6 +205,8 @@ def test_the_manager_builds_tests_publishes_and_a_no_show_is_rebooked(  # noqa: 
     expect(first.locator("[data-reply-text]")).to_have_text("pode ser quinta de manhã")
     expect(first.locator("[data-reply-fields]")).to_have_text(re.compile(r"Data: 03/12/2026\s*Período: de manhã"))
     expect(second.locator("[data-reply-text]")).to_have_text("2")
+    expect(second.locator("[data-reply-fields]")).to_have_text(f"horário: {starts:%d/%m/%Y %H:%M} (Dra. Beatriz Costa)")
+    expect(second).to_contain_text(f"O paciente escolheu o horário {starts:%d/%m/%Y %H:%M}.")
     expect(page.locator("[data-collected]")).to_contain_text(f"horário: {starts:%d/%m/%Y %H:%M} (Dra. Beatriz Costa)")
     timeline = page.locator("#lembra-timeline")
     for node_name in ("Gatilho 1", "Perguntar 1", "Oferecer horários 1", "Ação 1"):

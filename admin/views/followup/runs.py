@@ -236,7 +236,10 @@ def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
         params = _named_class(conn, oid, int(row.version_id), result.get("node"), result.get("reason"),
                               _reading_params(events, message.id, result))
         taken = params.get("taken")
-        taken_by_reply.append([slug for slug in taken if isinstance(slug, str)] if isinstance(taken, list) else [])
+        slugs = [slug for slug in taken if isinstance(slug, str)] if isinstance(taken, list) else []
+        if result.get("reason") == "do_slot_picked":
+            slugs.append("slot")  # the offered time the reply picked is what it gave the run
+        taken_by_reply.append(slugs)
         readings.append(reason_text(result["reason"], params) if isinstance(result.get("reason"), str) else None)
     specs = fields_by_slug(conn, oid, sorted({slug for slugs in taken_by_reply for slug in slugs}))
     out = []
@@ -248,9 +251,12 @@ def replies(conn: Connection, oid: int, row: Any) -> list[Reply]:
             spec = specs.get(slug)
             if slug in later or slug not in data:
                 shown = str(_l("corrigido depois"))
+            elif slug == "slot" and isinstance(data[slug], Mapping) and isinstance(data[slug].get("starts_at"), str):
+                fields.append((str(_l("horário")), slot_text(data[slug])))
+                continue
             else:
                 shown = _shown(spec.type if spec is not None else None, data[slug])
-            fields.append((spec.label if spec is not None else slug, shown))
+            fields.append((str(_l("horário")) if slug == "slot" else spec.label if spec is not None else slug, shown))
         later.update(slugs)
         out.append(Reply(at=local_dt(message.received_at, seconds=True), text=text or "—",
                          reading=reading, fields=fields,
