@@ -95,8 +95,9 @@ class Graph(FakeServer):
         return sum(1 for r in self.requests if r.method == "POST" and r.json().get("to") == to)
 
 
-def meta_world(rt: Runtime, graph: Graph) -> World:
-    world = World(rt)
+def meta_world(rt: Runtime, graph: Graph, slug: str = "clinica", **org_kwargs: Any) -> World:
+    """An org whose WhatsApp is the Meta Cloud API at `graph`, with a reminder a day ahead."""
+    world = World(rt, slug, **org_kwargs)
     with rt.db.begin() as conn:
         world.channels["whatsapp"] = create_channel(
             conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta", name="WhatsApp oficial",

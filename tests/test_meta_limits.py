@@ -12,24 +12,11 @@ from sqlalchemy import select, update
 from engine.messaging import dispatch
 from engine.store.models import messages, recipient_pacing
 from tests.fakes.meta import notes_error
-from engine.tenants.channels import create_channel
-from tests.factories import World
-from tests.test_dispatch_batch import APPOINTMENT, DUE, Graph, booked, phone, wa
+from tests.test_dispatch_batch import APPOINTMENT, DUE, Graph, booked, meta_world, phone, wa
 from tests.test_metrics import Deltas, s
 from tests.test_processes import procs  # noqa: F401
 
 PAIR_LIMIT = notes_error(131056, "(Business Account, Consumer Account) pair rate limit hit")
-
-
-def meta_world(rt, graph: Graph, slug: str = "clinica", **org_kwargs) -> World:
-    world = World(rt, slug, **org_kwargs)
-    with rt.db.begin() as conn:
-        world.channels["whatsapp"] = create_channel(
-            conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta", name="WhatsApp oficial",
-            credentials={"phone_number_id": "1122334455667", "access_token": "EAAG-token",
-                         "app_secret": "segredo", "verify_token": "verifique", "base_url": graph.url})
-    world.rule(1440, kinds=("whatsapp",))
-    return world
 
 
 def _send_due(rt, ids=None) -> dict[int, str]:
