@@ -27,7 +27,7 @@ from engine.tenants.orgs import create_user
 from tests.admin.conftest import login
 from tests.fakes.meta import notes_error, sample_json
 from tests.factories import World
-from tests.test_meta_flow import APP_SECRET, PHONE, Graph, _send_due, meta_world, post, text_body
+from tests.test_meta_flow import APP_SECRET, PHONE, Graph, _send_due, meta_world, post, status_body, text_body
 
 OTHER_WABA = "998877665544332"
 REMINDER_FLOW = {
@@ -215,3 +215,25 @@ def test_the_price_file_loads_and_a_broken_ops_copy_says_where(rt, clock, tmp_pa
     monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, meta_prices=str(ops)))
     painel = _console(rt, world, "dona@sorriso.com.br").get("/admin/").text
     assert "A tabela de preços da Meta não pôde ser lida" in painel and "line 2" in painel
+
+
+def test_131050_on_a_failed_status_is_the_same_marketing_only_opt_out(rt, clock):
+    """Meta may accept the send and say 131050 later, on the message's `failed` status."""
+    with Graph() as graph:
+        world, channel_id = meta_world(rt, graph)
+        contact = world.contact(phone=PHONE)
+        with rt.db.begin() as conn:
+            sent = enqueue(conn, org_id=world.org_id, contact_id=contact, channel_kind="whatsapp",
+                           purpose="followup", idempotency_key="rebook:late", template_key="followup_rebook",
+                           respect_window=False)
+        assert _send_due(rt) == ["sent"]
+        failed = status_body(world.message(sent).provider_message_id, "failed", int(clock.now().timestamp()))
+        failed["entry"][0]["changes"][0]["value"]["statuses"][0]["errors"] = [
+            {"code": 131050, "title": "Unable to deliver the message. This recipient has chosen to stop receiving "
+                                      "marketing messages on WhatsApp from your business."}]
+        assert post(create_app(rt).test_client(), channel_id, failed).status_code == 200
+        with rt.db.connect() as conn:
+            marked = conn.execute(select(contacts.c.marketing_opted_out_at).where(
+                contacts.c.org_id == world.org_id, contacts.c.id == contact)).scalar_one()
+        assert marked is not None
+        assert world.message(sent).status == "failed"
