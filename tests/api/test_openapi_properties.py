@@ -5,6 +5,7 @@ media type and schema. One test per documented operation and generation mode."""
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import schemathesis
@@ -57,6 +58,12 @@ def served(rt, app, client, clinic):
     return key
 
 
+def _unsent_query(query: dict | None, url: str) -> bool:
+    """Whether a generated query parameter is missing from the URL actually requested."""
+    sent = parse_qs(urlsplit(url).query, keep_blank_values=True)
+    return bool(query) and any(name not in sent for name in query)
+
+
 def test_every_route_is_documented(app):
     served = set()
     for rule in app.url_map.iter_rules():
@@ -82,6 +89,10 @@ def test_api_conforms_to_its_openapi_document(app, served, method, path, mode):
                 "responses", {}):
             # An invalid body big enough to pass the size limit is refused before it is read: a
             # documented refusal, which the negative-data check does not count among its statuses.
+            return
+        if mode == GenerationMode.NEGATIVE and _unsent_query(case.query, response.request.url):
+            # The invalid part was a query parameter the client left out of the URL (a null value
+            # is not sent): the server never saw it, so there was nothing for it to refuse.
             return
         case.validate_response(response, checks=CHECKS)
 
