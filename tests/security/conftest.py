@@ -39,7 +39,7 @@ from engine.people.contacts import opt_out
 from engine.flows.agents import create_agent
 from engine.queue.inbox import open_inbox_item
 from engine.flows.contact_events import record_contact_event
-from engine.store.models import Base, audit_log, templates
+from engine.store.models import Base, audit_log, meta_template_states, templates
 from engine.tenants.orgs import create_user
 from engine.store.runtime import Runtime, install
 from tests.conftest import BROKER_URL, IS_POSTGRES, ORG_TABLES, T0, TEST_KEY
@@ -225,6 +225,10 @@ def _seed(probe_rt: Runtime, app: Any, slug: str, text_of: Any) -> Org:
         conn.execute(insert(audit_log).values(
             org_id=oid, action="update", entity="channels", entity_id=org.channels["sandbox"],
             changes={"name": text_of("audit")}, created_at=now))
+        # What the clinic's WABA says of a template (its category and status, from Meta's webhooks).
+        conn.execute(insert(meta_template_states).values(
+            org_id=oid, channel_id=org.channels["meta"], name="session_reminder_v1", language="pt_BR",
+            category="MARKETING", status="APPROVED", updated_at=now))
     world.rule(120)
     client = app.test_client()
     client.seen = []

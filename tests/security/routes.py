@@ -25,7 +25,7 @@ ARG_TABLES = {
     "flow_id": "flow_pointers", "pointer_id": "flow_pointers", "enrollment_id": "enrollments",
     "agent_id": "agents", "channel_id": "channels", "version_id": "flow_versions", "item_id": "inbox_items",
     "rule_id": "reminder_rules", "template_id": "templates", "user_id": "users", "key_id": "api_keys",
-    "event_id": "contact_events", "inbound_id": "inbound_messages", "endpoint_id": "webhook_endpoints",
+    "event_id": "contact_events", "inbound_id": "inbound_messages", "endpoint_id": "webhook_endpoints", "delivery_id": "webhook_deliveries",
     "field_id": "conversation_fields",
     "professional_id": "professionals",
 }

@@ -162,6 +162,7 @@ def filled(fields: dict[str, str], kinds: dict[str, str]) -> dict[str, str]:
                      else "probe@example.com" if "email" in lowered or kind == "email"
                      else "+5516912345678" if "phone" in lowered or "number" in lowered or kind == "tel"
                      else "587" if "port" in lowered or kind == "number"
+                     else "3" if lowered.endswith("seconds")
                      else f"Probe-senha-longa-{n}" if kind == "password" else f"Probe {n}")
     return out
 
