@@ -225,13 +225,17 @@ def month_costs(conn: Connection, org_id: int, table: PriceTable, now: datetime,
         if row.flow_id is not None:
             result.by_flow.setdefault(row.flow_id, Cost()).add(table, row.price_category, free,
                                                                row.price_country, row.n)
-    for flow_id, cost in result.by_flow.items():
-        cost.runs = int(conn.execute(
-            select(func.count(func.distinct(m.enrollment_id)))
+    if result.by_flow:  # the runs each flow's billed sends belong to: one grouped read for every flow
+        runs = conn.execute(
+            select(enrollments.c.pointer_id, func.count(func.distinct(m.enrollment_id)))
             .select_from(messages.join(enrollments, and_(enrollments.c.org_id == m.org_id,
                                                          enrollments.c.id == m.enrollment_id)))
-            .where(m.org_id == org_id, enrollments.c.pointer_id == flow_id, m.price_category.is_not(None),
-                   m.status.in_(BILLED_STATUSES), m.sent_at >= start, m.sent_at < end)).scalar_one())
+            .where(m.org_id == org_id, enrollments.c.pointer_id.in_(list(result.by_flow)),
+                   m.price_category.is_not(None), m.status.in_(BILLED_STATUSES), m.sent_at >= start,
+                   m.sent_at < end)
+            .group_by(enrollments.c.pointer_id)).all()
+        for flow_id, count in runs:
+            result.by_flow[flow_id].runs = int(count)
     if result.by_channel:
         result.channel_names = {r.id: r.name for r in conn.execute(
             select(channels.c.id, channels.c.name).where(channels.c.org_id == org_id,
