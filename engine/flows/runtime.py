@@ -195,6 +195,33 @@ def _hand_back(conn: Connection, claims: Sequence[tuple[int, int]], *, unstarted
                                    enrollments.c.revision)).all()
 
 
+class _Heartbeat:
+    """Keeps a claim's leases while the actor works on it. A claim's reads and nodes (an agenda
+    search per run, a model's answer per run) can outlast one lease on a busy machine; the sweep
+    would then count every run of the claim a lost step while the worker is still on it, and the
+    next claim the same: a claim that never ends. So, every third of a lease, the leases of the
+    claim's runs are pushed on, without moving their revision (a stale wake stays stale)."""
+
+    def __init__(self, rt: Runtime, claims: Sequence[tuple[int, int]]) -> None:
+        self.rt, self.claims = rt, list(claims)
+        self.every = rt.settings.lease / 3
+        self.last = clock.now()
+
+    def beat(self) -> None:
+        """Renew the leases if a third of a lease has gone by since the last renewal."""
+        if not self.claims or clock.now() - self.last < self.every:
+            return
+        self.last = clock.now()
+        try:
+            with self.rt.db.begin() as conn:
+                conn.execute(update(enrollments)
+                             .where(tuple_(enrollments.c.id, enrollments.c.revision).in_(self.claims),
+                                    enrollments.c.lease_until.is_not(None))
+                             .values(lease_until=clock.now() + self.rt.settings.lease))
+        except Exception:  # the step goes on; at worst its lease runs out as before
+            log.exception("renewing a claim's leases failed", extra={"enrollments": len(self.claims)})
+
+
 def _node_type(conn: Connection, row: Any) -> str:
     return graph_of(conn, row.org_id, row.version_id).type(row.current_node_id)
 
@@ -261,7 +288,9 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
             else:
                 live.append((row, revision))
         snaps = _snapshots(conn, [row for row, _ in live], now, rt.settings.egress) if live else {}
+        heartbeat = _Heartbeat(rt, [(row.id, revision) for row, revision in live])
         for row, revision in live:
+            heartbeat.beat()
             snap = snaps[row.id]
             try:
                 outcome: nodes.Decision | nodes.Ask = nodes.decide(conn, snap, make_ai(snap.agent))
@@ -273,6 +302,7 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
     decided: list[tuple[nodes.Snapshot, int, nodes.Decision]] = []
     for snap, revision, outcome in outcomes:
         if isinstance(outcome, nodes.Ask):
+            heartbeat.beat()
             try:
                 outcome = outcome.run()
             except Exception as exc:

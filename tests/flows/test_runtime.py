@@ -11,7 +11,7 @@ from sqlalchemy import select, text, update
 from engine.flows.contact_events import record_contact_event
 from engine.store.db import Database
 from engine.flows import runtime, triggers, versions
-from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait
+from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
 from engine.flows.ai.builtin import BuiltinAI
 from engine.store.models import contact_events, enrollment_events, enrollments
 from tests.factories import World
@@ -310,6 +310,40 @@ def test_a_claim_lost_with_its_worker_counts_as_a_failed_attempt(world, flows, r
     run = flows.enrollment(enrollment_id)
     assert (run.attempts, run.status, run.current_node_id) == (0, "waiting_reply", "resposta")
     assert len(world.sandbox()) == 1
+
+
+class _SlowWriter(BuiltinAI):
+    """A model that takes 50 s to write each message (the frozen clock moves on); the
+    scheduler's sweep runs beside the actor as each answer comes."""
+
+    def __init__(self, rt, clock, swept: list) -> None:
+        self.rt, self.clock, self.swept = rt, clock, swept
+
+    def write(self, *, prompt_hint, max_chars, context):
+        self.clock.advance(timedelta(seconds=50))
+        self.swept.append(runtime.sweep_lost(self.rt))
+        return Written(text="Oi! Podemos marcar seu retorno?", llm_calls=1, reason="ok")
+
+
+def test_a_claim_that_outlasts_its_lease_keeps_it_while_its_worker_works(world, flows, rt, clock):
+    """Three runs whose model takes 50 s each: 150 s of work on a 120 s lease. The actor renews
+    the claim's leases as it goes (every third of a lease), so the sweep beside it finds no lost
+    step and every run is written once; without the renewal the sweep took all three as lost
+    and the actor's writes found stale wakes, claim after claim."""
+    assert rt.settings.lease == timedelta(seconds=120)
+    flow = flows.flow(linear(node("inicio", "trigger"),
+                             node("escrever", "action", mode="ai_message", prompt_hint="Pergunte.",
+                                  fallback_template="followup_checkin"),
+                             node("fim", "end", outcome="converted")))
+    ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
+    swept: list = []
+    pairs = runtime.claim_due(rt, limit=10)
+    assert runtime.advance_claimed(rt, pairs, ai=lambda agent: _SlowWriter(rt, clock, swept)) == 6
+    assert swept == [(0, 0)] * 3
+    assert [flows.enrollment(i).status for i in ids] == ["completed"] * 3
+    assert [flows.enrollment(i).attempts for i in ids] == [0] * 3
+    flows.run()
+    assert len(world.sandbox()) == 3
 
 
 def _requeued(rt, enrollment_id: int) -> list[tuple[str, str | None, str]]:
