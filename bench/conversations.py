@@ -5,7 +5,8 @@
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --dispatch-interval 2
     .venv/bin/python bench/conversations.py --rate 20 --duration 60 --consumer-idle-ms 50
 
-What it measures (see docs/benchmarks.md, "Conversations: turn latency", for the figures): the
+What it measures (see docs/benchmarks.md for the current figures, and docs/benchmarks-history.md,
+"Conversations: turn latency", for the runs): the
 time from the moment Lembra's webhook endpoint (admin/webhooks.py, under `lembra web`) answers
 200 to a signed Meta inbound-text notification, to the moment the engine's reply reaches the
 provider: the Meta channel's `base_url` is bench/http_fake.py, a loopback process that stamps each

@@ -4,7 +4,8 @@
     .venv/bin/python bench/flows.py --enrollments 20000 --with-send
     .venv/bin/python bench/flows.py --enrollments 0 --inline 2000          # statement counts only
 
-What it does (see docs/benchmarks.md, "Follow-up flows", for the figures and how to read them):
+What it does (see docs/benchmarks.md for the current figures, and docs/benchmarks-history.md,
+"Follow-up flows", for the runs and how to read them):
 
 1. creates a fresh PostgreSQL database (default `lembra_bench_flows`), applies the migrations and
    creates one clinic through the engine's functions: a 00:00-23:59 window with no Sunday or holiday

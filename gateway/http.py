@@ -12,7 +12,7 @@ much ends the call at the deadline or the cap, as a transient error whose outcom
 
 The client is urllib3's pools, not requests: per call requests merged settings, built a
 prepared request, a cookie jar and a response object around urllib3's, which cost about as
-much CPU as the loopback call itself (docs/benchmarks.md, 2026-12-03). Lembra needs none of
+much CPU as the loopback call itself (docs/benchmarks-history.md, 2026-12-03). Lembra needs none of
 that: no cookies, no redirects, no retries (a retry is the outbox's to decide), no netrc.
 """
 

@@ -6,7 +6,7 @@ pool a few such tasks would hold every thread and the morning's reminders would 
 Each pool is its own `dramatiq.Worker` consuming its own queues, so sends always have their
 threads. The send pool is small on purpose: a send task's provider calls already run in parallel
 on the process's `LEMBRA_SEND_CONCURRENCY` threads, and more actor threads preparing batches only
-contend for the interpreter (docs/benchmarks.md, "fewer actor threads, larger tasks").
+contend for the interpreter (docs/benchmarks-history.md, "fewer actor threads, larger tasks").
 
 `dramatiq.Worker.start` adds a middleware of its own to the broker, which starts the worker's
 consumer of each queue declared on it; a second `Worker` on the same broker adds a second one of

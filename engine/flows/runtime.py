@@ -237,7 +237,8 @@ def _by_key(conn: Connection, table: Any, keys: Iterable[tuple[int, int]]) -> di
 
 def _snapshots(conn: Connection, rows: Sequence[Any], now: datetime, egress: Any = None) -> dict[int, nodes.Snapshot]:
     """What the nodes read for each claimed enrollment: one query per table for all of them, not
-    five per enrollment (the round trips were most of a step's cost, see docs/benchmarks.md)."""
+    five per enrollment (the round trips were most of a step's cost, see docs/benchmarks-history.md,
+    "Follow-up flows")."""
     def keys(column: str) -> list[tuple[int, int]]:
         return [(row.org_id, getattr(row, column)) for row in rows if getattr(row, column) is not None]
 

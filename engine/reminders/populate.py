@@ -376,7 +376,7 @@ def _joined_by_hash(conn: Connection, whole_org: bool) -> AbstractContextManager
     (the channel, rule and consent conditions are correlated in a way its statistics cannot see)
     where a whole org gives one row per reminder, and then probes an index per row. Joined by
     hash, one org's first pass of 100,000 appointments × 2 rules took 11.6–12.0 s instead of
-    12.7–13.5 s, and its repeat pass's insert 1.9–2.0 s instead of 2.5–2.7 s (docs/benchmarks.md,
+    12.7–13.5 s, and its repeat pass's insert 1.9–2.0 s instead of 2.5–2.7 s (docs/benchmarks-history.md,
     2026-12-04 (end of day)). A pass over one appointment or over what changed joins a few rows,
     which an index does best: those keep the planner's choice."""
     return planner_setting(conn, "enable_nestloop", "off", when=whole_org)

@@ -32,7 +32,7 @@ def _index_scans(conn: Connection) -> AbstractContextManager[None]:
     dispatch tick; an index scan marks an entry it finds dead once and skips it after that. With
     900,000 messages sent since the last vacuum, counting the messages in flight took 217–253 ms
     by bitmap and 3.9 ms by index once the dead entries were marked (272 ms the first time);
-    the sweep's read, 212 ms and 0.8 ms (docs/benchmarks.md, 2026-12-05). The claim's `ORDER BY
+    the sweep's read, 212 ms and 0.8 ms (docs/benchmarks-history.md, 2026-12-05). The claim's `ORDER BY
     … LIMIT` is read through `messages_due` in its order, never as a bitmap scan and a sort of
     every due row (how the same SELECT without its row locks was planned on statistics taken
     before a big populate: 685 ms with 762,000 rows due)."""

@@ -18,7 +18,7 @@
    A batch of B messages costs ⌈B/N⌉ + 2 transactions (its checks' one included) and ⌈B/N⌉ + 1
    writes on PostgreSQL, N being the calls in flight, against 2 transactions and 4 writes when a
    whole batch was marked at once: 27 and 26 for a task of 200 at the default 8
-   (docs/benchmarks.md).
+   (docs/benchmarks-history.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def _call_all(prepared: list[Prepared], concurrency: int) -> list[object]:
 
     The pool gets one task per thread, each taking the next message until none is left, rather
     than one task per message: a Future, its lock and its wake-up per message cost 51 µs of CPU
-    against 15 µs this way (docs/benchmarks.md, 2026-12-03); the calling thread drains too, one
+    against 15 µs this way (docs/benchmarks-history.md, 2026-12-03); the calling thread drains too, one
     hand-off fewer per wave. Messages are taken in order, so paced ones still go in slot order."""
     width = min(concurrency, len(prepared))
     if width <= 1:

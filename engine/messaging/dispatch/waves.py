@@ -8,7 +8,7 @@ PostgreSQL does all of it in one statement, built once: two `UPDATE … FROM unn
 the INSERT of their events. A wave is at most the calls a worker process has in flight (8 by
 default), and the three statements built anew for each wave (two `update_per_row`, one
 `record_event_rows`) cost a worker about 0.5 ms of CPU per message, as much again as everything
-else it does (docs/benchmarks.md). SQLite runs the three statements.
+else it does (docs/benchmarks-history.md, 2026-12-06). SQLite runs the three statements.
 """
 
 from __future__ import annotations
