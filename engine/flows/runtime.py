@@ -131,9 +131,11 @@ def sweep_lost(rt: Runtime, *, limit: int | None = None) -> Swept:
         for row in requeued:
             journal.add(row.org_id, row.id, "requeued", f"requeued:{row.revision - 1}", node_id=row.current_node_id,
                         at=now, payload=dict(reason="claim_not_started"))
+        listeners = webhooks.Listeners(conn)  # a run that dies here tells the clinic: one read per org
         for row in rows:
             if row.claim_started_at is not None and _fail(conn, journal, row, now, reason="claim_expired",
-                                                          kind=_node_type(conn, row), llm_calls=0, params={}):
+                                                          kind=_node_type(conn, row), llm_calls=0, params={},
+                                                          listeners=listeners):
                 lost += 1
         journal.flush(conn)
     if lost:
