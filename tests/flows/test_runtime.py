@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import event, select, text, update
 
 from engine.flows.contact_events import record_contact_event
 from engine.store.db import Database
@@ -14,6 +14,7 @@ from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
 from engine.flows.ai.builtin import BuiltinAI
 from engine.store.models import contact_events, enrollment_events, enrollments
+from tests.conftest import IS_POSTGRES
 from tests.factories import World
 from tests.flows.helpers import Flows, edge, linear, node, statuses
 
@@ -164,6 +165,71 @@ def test_an_actor_that_runs_twice_advances_once(world, flows, rt, clock):
     assert runtime.advance(rt, pairs)[enrollment_id].status == "ok"
     assert runtime.advance(rt, pairs)[enrollment_id].status == "stale"
     assert flows.enrollment(enrollment_id).steps == 1
+
+
+def _wait_then_end(flows) -> int:
+    return flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=10),
+                             node("fim", "end", outcome="exhausted")))
+
+
+@pytest.mark.postgres_only
+@pytest.mark.skipif(not IS_POSTGRES, reason="SQLite writes a claim's steps one UPDATE each")
+def test_a_claims_steps_are_written_in_one_statement_not_one_per_enrollment(world, flows, rt, clock):
+    """50 runs due at a wait → end: their moves are one UPDATE of enrollments, and the org's
+    webhook endpoints are read once for the 50 `run.ended`, not once per run."""
+    flow = _wait_then_end(flows)
+    ids = [flows.enroll(flow, world.contact()) for _ in range(50)]
+    flows.run()
+    clock.advance(timedelta(minutes=10))
+    pairs = runtime.claim_due(rt, limit=100)
+    assert len(pairs) == 50
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        seen.append(" ".join(statement.split()).upper())
+
+    event.listen(rt.db.engine, "before_cursor_execute", note)
+    try:
+        done = runtime.advance(rt, pairs)
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", note)
+    assert {step.status for step in done.values()} == {"ok"} and len(done) == 50
+    assert len([s for s in seen if s.startswith("UPDATE ENROLLMENTS ")]) == 1, seen
+    assert len([s for s in seen if "FROM WEBHOOK_ENDPOINTS" in s]) == 1
+    assert {(flows.enrollment(i).status, flows.enrollment(i).steps) for i in ids} == {("completed", 2)}
+
+
+def test_a_claim_mate_whose_revision_moved_is_a_stale_wake_and_the_others_advance(world, flows, rt, clock,
+                                                                                   monkeypatch):
+    """The claim's moves are written together, each under its own compare-and-set: one run whose
+    revision moved between the read and the write (a reply landed) is a stale wake, recorded, its
+    step not taken; its claim-mates move, and their counters add to the row as it is then (LLM
+    calls a stale wake added meanwhile are kept)."""
+    flow = _wait_then_end(flows)
+    ids = [flows.enroll(flow, world.contact()) for _ in range(3)]
+    flows.run()
+    clock.advance(timedelta(minutes=10))
+    pairs = runtime.claim_due(rt, limit=10)
+    overtaken, counted = ids[1], ids[2]
+    write_moves = runtime._write_moves
+
+    def meanwhile(conn, moves):
+        conn.execute(update(enrollments).where(enrollments.c.id == overtaken)
+                     .values(revision=enrollments.c.revision + 1))
+        conn.execute(update(enrollments).where(enrollments.c.id == counted)
+                     .values(llm_calls=enrollments.c.llm_calls + 2))
+        return write_moves(conn, moves)
+
+    monkeypatch.setattr(runtime, "_write_moves", meanwhile)
+    done = runtime.advance(rt, pairs)
+    assert [done[i].status for i in ids] == ["ok", "stale", "ok"]
+    runs = {i: flows.enrollment(i) for i in ids}
+    assert [(runs[i].status, runs[i].current_node_id) for i in ids] == [
+        ("completed", "fim"), ("active", "espera"), ("completed", "fim")]
+    assert (runs[counted].llm_calls, runs[counted].steps) == (2, 2)
+    assert runs[overtaken].steps == 1
+    assert ("espera", "stale", "stale_wake") in statuses(flows.steps(overtaken))
+    assert ("espera", "ok", "wait_elapsed") in statuses(flows.steps(ids[0]))
 
 
 def test_one_claim_advances_each_org_with_its_own_rows(world, flows, rt, clock):
