@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy import insert, select
 
 from admin.app import create_app
 from engine.core import clock as engine_clock
@@ -42,7 +42,7 @@ from engine.flows.contact_events import record_contact_event
 from engine.store.models import Base, audit_log, meta_template_states, templates
 from engine.tenants.orgs import create_user
 from engine.store.runtime import Runtime, install
-from tests.conftest import BROKER_URL, IS_POSTGRES, ORG_TABLES, T0, TEST_KEY
+from tests.conftest import BROKER_URL, IS_POSTGRES, T0, TEST_KEY, empty_postgres
 from tests.factories import World, sandbox_headers
 
 #: Stored XSS, in every free-text field a tenant or a patient controls. Each part is unique, so its
@@ -170,16 +170,6 @@ def _db_url(session_db: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("probe") / "lembra.db"
     shutil.copy(session_db, path)
     return f"sqlite:///{path}"
-
-
-def _empty_postgres(url: str) -> None:
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {', '.join(ORG_TABLES)} RESTART IDENTITY CASCADE"))
-        conn.execute(text("DELETE FROM templates WHERE org_id IS NOT NULL"))
-        conn.execute(text("DELETE FROM orgs"))
-        conn.execute(text("ALTER TABLE orgs ALTER COLUMN id RESTART WITH 1"))
-    engine.dispose()
 
 
 def _graph(label: str) -> dict[str, Any]:
@@ -330,7 +320,7 @@ def probe(_session_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def _probe(_session_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probe]:
     url = _db_url(_session_db, tmp_path_factory)
     if IS_POSTGRES:
-        _empty_postgres(url)  # whatever a test before left (each test's own fixture empties it too)
+        empty_postgres(url)  # whatever a test before left (each test's own fixture empties it too)
     settings = Settings(database_url=url, broker_url=BROKER_URL, secret_keys=TEST_KEY)  # no provider_allow
     assert not settings.egress.allows_ip(ipaddress.ip_address("127.0.0.1")), "the probe needs the strict policy"
     frozen = engine_clock.FrozenClock(T0)
@@ -353,4 +343,4 @@ def _probe(_session_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         rt.close()
         engine_clock.use(previous_clock)
         if IS_POSTGRES:
-            _empty_postgres(url)
+            empty_postgres(url)
