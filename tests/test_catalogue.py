@@ -59,8 +59,10 @@ def test_no_code_is_defined_twice_in_the_catalogue():
     # hands) giving one code two sentences would lose one without a word.
     import ast
 
+    from tests.python_source import parse
+
     source = (ROOT / "engine" / "words" / "catalogue.py").read_text()
-    [assign] = [node for node in ast.parse(source).body
+    [assign] = [node for node in parse(source).body
                 if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "CATALOGUE"]
     keys = [key.value for key in assign.value.keys if isinstance(key, ast.Constant)]
     assert len(keys) == len(CATALOGUE)

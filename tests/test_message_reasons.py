@@ -28,6 +28,7 @@ from engine.words.reasons import (
 )
 from tests.factories import World, local
 from tests.processes import lembra_env
+from tests.python_source import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The generic sentences: a code found in the source must never fall back to one of them.
@@ -41,7 +42,7 @@ EVENT_ARGUMENTS = {"transition": 5, "transition_where": 5, "record_events": 3}
 # --- finding the codes in the source ----------------------------------------------------------------
 
 def _sources(*folders: str) -> list[tuple[Path, ast.Module]]:
-    return [(path, ast.parse(path.read_text(), str(path)))
+    return [(path, parse(path.read_text(), str(path)))
             for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))]
 
 
@@ -166,7 +167,7 @@ def event_names() -> set[str]:
 
 def reply_outcomes() -> tuple[set[str], set[str]]:
     """The outcomes engine/messaging/inbound.py's `_act` returns, and the prefixes of those built at run time."""
-    tree = ast.parse((ROOT / "engine" / "messaging" / "inbound.py").read_text())
+    tree = parse((ROOT / "engine" / "messaging" / "inbound.py").read_text())
     [act] = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "_act"]
     outcomes: set[str] = set()
     prefixes: set[str] = set()

@@ -18,6 +18,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.python_source import parse
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".hypothesis", ".pytest_cache",
                 ".mypy_cache", ".ruff_cache", "build", "dist", "test-artifacts"}
@@ -49,7 +51,7 @@ class _Scan:
 
     def __init__(self, source: str, relative: Path) -> None:
         self.relative = relative
-        self.tree = ast.parse(source, filename=str(relative))
+        self.tree = parse(source, str(relative))
         self.findings: list[str] = []
         # Path(__file__) is the file; one climb is its folder, and the root is len(parts) climbs up.
         self.root_climb = len(relative.parts)
