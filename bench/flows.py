@@ -14,7 +14,8 @@ What it does (see docs/benchmarks.md for the current figures, and docs/benchmark
    `trigger → wait(fixed 60) → action(template followup_checkin) → end` (outbox + sandbox);
 2. COPYs N contacts with WhatsApp consent and N enrollments sitting at the wait, each entered an
    hour before its due instant, all due at the same instant `--lead` seconds after the load;
-3. starts `lembra worker --processes W --threads T` and, once every worker process polls Redis,
+3. starts `lembra worker --processes W --threads T --conversation-threads C` (flow steps run on the
+   C threads of the conversation pool, sends on the T of the send pool) and, once every worker process polls Redis,
    one `lembra scheduler`; waits until no enrollment is due or claimed (and, with `--with-send`, no
    message is open), and stops them;
 4. samples RSS and CPU of the workers, the scheduler and PostgreSQL (bench/throughput.py's sampler);
@@ -445,7 +446,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--enrollments", type=int, default=100_000, help="due enrollments for the worker processes")
     p.add_argument("--workers", type=int, default=2, help="worker processes (`lembra worker --processes`)")
-    p.add_argument("--threads", type=int, default=8, help="threads per worker process")
+    p.add_argument("--threads", type=int, default=8, help="send threads per worker process (`--threads`)")
+    p.add_argument("--conversation-threads", type=int, default=4,
+                   help="threads per worker process that advance flow steps (`--conversation-threads`)")
     p.add_argument("--with-send", action="store_true", help="the flow sends a template through the outbox + sandbox")
     p.add_argument("--inline", type=int, default=0, metavar="K",
                    help="then advance K more enrollments in this process, counting every statement")
@@ -545,8 +548,10 @@ def _advance(args: argparse.Namespace, conninfo: str, database_url: str, secret_
             env[name] = option
     children = Children(logdir, env)
     sampler = Sampler(children.procs, args.db_name)
-    log(f"starting {args.workers} worker process(es) x {args.threads} threads; logs in {logdir}")
-    children.start("worker", ["worker", "--processes", str(args.workers), "--threads", str(args.threads)])
+    log(f"starting {args.workers} worker process(es) x {args.conversation_threads} flow threads "
+        f"(+ {args.threads} send threads); logs in {logdir}")
+    children.start("worker", ["worker", "--processes", str(args.workers), "--threads", str(args.threads),
+                              "--conversation-threads", str(args.conversation_threads)])
     spy = None
     spy_out = logdir / "worker.pyspy.txt"
     timed_out = False
@@ -661,7 +666,8 @@ def _print_summary(report: dict[str, Any]) -> None:
     if run:
         a, load = report["args"], report["load"]
         lines.append(f"data       {load['enrollments']:,} enrollments due at once, flow {load['flow']}")
-        lines.append(f"workers    {a['workers']} process(es) x {a['threads']} threads")
+        lines.append(f"workers    {a['workers']} process(es) x {a.get('conversation_threads', '?')} flow threads "
+                     f"(+ {a['threads']} send threads)")
         if run.get("advanced"):
             lat = run["lateness_s"]
             lines += [
