@@ -30,6 +30,9 @@ class Snapshot:
     human: bool
     #: Where a tenant-set address may lead (the clinic's availability webhook); None: public only.
     egress: Any = None
+    #: How the claim's contacts can be reached (`engine.flows.reach.Reach`), read once per claim;
+    #: None: read for this contact alone.
+    reach: Any = None
 
     @property
     def node_id(self) -> str:

@@ -10,12 +10,11 @@ from sqlalchemy.engine import Connection
 
 from engine.flows import facts
 from engine.flows.ai.base import AIContext, Turn
+from engine.flows.reach import Reach
 from engine.flows.step import Snapshot
 from engine.people.contacts import opt_out
-from engine.queue import address_optouts as addresses
 from engine.queue.outbox import answer_inbound
-from engine.store.models import inbound_messages, preferences
-from engine.tenants.channels import default_channel
+from engine.store.models import inbound_messages
 from engine.words.keywords import parse_keywords
 
 #: The kinds tried, in order, when a node does not say.
@@ -38,22 +37,19 @@ def ai_context(conn: Connection, snap: Snapshot) -> AIContext:
 
 
 def usable_kind(conn: Connection, snap: Snapshot, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
-    """The first kind the contact consented to, has an address for and the org can send on."""
+    """The first kind the contact consented to (refusals follow the address), has an address for
+    and the org can send on."""
     org_id = snap.org.id
-    consented = {row.kind for row in conn.execute(select(preferences.c.kind).where(
-        preferences.c.org_id == org_id, preferences.c.contact_id == snap.contact.id,
-        preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None)))}
-    consented -= addresses.refused_kinds(conn, org_id, snap.contact)  # refusals follow the address
+    reach = snap.reach or Reach([(org_id, snap.contact)])
+    consented = reach.kinds(conn, org_id, snap.contact)
     for kind in kinds:
         address = snap.contact.email if kind == "email" else snap.contact.phone
         if kind not in consented or not address:
             continue
-        channel = default_channel(conn, org_id, kind)
+        channel = reach.channel(conn, org_id, kind)
         if channel is not None:
             return kind, channel
     return None
-
-
 
 
 def turn_fragments(conn: Connection, snap: Snapshot) -> list[tuple[int, str]]:

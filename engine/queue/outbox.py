@@ -5,6 +5,7 @@ same transaction. Any actor may run twice; only one of two racing transitions wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -13,7 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock, metrics
-from engine.store.dialect import insert_ignore, insert_rows
+from engine.store.dialect import insert_rows
 from engine.store.models import OPEN_STATUSES, message_events, messages
 
 
@@ -121,60 +122,73 @@ def cancel_open(conn: Connection, org_id: int, where: ColumnElement[bool], reaso
     )
 
 
-def enqueue(
-    conn: Connection,
-    *,
-    org_id: int,
-    contact_id: int,
-    channel_kind: str,
-    purpose: str,
-    idempotency_key: str,
-    template_key: str | None = None,
-    payload: Mapping[str, Any] | None = None,
-    appointment_id: int | None = None,
-    appointment_starts_at: datetime | None = None,
-    enrollment_id: int | None = None,
-    rule_id: int | None = None,
-    due_at: datetime | None = None,
-    expires_at: datetime | None = None,
-    respect_window: bool = True,
-    channel_id: int | None = None,
-) -> int | None:
-    """Put one message in the outbox; returns its id, or None if the key already exists.
+@dataclass(frozen=True)
+class Outgoing:
+    """One message to put in the outbox: whom it is for, on what kind of channel, why (its
+    `purpose`), its idempotency key (one message per org and key, ever) and what it says."""
 
-    With `respect_window` the row starts as `new` and the planner places it inside the org's
-    sending window; without, it is `pending` at `due_at` (replies to a patient who just wrote).
-    """
+    org_id: int
+    contact_id: int
+    channel_kind: str
+    purpose: str
+    idempotency_key: str
+    template_key: str | None = None
+    payload: Mapping[str, Any] | None = None
+    appointment_id: int | None = None
+    appointment_starts_at: datetime | None = None
+    enrollment_id: int | None = None
+    rule_id: int | None = None
+    due_at: datetime | None = None
+    expires_at: datetime | None = None
+    #: `new` and placed by the planner inside the org's sending window; False: `pending` at
+    #: `due_at` (replies to a patient who just wrote).
+    respect_window: bool = True
+    channel_id: int | None = None
+
+
+def enqueue(conn: Connection, **message: Any) -> int | None:
+    """Put one message in the outbox (the fields of `Outgoing`); returns its id, or None if the
+    key already exists."""
+    return enqueue_many(conn, [Outgoing(**message)])[0]
+
+
+def enqueue_many(conn: Connection, outgoing: Sequence[Outgoing]) -> list[int | None]:
+    """Put messages in the outbox, in one statement for the rows and one for their `queued`
+    events (a claim's follow-ups, not a statement and an event per message); returns each one's
+    id, or None where its key was already taken (before, or by an earlier one of `outgoing`).
+
+    With `respect_window` a row starts as `new` and the planner places it inside the org's
+    sending window; without, it is `pending` at `due_at` (replies to a patient who just wrote)."""
+    if not outgoing:
+        return []
     now = clock.now()
-    due = due_at or now
-    stmt = insert_ignore(conn, messages, ("org_id", "idempotency_key")).values(
-        org_id=org_id,
-        purpose=purpose,
-        contact_id=contact_id,
-        channel_kind=channel_kind,
-        channel_id=channel_id,
-        appointment_id=appointment_id,
-        appointment_starts_at=appointment_starts_at,
-        enrollment_id=enrollment_id,
-        rule_id=rule_id,
-        template_key=template_key,
-        respect_window=respect_window,
-        payload=dict(payload) if payload else None,
-        idempotency_key=idempotency_key,
-        status="new" if respect_window else "pending",
-        nominal_due_at=due,
-        due_at=None if respect_window else due,
-        next_attempt_at=None if respect_window else due,
-        expires_at=expires_at,
-        attempts=0,
-        created_at=now,
-        updated_at=now,
-    ).returning(messages.c.id)
-    row = conn.execute(stmt).first()
-    if row is None:
-        return None
-    record_events(conn, org_id, [row.id], "queued", at=now)
-    return int(row.id)
+    rows = [_row(message, now) for message in outgoing]
+    written = insert_rows(conn, messages, rows, ignore_conflicts=("org_id", "idempotency_key"),
+                          returning=(messages.c.id, messages.c.org_id, messages.c.idempotency_key))
+    new = {(row.org_id, row.idempotency_key): int(row.id) for row in written}
+    ids: list[int | None] = []
+    for message in outgoing:
+        # A key given twice in one batch was written once: the first of them has the id.
+        ids.append(new.pop((message.org_id, message.idempotency_key), None))
+    record_event_rows(conn, [{"org_id": message.org_id, "message_id": message_id, "event": "queued",
+                              "attempt": None, "provider_status": None, "detail": None, "created_at": now}
+                             for message, message_id in zip(outgoing, ids) if message_id is not None])
+    return ids
+
+
+def _row(message: Outgoing, now: datetime) -> dict[str, Any]:
+    due = message.due_at or now
+    window = message.respect_window
+    return {
+        "org_id": message.org_id, "purpose": message.purpose, "contact_id": message.contact_id,
+        "channel_kind": message.channel_kind, "channel_id": message.channel_id,
+        "appointment_id": message.appointment_id, "appointment_starts_at": message.appointment_starts_at,
+        "enrollment_id": message.enrollment_id, "rule_id": message.rule_id, "template_key": message.template_key,
+        "respect_window": window, "payload": dict(message.payload) if message.payload else None,
+        "idempotency_key": message.idempotency_key, "status": "new" if window else "pending",
+        "nominal_due_at": due, "due_at": None if window else due, "next_attempt_at": None if window else due,
+        "expires_at": message.expires_at, "attempts": 0, "created_at": now, "updated_at": now,
+    }
 
 
 def find_id(conn: Connection, org_id: int, idempotency_key: str) -> int | None:

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import (
-    JSON, Table, Text, any_, bindparam, case, cast, column, func, insert, literal, select, tuple_, type_coerce,
+    JSON, Table, Text, any_, bindparam, case, cast, column, func, literal, select, tuple_, type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -169,21 +169,37 @@ def _as_inserted(value: Any, target: Any) -> Any:
     return value
 
 
-def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], *,
+                ignore_conflicts: Sequence[str] = (), returning: Sequence[Any] = ()) -> list[Any]:
     """INSERT `rows` (each naming the same columns): PostgreSQL selects them from JSON, SQLite
-    takes multi-row VALUES (not executemany: the driver would send one statement per row)."""
+    takes multi-row VALUES (not executemany: the driver would send one statement per row).
+
+    With `ignore_conflicts`, a row whose values of those columns (a unique index) are already
+    taken, by an earlier row or one of the same batch, is left out (`ON CONFLICT (…) DO
+    NOTHING`); with `returning`, those columns of the rows written come back, in no set order."""
     if not rows:
-        return
+        return []
     columns = list(rows[0])
+    module = postgresql if conn.dialect.name == "postgresql" else sqlite
+
+    def finish(stmt: Any) -> Any:
+        if ignore_conflicts:
+            stmt = stmt.on_conflict_do_nothing(index_elements=list(ignore_conflicts))
+        return stmt.returning(*returning) if returning else stmt
+
+    written: list[Any] = []
     if conn.dialect.name == "postgresql":
         source = _json_rows(table, columns)
-        stmt = insert(table).from_select(columns, select(*[_as_inserted(source.c[name], table.c[name])
-                                                           for name in columns]))
-        conn.execute(stmt, _json_params(rows, columns))
-        return
+        stmt = finish(module.insert(table).from_select(
+            columns, select(*[_as_inserted(source.c[name], table.c[name]) for name in columns])))
+        result = conn.execute(stmt, _json_params(rows, columns))
+        return list(result.all()) if returning else written
     per_statement = SQLITE_MAX_PARAMS // len(columns)
     for start in range(0, len(rows), per_statement):
-        conn.execute(insert(table).values(list(rows[start:start + per_statement])))
+        result = conn.execute(finish(module.insert(table).values(list(rows[start:start + per_statement]))))
+        if returning:
+            written.extend(result.all())
+    return written
 
 
 def update_per_row(

@@ -4,7 +4,7 @@ instances the workers send through are in `engine.store.provider_pool`)."""
 from __future__ import annotations
 
 import secrets
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
@@ -112,9 +112,17 @@ def sandbox_webhook_secret(conn: Connection, keyring: Keyring, pool: ProviderPoo
 
 def default_channel(conn: Connection, org_id: int, kind: str) -> Any:
     """The org's channel for a kind: the default one if active, else any active one, else None."""
-    return conn.execute(
-        select(channels)
-        .where(channels.c.org_id == org_id, channels.c.kind == kind, channels.c.status == "active")
-        .order_by(channels.c.is_default.desc(), channels.c.id)
-        .limit(1)
-    ).first()
+    return default_channels(conn, [org_id], kind).get((org_id, kind))
+
+
+def default_channels(conn: Connection, org_ids: Iterable[int], kind: str | None = None) -> dict[tuple[int, str], Any]:
+    """Each org's channel of each kind (of `kind` only, if given), chosen as `default_channel`
+    chooses it, in one query: (org_id, kind) → the row."""
+    query = select(channels).where(channels.c.org_id.in_(sorted(set(org_ids))), channels.c.status == "active")
+    if kind is not None:
+        query = query.where(channels.c.kind == kind)
+    chosen: dict[tuple[int, str], Any] = {}
+    for row in conn.execute(query.order_by(channels.c.org_id, channels.c.kind, channels.c.is_default.desc(),
+                                           channels.c.id)):
+        chosen.setdefault((row.org_id, row.kind), row)
+    return chosen

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import event, select, text, update
 
 from engine.flows.contact_events import record_contact_event
+from engine.queue.address_optouts import block_sender
 from engine.store.db import Database
 from engine.flows import runtime, triggers, versions
 from engine.flows.ai.base import AIError, Classification, Plan, PlannedWait, Written
@@ -814,3 +815,40 @@ def test_a_reminder_without_a_reply_starts_its_flow_once(world, flows, rt, clock
     clock.advance(timedelta(hours=1))
     with rt.db.begin() as conn:
         assert triggers.scan(conn) == 0  # once per contact (repeat: once)
+
+
+def test_a_claims_follow_ups_are_queued_together_and_its_contacts_reach_read_once(world, flows, rt, clock):
+    """20 runs due at a template action: their follow-ups are one INSERT of messages and one of
+    their `queued` events, and how each contact can be reached (consent, refused addresses, the
+    org's channels) is read once for the claim, not once per run; each run still gets its own
+    message, and a contact whose address was refused gets none."""
+    flow = flows.flow(linear(node("inicio", "trigger"), node("espera", "wait", mode="fixed", minutes=10),
+                             node("msg", "action", mode="template", template="followup_checkin",
+                                  channel_kinds=["whatsapp"]),
+                             node("fim", "end", outcome="converted")))
+    ids = [flows.enroll(flow, world.contact(phone=f"+55119888800{n:02d}")) for n in range(20)]
+    flows.run()
+    with rt.db.begin() as conn:  # the address refused, the contact's own consent untouched
+        block_sender(conn, world.org_id, "+5511988880007", source="import", evidence=None)
+    clock.advance(timedelta(minutes=10))
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        seen.append(" ".join(statement.split()).upper())
+
+    event.listen(rt.db.engine, "before_cursor_execute", note)
+    try:
+        runtime.advance_claimed(rt, runtime.claim_due(rt, limit=100))
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", note)
+    assert len([s for s in seen if s.startswith("INSERT INTO MESSAGES ")]) == 1, seen
+    # Their `queued` events, and the planner's events as it places the 19 in the sending window.
+    assert len([s for s in seen if s.startswith("INSERT INTO MESSAGE_EVENTS ")]) == 2, seen
+    for table, reads in (("PREFERENCES", 1), ("CHANNELS", 1), ("ADDRESS_OPTOUTS", 2)):  # phones, then e-mails
+        assert len([s for s in seen if f"FROM {table} " in s]) == reads, (table, seen)
+    refused = ids[7]
+    assert ("msg", "skipped", "no_usable_channel") in statuses(flows.steps(refused))
+    assert flows.followups(refused) == []
+    for enrollment_id in ids[:7] + ids[8:]:
+        [message] = flows.followups(enrollment_id)
+        assert message.idempotency_key == f"enrollment:{enrollment_id}:node:msg:attempt:2"
