@@ -34,8 +34,9 @@ What it does (see docs/benchmarks.md for the current figures, and docs/benchmark
 `--py-spy SECONDS` records one worker process with py-spy (`--gil`) once advancing starts (py-spy is
 not a project dependency: `pip install py-spy` into the venv first).
 
-The exit status is 1 when an enrollment was advanced twice at the wait, a key reached the sandbox
-twice, or the run timed out.
+The exit status is 1 when an enrollment was advanced twice at the wait or never (lost), a key
+reached the sandbox twice, a follow-up was not sent (`--with-send`), in the process run or inline,
+or the run timed out.
 """
 
 from __future__ import annotations
@@ -398,6 +399,8 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
         })
         if profiler is not None:
             out["profile"] = profile_summary(profiler)
+            if args.inline_profile_out is not None:
+                profiler.dump_stats(args.inline_profile_out)
         if args.with_send:
             counter.reset()
             sent = 0
@@ -453,6 +456,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inline", type=int, default=0, metavar="K",
                    help="then advance K more enrollments in this process, counting every statement")
     p.add_argument("--inline-profile", action="store_true", help="run the inline advances under cProfile")
+    p.add_argument("--inline-profile-out", type=Path, default=None, metavar="FILE",
+                   help="also dump the inline profile's pstats to FILE (read with `python -m pstats FILE`)")
     p.add_argument("--lead", type=float, default=None,
                    help="seconds from the end of the load to the due instant (default: estimated)")
     p.add_argument("--timeout", type=float, default=1800, help="hard limit on the advancing phase, seconds")
@@ -528,7 +533,11 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
         ok = _advance(args, conninfo, database_url, secret_keys, due, report)
     if args.inline:
         log(f"inline: advancing {args.inline:,} enrollments in this process, counting statements")
-        report["inline"] = run_inline(args, conninfo, database_url, secret_keys, clinic)
+        inline = report["inline"] = run_inline(args, conninfo, database_url, secret_keys, clinic)
+        inline["lost"] = inline["enrollments"] - inline["advanced"]
+        if args.with_send:
+            inline["unsent"] = inline["enrollments"] - inline["send"]["sent"]
+        ok = ok and not inline["lost"] and not inline.get("unsent")
     _print_summary(report)
     return ok
 
@@ -649,7 +658,13 @@ def _advance(args: argparse.Namespace, conninfo: str, database_url: str, secret_
     if spy is not None and spy_out.exists():
         report["py_spy"] = summarize_collapsed(spy_out)
         report["py_spy"]["file"] = str(spy_out)
-    bad = run["advanced_twice_at_wait"] or run.get("sandbox_duplicate_keys") or timed_out
+    # The checks: every enrollment advanced past the wait once (none twice, none lost) and, with a
+    # send, every follow-up sent once; the exit status is 1 otherwise.
+    run["lost"] = n - run["advanced"]
+    if args.with_send:
+        run["unsent"] = n - run["messages_by_status"].get("sent", 0)
+    bad = (run["advanced_twice_at_wait"] or run["lost"] or run.get("unsent") or run.get("sandbox_duplicate_keys")
+           or timed_out)
     return not bad
 
 
@@ -677,7 +692,8 @@ def _print_summary(report: dict[str, Any]) -> None:
                 "after due)",
                 f"lateness   p50 {lat['p50']}s, p95 {lat['p95']}s, p99 {lat['p99']}s, max {lat['max']}s",
             ]
-        lines.append(f"checks     advanced twice at the wait {run['advanced_twice_at_wait']}, statuses "
+        lines.append(f"checks     advanced twice at the wait {run['advanced_twice_at_wait']}, lost {run['lost']}"
+                     + (f", unsent {run['unsent']}" if "unsent" in run else "") + ", statuses "
                      f"{run['enrollments_by_status']}, with attempts > 0 {run['enrollments_with_attempts']}, "
                      f"still live {run['still_live']}")
         lines.append("steps      " + ", ".join(f"{k}: {v:,}" for k, v in run["steps_by_node_status_reason"].items()))
@@ -719,13 +735,15 @@ def _print_summary(report: dict[str, Any]) -> None:
                      f"{inline['one_thread_advances_per_s']}/s on one thread; "
                      f"{inline['postgres_rows_written_per_enrollment']} rows written, "
                      f"{inline['postgres_wal_kib_per_enrollment']} KiB WAL, enrollments HOT "
-                     f"{inline['enrollments_hot_update_pct']}%")
+                     f"{inline['enrollments_hot_update_pct']}%; lost {inline['lost']}"
+                     + (f", unsent {inline['unsent']}" if "unsent" in inline else ""))
         lines.append("           rows read per enrollment by table: " + "; ".join(
             f"{t} {v['seq_scans']} seq scans ({v['seq_rows']} rows), {v['index_scans']} index scans "
             f"({v['index_rows']} rows)" for t, v in inline["most_read_tables_per_enrollment"].items()))
         if "send" in inline:
             s = inline["send"]
-            lines.append(f"           send: {s['per_unit']} statements per message {s['by_verb_per_unit']}, "
+            lines.append(f"           send (one by one, `dispatch.send_one`, not the workers' batches): "
+                         f"{s['per_unit']} statements per message {s['by_verb_per_unit']}, "
                          f"{s['commits_per_unit']} transactions, {s['cpu_ms_per_message']} ms CPU")
         if "profile" in inline:
             lines.append("           cProfile self time by library: "
