@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
@@ -234,6 +235,10 @@ def results(conn: psycopg.Connection, due: datetime, with_send: bool) -> dict[st
         out["sandbox_rows"] = conn.execute("SELECT count(*) FROM sandbox_messages").fetchone()[0]
         sent, first_sent, last_sent = conn.execute(
             "SELECT count(*), min(sent_at), max(sent_at) FROM messages WHERE status = 'sent'").fetchone()
+        if sent:
+            # The goal's figure: enrollments through the wait, the step and the wire, from the due
+            # instant to the last follow-up sent.
+            out["enrollments_per_s_due_to_last_sent"] = round(sent / max((last_sent - due).total_seconds(), 1e-9), 1)
         if sent > 1:
             out["messages_per_s_first_to_last_sent"] = round((sent - 1) / max((last_sent - first_sent).total_seconds(),
                                                                               1e-9), 1)
@@ -306,6 +311,47 @@ class StatementCounter:
                 "by_verb_per_unit": {k: round(v / max(per, 1), 2) for k, v in sorted(self.statements.items())},
                 "commits_per_unit": round(self.commits / max(per, 1), 2),
                 "rollbacks_per_unit": round(self.rollbacks / max(per, 1), 2)}
+
+
+#: The bare limit's statement: one claim of due runs moved from the wait to the end and their step
+#: events written, in one statement (one transaction) straight in SQL, with no engine around it.
+BARE_CLAIM_SQL = (
+    "WITH due AS (SELECT id FROM enrollments WHERE status = 'active' AND next_eval_at <= now() "
+    "ORDER BY next_eval_at LIMIT %(claim)s FOR UPDATE SKIP LOCKED), "
+    "moved AS (UPDATE enrollments e SET current_node_id = 'fim', status = 'completed', outcome = 'exhausted', "
+    "next_eval_at = NULL, ended_at = now(), steps = e.steps + 1, revision = e.revision + 1, updated_at = now() "
+    "FROM due WHERE e.id = due.id RETURNING e.id, e.org_id) "
+    "INSERT INTO enrollment_events (org_id, enrollment_id, node_id, event_type, payload, idempotency_key, created_at) "
+    "SELECT org_id, id, %(node)s, 'step', '{\"status\": \"ok\"}'::jsonb, 'bare:' || id, now() FROM moved")
+
+
+def run_bare(args: argparse.Namespace, conninfo: str, clinic: dict[str, int]) -> dict[str, Any]:
+    """The bare limit of an advance in this run: `--bare` due runs moved wait → end by
+    `BARE_CLAIM_SQL` in claims of the engine's size from 2 threads (one per core), each claim one
+    statement; what PostgreSQL alone allows on this machine, beside which the engine's rate reads."""
+    k = args.bare
+    first_contact = args.enrollments + args.inline + 1
+    load_enrollments(conninfo, clinic, range(first_contact, first_contact + k), datetime.now(UTC) - timedelta(seconds=1))
+    claim = int(args.send_batch or 200)
+    moved: list[int] = []
+
+    def work() -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            while True:
+                n = conn.execute(BARE_CLAIM_SQL, {"claim": claim, "node": WAIT_NODE}).rowcount
+                if not n:
+                    return
+                moved.append(n)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    return {"enrollments": k, "moved": sum(moved), "claim": claim, "threads": 2, "wall_s": round(wall, 2),
+            "advances_per_s": round(sum(moved) / max(wall, 1e-9))}
 
 
 def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secret_keys: str,
@@ -455,6 +501,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--with-send", action="store_true", help="the flow sends a template through the outbox + sandbox")
     p.add_argument("--inline", type=int, default=0, metavar="K",
                    help="then advance K more enrollments in this process, counting every statement")
+    p.add_argument("--bare", type=int, default=20_000, metavar="N",
+                   help="the bare limit: N more due runs moved wait → end in plain SQL after the run (0: skip)")
     p.add_argument("--inline-profile", action="store_true", help="run the inline advances under cProfile")
     p.add_argument("--inline-profile-out", type=Path, default=None, metavar="FILE",
                    help="also dump the inline profile's pstats to FILE (read with `python -m pstats FILE`)")
@@ -519,7 +567,7 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
     tz = pick_timezone()
     clinic = create_clinic(db, keyring, tz, args.with_send)
     db.dispose()
-    contacts_s = load_contacts(conninfo, clinic["org_id"], n + args.inline)
+    contacts_s = load_contacts(conninfo, clinic["org_id"], n + args.inline + args.bare)
     lead = args.lead if args.lead is not None else 25 + n / 20_000
     due = datetime.now(UTC) + timedelta(seconds=lead)
     ok = True
@@ -531,6 +579,9 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
         log(f"loaded {n:,} enrollments at the wait ({contacts_s:.1f}s contacts, {load_s:.1f}s enrollments + "
             f"VACUUM ANALYZE); all due at {due.strftime('%H:%M:%S')}")
         ok = _advance(args, conninfo, database_url, secret_keys, due, report)
+    if args.bare:
+        log(f"bare limit: moving {args.bare:,} due runs wait → end in plain SQL, claims of one statement")
+        report["bare"] = run_bare(args, conninfo, clinic)
     if args.inline:
         log(f"inline: advancing {args.inline:,} enrollments in this process, counting statements")
         inline = report["inline"] = run_inline(args, conninfo, database_url, secret_keys, clinic)
@@ -692,6 +743,13 @@ def _print_summary(report: dict[str, Any]) -> None:
                 "after due)",
                 f"lateness   p50 {lat['p50']}s, p95 {lat['p95']}s, p99 {lat['p99']}s, max {lat['max']}s",
             ]
+    bare = report.get("bare")
+    if bare:
+        share = f" (the run's first->last rate is {100 * run['advanced_per_s_first_to_last'] / bare['advances_per_s']:.1f}%)" \
+            if run and run.get("advanced") else ""
+        lines.append(f"bare       {bare['moved']:,} due runs moved wait -> end by one SQL statement per claim of "
+                     f"{bare['claim']} from {bare['threads']} threads: {bare['advances_per_s']:,} advances/s{share}")
+    if run:
         lines.append(f"checks     advanced twice at the wait {run['advanced_twice_at_wait']}, lost {run['lost']}"
                      + (f", unsent {run['unsent']}" if "unsent" in run else "") + ", statuses "
                      f"{run['enrollments_by_status']}, with attempts > 0 {run['enrollments_with_attempts']}, "
@@ -700,6 +758,7 @@ def _print_summary(report: dict[str, Any]) -> None:
         if "messages_by_status" in run:
             lines.append(f"messages   {run['messages_by_status']}, sandbox rows {run['sandbox_rows']}, duplicate keys "
                          f"{run['sandbox_duplicate_keys']}, {run.get('messages_per_s_first_to_last_sent')} msg/s, "
+                         f"end to end {run.get('enrollments_per_s_due_to_last_sent')} enrollments/s (due → last sent), "
                          f"send lateness p50/p99 {run.get('send_lateness_s_p50_p99')}s")
         res, pg = report["resources"], report["postgres"]
         lines.append(f"RSS        worker process peak {res['worker_process_peak_rss_mib']} MiB; "
