@@ -4,6 +4,8 @@
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --debounce 8     # the org's default
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --dispatch-interval 2
     .venv/bin/python bench/conversations.py --rate 20 --duration 60 --consumer-idle-ms 50
+    .venv/bin/python bench/conversations.py --rate 50 --duration 60 --contacts 3000 --inline 300
+    .venv/bin/python bench/conversations.py --duration 0 --contacts 0 --inline 300 --inline-profile  # in process only
 
 What it measures (see docs/benchmarks.md for the current figures, and docs/benchmarks-history.md,
 "Conversations: turn latency", for the runs): the
@@ -40,7 +42,14 @@ next pass claims it → `send_messages` (a worker) → the fake.
    hops of a turn from the database's timestamps (stored → processed by a worker → stepped →
    sent), the checks (every turn got exactly one reply with the expected question, none twice,
    none lost, nothing else sent; counted at the fake), CPU per turn by component and the machine
-   (bench/throughput.py's helpers). The exit status is 1 when a check fails.
+   (bench/throughput.py's helpers). The exit status is 1 when a check fails;
+6. `--inline N` then enrolls N more contacts and runs their turns one at a time inside this
+   process, through the functions the processes run (`receive`, `process_inbound`, the
+   scheduler's claims, `advance_claimed`, `send_batch` to the fake), counting every statement
+   (bench/flows.py's StatementCounter), transaction, and the CPU and wall of each stage, and
+   checks at the fake that each got exactly one reply (the exit status is 1 otherwise); beside
+   them, N wait → end advances measured by bench/flows.py's own `run_inline` in the same database.
+   `--inline-profile` runs the turns under cProfile (CPU timer) and saves the profile in the logs.
 
 The issue's aim is p99 ≤ 500 ms with the built-in reader (no model call).
 """
