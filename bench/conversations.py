@@ -4,6 +4,8 @@
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --debounce 8     # the org's default
     .venv/bin/python bench/conversations.py --rate 20 --duration 20 --dispatch-interval 2
     .venv/bin/python bench/conversations.py --rate 20 --duration 60 --consumer-idle-ms 50
+    .venv/bin/python bench/conversations.py --rate 50 --duration 60 --contacts 3000 --inline 300
+    .venv/bin/python bench/conversations.py --duration 0 --contacts 0 --inline 300 --inline-profile  # in process only
 
 What it measures (see docs/benchmarks.md for the current figures, and docs/benchmarks-history.md,
 "Conversations: turn latency", for the runs): the
@@ -40,7 +42,14 @@ next pass claims it → `send_messages` (a worker) → the fake.
    hops of a turn from the database's timestamps (stored → processed by a worker → stepped →
    sent), the checks (every turn got exactly one reply with the expected question, none twice,
    none lost, nothing else sent; counted at the fake), CPU per turn by component and the machine
-   (bench/throughput.py's helpers). The exit status is 1 when a check fails.
+   (bench/throughput.py's helpers). The exit status is 1 when a check fails;
+6. `--inline N` then enrolls N more contacts and runs their turns one at a time inside this
+   process, through the functions the processes run (`receive`, `process_inbound`, the
+   scheduler's claims, `advance_claimed`, `send_batch` to the fake), counting every statement
+   (bench/flows.py's StatementCounter), transaction, and the CPU and wall of each stage, and
+   checks at the fake that each got exactly one reply (the exit status is 1 otherwise); beside
+   them, N wait → end advances measured by bench/flows.py's own `run_inline` in the same database.
+   `--inline-profile` runs the turns under cProfile (CPU timer) and saves the profile in the logs.
 
 The issue's aim is p99 ≤ 500 ms with the built-in reader (no model call).
 """
@@ -48,6 +57,7 @@ The issue's aim is p99 ≤ 500 ms with the built-in reader (no model call).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import hashlib
 import hmac
 import json
@@ -58,7 +68,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -72,7 +82,8 @@ import redis  # noqa: E402
 import urllib3  # noqa: E402
 from sqlalchemy import update  # noqa: E402
 
-from bench.flows import load_contacts  # noqa: E402
+from bench.flows import StatementCounter, load_contacts, profile_summary, run_inline  # noqa: E402
+from bench.flows import graph as wait_graph  # noqa: E402
 from bench.throughput import (  # noqa: E402
     Children,
     FakeProcess,
@@ -168,12 +179,12 @@ def open_windows(conninfo: str, clinic: dict[str, Any], count: int) -> None:
                                 f"+{wa_id(cid)}", "Oi, preciso remarcar", earlier, earlier, "free_text"))
 
 
-def enroll_all(db: Database, clinic: dict[str, Any], count: int) -> float:
+def enroll_all(db: Database, clinic: dict[str, Any], contact_ids: range) -> float:
     """Enroll every contact through the engine's own function, 200 to a transaction."""
     started = time.perf_counter()
-    for first in range(1, count + 1, 200):
+    for first in range(contact_ids.start, contact_ids.stop, 200):
         with db.begin() as conn:
-            for cid in range(first, min(first + 200, count + 1)):
+            for cid in range(first, min(first + 200, contact_ids.stop)):
                 result = triggers.enroll(conn, clinic["org_id"], clinic["pointer_id"], cid, trigger_kind="manual",
                                          trigger_key=f"manual:bench:{cid}", automatic=False)
                 assert result.enrollment_id is not None, result.reason
@@ -310,6 +321,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dispatch-interval", default="0.2",
                    help="LEMBRA_DISPATCH_INTERVAL of the scheduler (the engine's default is 2)")
     p.add_argument("--client-threads", type=int, default=16, help="threads posting the webhooks (open loop)")
+    p.add_argument("--inline", type=int, default=0, metavar="N",
+                   help="then N more turns one at a time in this process, every statement counted, and N wait → end "
+                        "advances beside them (bench/flows.py's inline); with --duration 0, only these")
+    p.add_argument("--inline-profile", action="store_true", help="run the inline turns under cProfile")
     p.add_argument("--bare-seconds", type=float, default=15, help="seconds of the bare-limit phase (0: skip)")
     p.add_argument("--drain", type=float, default=60, help="seconds to wait for the last replies")
     p.add_argument("--db-name", default="lembra_bench_conversations")
@@ -320,8 +335,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.db_name.startswith("lembra_bench"):
         p.error("--db-name must start with lembra_bench (the database is dropped)")
-    if args.rate <= 0 or args.duration <= 0:
-        p.error("--rate and --duration must be positive")
+    if args.rate <= 0 or args.duration < 0 or args.inline < 0 or not (args.duration or args.inline):
+        p.error("--rate must be positive, and --duration or --inline too")
     if int(args.rate * args.duration) > args.contacts:
         p.error(f"{int(args.rate * args.duration)} turns need as many contacts: raise --contacts")
     return args
@@ -364,20 +379,181 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
     logdir = Path(tempfile.mkdtemp(prefix="lembra-bench-conversations-"))
     fake = FakeProcess(logdir)
     db = Database(database_url)
+    ok = True
     try:
         clinic = create_clinic(db, keyring, pick_timezone(), args.debounce, fake.base_url)
-        load_contacts(conninfo, clinic["org_id"], args.contacts)
-        open_windows(conninfo, clinic, args.contacts)
-        enroll_s = enroll_all(db, clinic, args.contacts)
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE")
-        log(f"{args.contacts:,} contacts enrolled in {enroll_s:.1f}s; org debounce {args.debounce}s; logs in {logdir}")
-        report["setup"] = {"contacts": args.contacts, "enroll_s": round(enroll_s, 1), "debounce_s": args.debounce,
+        # Ids 1..contacts for the processes' turns, then `--inline` for the inline turns, then
+        # `--inline` for the inline advances (bench/flows.py's run_inline takes the ids after them).
+        load_contacts(conninfo, clinic["org_id"], args.contacts + 2 * args.inline + ADVANCE_WARM_UP)
+        open_windows(conninfo, clinic, args.contacts + args.inline)
+        report["setup"] = {"contacts": args.contacts, "debounce_s": args.debounce,
                            "flow": "trigger → ask(periodo, data) → end", "logdir": str(logdir)}
-        return _with_processes(args, conninfo, database_url, secret_keys, clinic, fake, logdir, report)
+        if args.duration > 0:
+            enroll_s = enroll_all(db, clinic, range(1, args.contacts + 1))
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE")
+            log(f"{args.contacts:,} contacts enrolled in {enroll_s:.1f}s; org debounce {args.debounce}s; "
+                f"logs in {logdir}")
+            report["setup"]["enroll_s"] = round(enroll_s, 1)
+            ok = _with_processes(args, conninfo, database_url, secret_keys, clinic, fake, logdir, report)
+        if args.inline:
+            log(f"inline: {args.inline:,} turns one at a time in this process, counting every statement")
+            report["inline"] = inline_turns(args, db, database_url, secret_keys, clinic, fake, logdir)
+            ok = ok and report["inline"]["checks"]["ok"]
+            log(f"inline: {args.inline:,} wait → end advances in this process (bench/flows.py's run_inline)")
+            report["advance"] = inline_advances(args, db, conninfo, database_url, secret_keys, clinic)
+        _print_summary(report)
+        return ok
     finally:
         db.dispose()
         fake.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inline: one turn at a time in this process, every statement counted
+# ---------------------------------------------------------------------------------------------
+
+#: The claim size of the inline advances (the engine's default send batch, as bench/flows.py's
+#: inline uses), and the first claim, advanced to warm up outside the counts.
+ADVANCE_WARM_UP = 200
+#: A turn's stages in this process, as the deployment splits them between its processes.
+STAGES = ("web: receive", "worker: process_inbound", "scheduler: claim step", "worker: advance",
+          "scheduler: claim send", "worker: send")
+
+
+def inline_turns(args: argparse.Namespace, db: Database, database_url: str, secret_keys: str,
+                 clinic: dict[str, Any], fake: FakeProcess, logdir: Path) -> dict[str, Any]:
+    """`--inline` more contacts enrolled and asked the first question in this process, then each
+    answers once, one turn at a time, through the functions the processes run: `receive` (the
+    webhook's work), `process_inbound`, the scheduler's `claim_due`, `advance_claimed`, the
+    dispatcher's `claim_due` and `send_batch` (to the fake, over HTTP). Counts the statements,
+    transactions, CPU and wall of each stage (with `--inline-profile`, under cProfile, whose
+    overhead then inflates the CPU), and checks at the fake that every turn got exactly one reply
+    with the day question."""
+    from engine.core.config import Settings
+    from engine.flows import runtime as flows_runtime
+    from engine.messaging import dispatch
+    from engine.messaging.inbound import process_inbound, receive
+    from engine.store.runtime import Runtime, install
+    from gateway.contract import WebhookRequest
+
+    k = args.inline
+    ids = range(args.contacts + 1, args.contacts + 1 + k)
+    enroll_all(db, clinic, ids)
+    env_args = argparse.Namespace(redis=args.redis, dispatch_interval=args.dispatch_interval, populate_interval="3600",
+                                  provider="http-fake", send_batch=None, claim_batch=None, send_concurrency=None)
+    settings = Settings.from_env({**engine_env(env_args, database_url, secret_keys), "BROKER_URL": "stub://"})
+    rt = Runtime.build(settings)
+    previous = install(rt)
+    counter = StatementCounter(rt.db.engine)
+    # CPU time, not wall: waiting for PostgreSQL or the fake costs this process nothing.
+    profiler = cProfile.Profile(time.process_time) if args.inline_profile else None
+    secret = clinic["app_secret"].encode()
+    warm = min(20, max(1, k // 10))
+    statements = {name: Counter() for name in STAGES}
+    commits = dict.fromkeys(STAGES, 0)
+    cpu = dict.fromkeys(STAGES, 0.0)
+    wall = dict.fromkeys(STAGES, 0.0)
+
+    def stage(name: str, measured: bool, fn: Any, *fn_args: Any) -> Any:
+        """Run one stage, counted when `measured`. A claim that finds nothing is not counted: the
+        scheduler's passes poll whether or not a turn is due (at 50 turns a second one pass claims
+        several), so the empty claim that ends each drain here is not a turn's work."""
+        if not measured:
+            return fn(*fn_args)
+        counter.reset()
+        counter.on = True
+        if profiler is not None:
+            profiler.enable()
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = fn(*fn_args)
+        spent, took = time.process_time() - c0, time.perf_counter() - t0
+        if profiler is not None:
+            profiler.disable()
+        counter.on = False
+        if result or not name.startswith("scheduler"):
+            cpu[name] += spent
+            wall[name] += took
+            statements[name].update(counter.statements)
+            commits[name] += counter.commits
+        return result
+
+    def drain(measured: bool) -> tuple[int, int]:
+        """What the scheduler and the workers do after a reply: claim and advance the due runs,
+        then claim and send what they queued."""
+        steps = sent = 0
+        while pairs := stage("scheduler: claim step", measured, lambda: flows_runtime.claim_due(
+                rt, limit=settings.claim_batch)):
+            steps += stage("worker: advance", measured, flows_runtime.advance_claimed, rt, pairs)
+        while message_ids := stage("scheduler: claim send", measured, lambda: dispatch.claim_due(
+                rt, limit=settings.send_batch)):
+            stage("worker: send", measured, dispatch.send_batch, rt, message_ids)
+            sent += len(message_ids)
+        return steps, sent
+
+    try:
+        first_steps, first_sent = drain(False)  # the first question to everyone: the setup
+        fake.reset()
+        replies = 0
+        for n, cid in enumerate(ids):
+            measured = n >= warm
+            raw = inbound_body(cid, f"wamid.bench-inline-{cid}", REPLIES[n % len(REPLIES)])
+            request = WebhookRequest(method="POST", url=f"http://bench/webhooks/meta/{clinic['channel_id']}",
+                                     headers={"Content-Type": "application/json", "X-Hub-Signature-256": "sha256="
+                                              + hmac.new(secret, raw, hashlib.sha256).hexdigest()}, body=raw)
+            received = stage("web: receive", measured, receive, rt, "meta", clinic["channel_id"], request)
+            for inbound_id in received.inbound_ids:
+                stage("worker: process_inbound", measured, process_inbound, rt, inbound_id)
+            replies += drain(measured)[1]
+    finally:
+        install(previous)
+        rt.close()
+    measured_turns = k - warm
+    by_to: dict[str, list[str | None]] = defaultdict(list)
+    for _t, to, _ref, text in fake_arrivals(fake):
+        by_to[to].append(text)
+    answered = [by_to.get(wa_id(cid), []) for cid in ids]
+    checks = {"replied_once": sum(len(r) == 1 for r in answered), "lost": sum(not r for r in answered),
+              "duplicated": sum(len(r) > 1 for r in answered),
+              "wrong_text": sum(bool(r) and r[0] != DAY_QUESTION for r in answered),
+              "unexpected_sends": sum(len(v) for to, v in by_to.items() if to not in {wa_id(c) for c in ids})}
+    checks["ok"] = checks["replied_once"] == k and not (checks["wrong_text"] or checks["unexpected_sends"])
+    per = max(measured_turns, 1)
+    out: dict[str, Any] = {
+        "turns": k, "warm_up": warm, "measured": measured_turns, "first_questions": first_sent,
+        "first_steps": first_steps, "replies_sent": replies, "checks": checks,
+        "cpu_ms_per_turn": round(1000 * sum(cpu.values()) / per, 2),
+        "wall_ms_per_turn": round(1000 * sum(wall.values()) / per, 2),
+        "statements_per_turn": round(sum(sum(c.values()) for c in statements.values()) / per, 2),
+        "transactions_per_turn": round(sum(commits.values()) / per, 2),
+        "by_stage": {name: {"cpu_ms": round(1000 * cpu[name] / per, 2), "wall_ms": round(1000 * wall[name] / per, 2),
+                            "statements": round(sum(statements[name].values()) / per, 2),
+                            "by_verb": {v: round(c / per, 2) for v, c in sorted(statements[name].items())},
+                            "transactions": round(commits[name] / per, 2)} for name in STAGES},
+        "profiled": profiler is not None,
+    }
+    if profiler is not None:
+        path = logdir / "inline-turns.prof"
+        profiler.dump_stats(path)
+        out["profile"] = profile_summary(profiler)
+        out["profile"]["file"] = str(path)
+    return out
+
+
+def inline_advances(args: argparse.Namespace, db: Database, conninfo: str, database_url: str, secret_keys: str,
+                    clinic: dict[str, Any]) -> dict[str, Any]:
+    """A plain wait → end advance measured beside the turns, in the same database and run, by
+    bench/flows.py's own inline measurement (its flow, published in this org)."""
+    with db.begin() as conn:
+        pointer_id = versions.create_flow(conn, clinic["org_id"], name="Retorno (bench)", draft_graph=wait_graph(False),
+                                          trigger_config={"kind": "manual"})
+        version = versions.publish(conn, clinic["org_id"], pointer_id)
+    # run_inline advances its first claim (ADVANCE_WARM_UP) to warm up, outside the counts.
+    flow_args = argparse.Namespace(enrollments=args.contacts + args.inline, inline=args.inline + ADVANCE_WARM_UP,
+                                   send_batch=str(ADVANCE_WARM_UP),
+                                   inline_profile=False, with_send=False)
+    return run_inline(flow_args, conninfo, database_url, secret_keys,
+                      {"org_id": clinic["org_id"], "pointer_id": pointer_id, "version_id": int(version.id)})
 
 
 def _with_processes(args: argparse.Namespace, conninfo: str, database_url: str, secret_keys: str,
@@ -428,7 +604,6 @@ def _with_processes(args: argparse.Namespace, conninfo: str, database_url: str, 
     n = max(turns["turns"], 1)
     resources["cpu_ms_per_turn"] = {k: round(1000 * v / n, 1) for k, v in resources["cpu_seconds_by_group"].items()}
     report["resources"] = resources
-    _print_summary(report)
     checks = turns["checks"]
     return not (checks["lost"] or checks["duplicated"] or checks["wrong_text"] or checks["unexpected_sends"]
                 or turns["webhook_errors"])
@@ -571,15 +746,16 @@ def _fmt(p: dict[str, Any]) -> str:
 def _print_summary(report: dict[str, Any]) -> None:
     m, code, a = report["machine"], report.get("code", {}), report["args"]
     settings = m["postgresql_settings"]
-    turns = report["turns"]
+    turns = report.get("turns")
     lines = ["", f"=== Lembra conversation turn latency (commit {code.get('commit')}"
              + (", engine files modified" if code.get("engine_dirty") else "") + ")",
              f"machine    {m['nproc']} CPU {m['cpu_model']}, {m['memory_gib']} GiB RAM, kernel {m['kernel']}, "
              f"load before {m['loadavg_before']}",
              f"software   Python {m['python']}, {m['postgresql']} (shared_buffers {settings.get('shared_buffers')}, "
              f"synchronous_commit {settings.get('synchronous_commit')}, autovacuum {settings.get('autovacuum')}), "
-             f"Redis {m['redis']}",
-             f"setup      {report['setup']['contacts']:,} contacts at {report['setup']['flow']}; org reply debounce "
+             f"Redis {m['redis']}"]
+    if turns:
+        lines += [f"setup      {report['setup']['contacts']:,} contacts at {report['setup']['flow']}; org reply debounce "
              f"{a['debounce']} s" + (" (the engine's default is 8 s)" if a["debounce"] != 8 else " (the default)")
              + f"; scheduler dispatch interval {a['dispatch_interval']} s; consumer idle poll up to "
              f"{a.get('consumer_idle_ms') or 1000} ms; lembra worker --processes {a['workers']}, "
@@ -589,6 +765,14 @@ def _print_summary(report: dict[str, Any]) -> None:
              f"{turns['webhook_statuses']}",
              f"LATENCY    webhook 200 → reply at the fake: {_fmt(turns['latency_ms'])}; "
              f"{turns['under_500ms_pct']}% within 500 ms"]
+        lines += _process_lines(report)
+    lines += _inline_lines(report)
+    print("\n".join(lines), flush=True)
+
+
+def _process_lines(report: dict[str, Any]) -> list[str]:
+    turns = report["turns"]
+    lines = []
     bare = report.get("bare")
     if bare:
         lines.append(f"bare       the same round trip with no engine work (post → fake): {_fmt(bare['latency_ms'])}; "
@@ -612,7 +796,41 @@ def _print_summary(report: dict[str, Any]) -> None:
     lines.append(f"CPU        machine {res['machine_cpu_busy_pct']}% busy; per turn: "
                  + ", ".join(f"{k} {v} ms" for k, v in sorted(res["cpu_ms_per_turn"].items()))
                  + f"; everything else on the machine {res['other_cpu_s']} s (other jobs: interference)")
-    print("\n".join(lines), flush=True)
+    return lines
+
+
+def _inline_lines(report: dict[str, Any]) -> list[str]:
+    inline, advance = report.get("inline"), report.get("advance")
+    if not inline:
+        return []
+    c = inline["checks"]
+    lines = [f"inline     {inline['measured']:,} turns one at a time in this process (after {inline['warm_up']} to warm "
+             f"up; {'under cProfile: CPU inflated' if inline['profiled'] else 'not profiled'}): "
+             f"{inline['cpu_ms_per_turn']} ms CPU, {inline['wall_ms_per_turn']} ms wall, "
+             f"{inline['statements_per_turn']} statements and {inline['transactions_per_turn']} transactions per turn; "
+             f"replied exactly once {c['replied_once']:,}/{inline['turns']:,}, lost {c['lost']}, twice "
+             f"{c['duplicated']}, wrong question {c['wrong_text']}, other sends {c['unexpected_sends']}"]
+    for name, st in inline["by_stage"].items():
+        lines.append(f"           {name}: {st['cpu_ms']} ms CPU, {st['wall_ms']} ms wall, {st['statements']} statements "
+                     f"{st['by_verb']}, {st['transactions']} transactions")
+    if advance:
+        lines.append(f"advance    beside it, a wait → end advance (bench/flows.py's inline, claims of "
+                     f"{advance['claim_batch']}, {advance['measured']:,} measured): "
+                     f"{advance['advance_cpu_ms_per_enrollment']} ms CPU, "
+                     f"{advance['advance_statements_per_enrollment']} statements "
+                     f"{advance['advance_statements_by_verb_per_enrollment']}, "
+                     f"{advance['advance_transactions_committed_per_enrollment']} transactions per advance; "
+                     f"a turn costs {round(inline['cpu_ms_per_turn'] / max(advance['advance_cpu_ms_per_enrollment'], 1e-9), 1)}"
+                     " advances' CPU")
+    if "profile" in inline:
+        prof = inline["profile"]
+        lines.append("           cProfile self time by library: "
+                     + ", ".join(f"{k} {v}%" for k, v in prof["self_by_library_pct"]))
+        lines.append("           top inclusive: " + "; ".join(f"{k} {v}s" for k, v in prof["top_inclusive_s"][:12]))
+        lines.append(f"           profile: {prof['file']}")
+    return lines
+
+
 
 
 if __name__ == "__main__":

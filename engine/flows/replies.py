@@ -61,18 +61,15 @@ def set_reply_debounce(conn: Connection, org_id: int, seconds: int) -> int:
     return seconds
 
 
-def _debounce(conn: Connection, org_id: int) -> timedelta:
-    seconds = conn.execute(select(orgs.c.reply_debounce_seconds).where(orgs.c.id == org_id)).scalar()
-    return timedelta(seconds=int(seconds or 0))
-
-
-def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_id: int) -> dict[str, int]:
-    """A contact wrote (not an opt-out). Returns how many enrollments took the reply, ended
+def on_reply(conn: Connection, org: Any, contact_ids: Sequence[int], inbound_id: int) -> dict[str, int]:
+    """A contact wrote (not an opt-out) to `org` (its `orgs` row, which the caller has read: its
+    reply debounce is not read again). Returns how many enrollments took the reply, ended
     `replied`, or only counted it, and how many of those that took it hold a conversation with
     the patient (an `ask`, or a `do` waiting for a pick): the reply is theirs to read."""
     now = clock.now()
+    org_id = int(org.id)
     result = {"routed": 0, "ended": 0, "counted": 0, "conversing": 0}
-    debounce: timedelta | None = None  # read once, when an `ask` is among the readers
+    debounce = timedelta(seconds=int(org.reply_debounce_seconds or 0))
     # Locked: a reply that races the step reading the one before it (a pick being booked) waits
     # for that step and sees where the run went, instead of finding its revision gone and being lost.
     live = lifecycle.live_ids(conn, org_id, contact_ids, lock=True)
@@ -88,9 +85,7 @@ def on_reply(conn: Connection, org_id: int, contact_ids: Sequence[int], inbound_
             # The node reads it when it runs: due now, and any claim taken before is now stale. An
             # `ask` reads a turn: it waits the org's debounce, which each fragment starts again,
             # and then reads every message from the first one on (turns.turn_fragments).
-            if turn and debounce is None:
-                debounce = _debounce(conn, org_id)
-            due = now + debounce if turn and debounce is not None else now
+            due = now + debounce if turn else now
             first = inbound_id if row.pending_inbound_id is None else row.pending_inbound_id
             moved = conn.execute(update(enrollments).where(*base).values(
                 **counters, pending_inbound_id=first, next_eval_at=due, lease_until=None,

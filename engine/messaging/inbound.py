@@ -256,7 +256,7 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     taken = {"routed": 0, "conversing": 0}
     if intent != "optout":
         # Every reply reaches the follow-up engine (a waiting classify, cancel-on-reply).
-        taken = on_reply(conn, org_id, contact_ids, inbound.id)
+        taken = on_reply(conn, org, contact_ids, inbound.id)
     if intent is None and not taken["routed"]:
         # Free text no run took may start the org's flow for what it means ("posso remarcar?").
         about = _target_appointment(conn, org_id, contact_ids, inbound, None)

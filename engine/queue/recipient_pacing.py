@@ -82,7 +82,9 @@ def reserve(conn: Connection, wanted: Sequence[Want], now: datetime) -> dict[int
              "next_allowed_at": now + group[0].interval, "taken_by": token}
             for (channel_id, recipient), group in sorted(groups.items())]
     module = postgresql if conn.dialect.name == "postgresql" else sqlite
-    insert = module.insert(table).values(rows)
+    # One recipient (a conversation's turn, most checks) as a one-row INSERT: SQLAlchemy caches
+    # its compiled form, while a multi-row VALUES has no cache key and is compiled every time.
+    insert = module.insert(table).values(rows[0] if len(rows) == 1 else rows)
     free = table.c.next_allowed_at <= now  # SET reads the row as it was: both use the old instant
     statement = insert.on_conflict_do_update(
         index_elements=["channel_id", "recipient"],

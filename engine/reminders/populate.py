@@ -488,6 +488,11 @@ def plan_new(conn: Connection, org_id: int, *, policy: WindowPolicy | None = Non
                           detail={"reason": reason}, at=now)
         planned += len(placed_ids)
         skipped += len(skipped_ids)
+        if len(rows) < PLAN_BATCH:
+            # That read found every `new` row of the org this transaction can take: no read more
+            # (one per flow step that queued a message). A row another transaction commits
+            # meanwhile is placed by that transaction's own plan_new, or by the next pass's.
+            return planned, skipped
 
 
 #: Horizon used when an appointment change re-populates at once (the scheduler passes its own).
