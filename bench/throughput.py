@@ -1633,6 +1633,7 @@ def _print_summary(report: dict[str, Any]) -> None:
                      f"({', '.join(f'{x:.1f}' for x in bare['full_seconds'])}s; spread {bare['full_spread_seconds']}s; "
                      f"PostgreSQL CPU mean {bare['full_mean_postgresql_cpu_seconds']}s); populate took "
                      f"{bare['populate_over_full']:.2f}x it")
+    if bare and bare["variants"]:
         lines.append("account    cost = the full writes on either side minus the variant (wall s; PostgreSQL CPU s)")
         lines.append(f"           {'variant':<34} {'seconds':>14} {'cost s':>14} {'of full':>8} {'of populate':>11} "
                      f"{'CPU cost':>8}  what it leaves out")
