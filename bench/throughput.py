@@ -19,7 +19,9 @@ What it does (see docs/benchmarks.md for the figures and how to read them):
 2. times `engine.reminders.populate.populate` over all of them (and a second, no-op pass: the scheduler
    repeats it every LEMBRA_POPULATE_INTERVAL); with `--populate-only`, then the bare write
    (bench/bare_write.py): the same rows and events written again on their own, the limit of
-   populate on this machine with this schema, and (superuser only) with the foreign keys' checks off;
+   populate on this machine with this schema, then once per guarantee left out (each foreign key,
+   each index, the idempotency key, the events at creation; `--bare-write-variants`): the account
+   of what each costs, bracketed by a second full write;
 3. starts `lembra worker --processes W --threads T` and one `lembra scheduler` against that
    database and Redis (`--redis`, FLUSHDB'd), waits until no message is open any more, and stops
    them (LEMBRA_PROVIDER_ALLOW=127.0.0.1 with the fake, so the egress guard lets loopback through);
@@ -862,6 +864,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-layout", choices=("single", "separate"), default="single",
                    help="single: one `lembra worker --processes W`; separate: W x `lembra worker --processes 1`")
     p.add_argument("--populate-only", action="store_true", help="load and time populate, send nothing")
+    p.add_argument("--bare-write-variants", default="all",
+                   help="populate-only: the bare write's variants besides the two full writes, comma-separated "
+                        "names (fk:messages.contact_id, index:messages_due, idempotency, events, floor, "
+                        "fk:org-scoped, ...; bench/bare_write.py), or 'all'")
+    p.add_argument("--bare-write-repeat", type=int, default=1,
+                   help="populate-only: write every variant of the bare write's account this many times")
     p.add_argument("--no-bare-write", dest="bare_write", action="store_false",
                    help="populate-only: skip the bare write (populate's rows written again on their own, "
                         "bench/bare_write.py)")
@@ -1094,7 +1102,7 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
                 "SELECT status, count(*) FROM messages GROUP BY status").fetchall())
         db.dispose()
         if args.bare_write:
-            report["populate"]["bare_write"] = bare_writes(args, conninfo, first.created, populate_s)
+            report["populate"]["bare_write"] = bare_writes(args, conninfo, populate_s)
         _print_summary(report)
         return 0
     db.dispose()
@@ -1270,22 +1278,55 @@ def _send(args: argparse.Namespace, conninfo: str, database_url: str, secret_key
     return 0 if run_ok(report) else 1
 
 
-def bare_writes(args: argparse.Namespace, conninfo: str, rows: int, populate_s: float) -> list[dict[str, Any]]:
-    """Populate's rows written again on their own (bench/bare_write.py): as the schema is, then,
-    when this role may, with the foreign keys' triggers off, to show what their checks cost."""
-    from bare_write import run as run_bare_write
+def bare_writes(args: argparse.Namespace, conninfo: str, populate_s: float) -> dict[str, Any]:
+    """Populate's rows written again on their own (bench/bare_write.py): full writes, and between
+    them the account of what each guarantee costs (each foreign key, each index, the idempotency
+    key, the events at creation). A variant's cost is the mean of the full writes on either side of
+    it minus its own time (wall and PostgreSQL CPU), also as a share of that and of populate's time;
+    with `--bare-write-repeat`, each variant's costs are listed and their mean is taken."""
+    from bare_write import account
 
-    with psycopg.connect(conninfo) as conn:
-        superuser = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
-    out = []
-    for foreign_keys in (True, False) if superuser else (True,):
-        log(f"bare write: the {rows:,} reminders and their events written again into the emptied tables, "
-            f"{PARALLEL_ORGS} connection(s)" + ("" if foreign_keys else ", foreign-key triggers off"))
-        bare = run_bare_write(conninfo, PARALLEL_ORGS, lambda: cpu_meter(args.db_name), foreign_keys=foreign_keys)
-        out.append({"rows": bare.rows, "foreign_keys": bare.foreign_keys, "seconds": round(bare.seconds, 2),
-                    "connections": bare.connections, "postgresql_cpu_seconds": round(bare.postgresql_cpu_seconds, 2),
-                    "populate_over_bare": round(populate_s / bare.seconds, 2)})
-    return out
+    names = None if args.bare_write_variants == "all" else set(args.bare_write_variants.split(","))
+    log(f"bare write: populate's reminders and their events written again into the emptied tables, "
+        f"{PARALLEL_ORGS} connection(s), once per variant, between full writes")
+    writes = account(conninfo, PARALLEL_ORGS, lambda: cpu_meter(args.db_name), names=names,
+                     repeat=args.bare_write_repeat, log=log)
+    fulls = [w for w in writes if w.variant == "full"]
+    full = sum(w.seconds for w in fulls) / len(fulls) if fulls else float("nan")
+    full_cpu = sum(w.postgresql_cpu_seconds for w in fulls) / len(fulls) if fulls else float("nan")
+    rows: dict[str, dict[str, Any]] = {}
+    for i, w in enumerate(writes):
+        if w.variant == "full":
+            continue
+        # The full writes on either side of this one (the sequence starts and ends with one).
+        before = next((x for x in reversed(writes[:i]) if x.variant == "full"), None)
+        after = next((x for x in writes[i + 1:] if x.variant == "full"), None)
+        around = [x for x in (before, after) if x is not None] or fulls
+        ref = sum(x.seconds for x in around) / len(around)
+        ref_cpu = sum(x.postgresql_cpu_seconds for x in around) / len(around)
+        row = rows.setdefault(w.variant, {"variant": w.variant, "label": w.label, "seconds": [], "reference_seconds": [],
+                                          "postgresql_cpu_seconds": [], "cost_seconds": [], "cost_cpu_seconds": [],
+                                          "load_before": []})
+        row["seconds"].append(round(w.seconds, 2))
+        row["reference_seconds"].append(round(ref, 2))
+        row["postgresql_cpu_seconds"].append(round(w.postgresql_cpu_seconds, 2))
+        row["cost_seconds"].append(round(ref - w.seconds, 2))
+        row["cost_cpu_seconds"].append(round(ref_cpu - w.postgresql_cpu_seconds, 2))
+        row["load_before"].append(round(w.load_before, 2))
+    for row in rows.values():
+        cost = sum(row["cost_seconds"]) / len(row["cost_seconds"])
+        ref = sum(row["reference_seconds"]) / len(row["reference_seconds"])
+        row |= {"cost_mean_seconds": round(cost, 2), "cost_share_of_reference": round(cost / ref, 3),
+                "cost_share_of_populate": round(cost / populate_s, 3),
+                "cost_cpu_mean_seconds": round(sum(row["cost_cpu_seconds"]) / len(row["cost_cpu_seconds"]), 2)}
+    return {"rows": writes[0].rows if writes else 0, "connections": writes[0].connections if writes else 0,
+            "full_seconds": [round(w.seconds, 2) for w in fulls],
+            "full_postgresql_cpu_seconds": [round(w.postgresql_cpu_seconds, 2) for w in fulls],
+            "full_load_before": [round(w.load_before, 2) for w in fulls],
+            "full_mean_seconds": round(full, 2), "full_mean_postgresql_cpu_seconds": round(full_cpu, 2),
+            "full_spread_seconds": round(max(w.seconds for w in fulls) - min(w.seconds for w in fulls), 2)
+            if fulls else None,
+            "populate_over_full": round(populate_s / full, 2), "variants": list(rows.values())}
 
 
 def engine_env(args: argparse.Namespace, database_url: str, secret_keys: str) -> dict[str, str]:
@@ -1584,13 +1625,23 @@ def _print_summary(report: dict[str, Any]) -> None:
              f"{pop['python_cpu_seconds']}s Python + {pop['postgresql_cpu_seconds']}s PostgreSQL); "
              f"repeat full pass {pop['repeat_pass_seconds']:.1f}s, incremental pass "
              f"{pop['incremental_pass_seconds']:.2f}s"]
-    for bare in pop.get("bare_write", []):
+    bare = pop.get("bare_write")
+    if bare and bare["full_seconds"]:
         lines.append(f"bare write the same {bare['rows']:,} reminders and their events alone, INSERT ... SELECT from a "
-                     f"copy into the emptied tables, {bare['connections']} connection(s), "
-                     + ("every index and foreign key" if bare["foreign_keys"]
-                        else "foreign-key triggers off (a measurement only)")
-                     + f": {bare['seconds']:.1f}s (PostgreSQL CPU {bare['postgresql_cpu_seconds']}s); populate took "
-                     f"{bare['populate_over_bare']:.2f}x it")
+                     f"copy into the emptied tables, {bare['connections']} connection(s), every index and foreign "
+                     f"key: mean {bare['full_mean_seconds']:.1f}s of {len(bare['full_seconds'])} full writes "
+                     f"({', '.join(f'{x:.1f}' for x in bare['full_seconds'])}s; spread {bare['full_spread_seconds']}s; "
+                     f"PostgreSQL CPU mean {bare['full_mean_postgresql_cpu_seconds']}s); populate took "
+                     f"{bare['populate_over_full']:.2f}x it")
+    if bare and bare["variants"]:
+        lines.append("account    cost = the full writes on either side minus the variant (wall s; PostgreSQL CPU s)")
+        lines.append(f"           {'variant':<34} {'seconds':>14} {'cost s':>14} {'of full':>8} {'of populate':>11} "
+                     f"{'CPU cost':>8}  what it leaves out")
+        for v in bare["variants"]:
+            lines.append(f"           {v['variant']:<34} {'/'.join(f'{x:.1f}' for x in v['seconds']):>14} "
+                         f"{'/'.join(f'{x:.1f}' for x in v['cost_seconds']):>14} "
+                         f"{v['cost_share_of_reference']:>8.1%} {v['cost_share_of_populate']:>11.1%} "
+                         f"{v['cost_cpu_mean_seconds']:>8.1f}  {v['label']}")
     send = report.get("send")
     if send:
         a = report["args"]
