@@ -551,7 +551,7 @@ def inline_advances(args: argparse.Namespace, db: Database, conninfo: str, datab
     # run_inline advances its first claim (ADVANCE_WARM_UP) to warm up, outside the counts.
     flow_args = argparse.Namespace(enrollments=args.contacts + args.inline, inline=args.inline + ADVANCE_WARM_UP,
                                    send_batch=str(ADVANCE_WARM_UP),
-                                   inline_profile=False, with_send=False)
+                                   inline_profile=False, inline_profile_out=None, with_send=False)
     return run_inline(flow_args, conninfo, database_url, secret_keys,
                       {"org_id": clinic["org_id"], "pointer_id": pointer_id, "version_id": int(version.id)})
 
