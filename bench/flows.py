@@ -27,7 +27,7 @@ What it does (see docs/benchmarks.md for the current figures, and docs/benchmark
 6. `--inline K` then loads K more due enrollments and advances them inside this process with
    `engine.flows.runtime.advance_claimed`, in claims of `--send-batch` as the actor gets them, counting
    every SQL statement (SQLAlchemy `before_cursor_execute`) and transaction, and timing CPU and wall
-   per advance; with `--with-send` it also sends what they queued with `dispatch.send_one` and
+   per advance; with `--with-send` it also sends what they queued with `dispatch.send_batch` and
    counts those statements apart. `--inline-profile` runs the inline advances under cProfile and
    prints the share of time per library.
 
@@ -66,6 +66,9 @@ import redis  # noqa: E402
 from sqlalchemy import event, select  # noqa: E402
 
 from bench.throughput import (  # noqa: E402
+    FakeProcess,
+    fake_channel_credentials,
+    fake_checks,
     Children,
     Sampler,
     _library,
@@ -112,13 +115,20 @@ def graph(with_send: bool) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def create_clinic(db: Database, keyring: Keyring, tz: str, with_send: bool) -> dict[str, int]:
-    """One org, its sandbox channel and the published flow, through the engine's functions."""
+def create_clinic(db: Database, keyring: Keyring, tz: str, with_send: bool,
+                  fake_base_url: str | None = None) -> dict[str, int]:
+    """One org, its channel (sandbox, or Meta at the loopback fake with `fake_base_url`) and the
+    published flow, through the engine's functions."""
     with db.begin() as conn:
         org_id = create_org(conn, slug="bench-flows", name="Clínica Bench Flows", timezone=tz, state="SP",
                             quiet_start="00:00", quiet_end="23:59", skip_sundays=False, skip_holidays=False)
-        create_channel(conn, keyring, org_id=org_id, kind="whatsapp", provider="sandbox", name="WhatsApp (sandbox)",
-                       credentials={"token": "bench"}, is_default=True)
+        if fake_base_url is not None:
+            create_channel(conn, keyring, org_id=org_id, kind="whatsapp", provider="meta",
+                           name="WhatsApp (Meta, loopback fake)", credentials=fake_channel_credentials(0, fake_base_url),
+                           is_default=True)
+        else:
+            create_channel(conn, keyring, org_id=org_id, kind="whatsapp", provider="sandbox",
+                           name="WhatsApp (sandbox)", credentials={"token": "bench"}, is_default=True)
         pointer_id = versions.create_flow(conn, org_id, name="Retorno (bench)", draft_graph=graph(with_send),
                                           trigger_config={"kind": "manual"})
         version = versions.publish(conn, org_id, pointer_id)
@@ -355,7 +365,7 @@ def run_bare(args: argparse.Namespace, conninfo: str, clinic: dict[str, int]) ->
 
 
 def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secret_keys: str,
-               clinic: dict[str, int]) -> dict[str, Any]:
+               clinic: dict[str, int], fake: FakeProcess | None = None) -> dict[str, Any]:
     from engine.messaging import dispatch
     from engine.flows import runtime as flows_runtime
     from engine.store.runtime import Runtime, install
@@ -373,7 +383,8 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
     load_s = load_enrollments(conninfo, clinic, range(first_contact, first_contact + k),
                               datetime.now(UTC) - timedelta(seconds=1))
     settings = Settings.from_env({"DATABASE_URL": database_url, "BROKER_URL": "stub://",
-                                  "LEMBRA_SECRET_KEYS": secret_keys, "LEMBRA_LOG_LEVEL": "WARNING"})
+                                  "LEMBRA_SECRET_KEYS": secret_keys, "LEMBRA_LOG_LEVEL": "WARNING",
+                                  **({"LEMBRA_PROVIDER_ALLOW": "127.0.0.1"} if fake is not None else {})})
     rt = Runtime.build(settings)
     previous = install(rt)
     counter = StatementCounter(rt.db.engine)
@@ -452,15 +463,21 @@ def run_inline(args: argparse.Namespace, conninfo: str, database_url: str, secre
             sent = 0
             counter.on = True
             t0, c0 = time.perf_counter(), time.process_time()
+            sender = cProfile.Profile() if args.inline_profile else None
             while True:
                 ids = dispatch.claim_due(rt, limit=batch)
                 if not ids:
                     break
-                for message_id in ids:
-                    dispatch.send_one(rt, message_id)
+                if sender is not None:
+                    sender.enable()
+                dispatch.send_batch(rt, ids)  # as a worker's send actor takes a claim's task
+                if sender is not None:
+                    sender.disable()
                 sent += len(ids)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             counter.on = False
+            if sender is not None and args.inline_profile_out is not None:
+                sender.dump_stats(f"{args.inline_profile_out}.send")
             out["send"] = {"sent": sent, **counter.summary(sent),
                            "cpu_ms_per_message": round(1000 * cpu / max(sent, 1), 2),
                            "wall_ms_per_message": round(1000 * wall / max(sent, 1), 2)}
@@ -498,7 +515,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=8, help="send threads per worker process (`--threads`)")
     p.add_argument("--conversation-threads", type=int, default=4,
                    help="threads per worker process that advance flow steps (`--conversation-threads`)")
-    p.add_argument("--with-send", action="store_true", help="the flow sends a template through the outbox + sandbox")
+    p.add_argument("--with-send", action="store_true", help="the flow sends a template through the outbox")
+    p.add_argument("--provider", choices=("sandbox", "http-fake"), default="sandbox",
+                   help="where --with-send's follow-ups go: the sandbox (rows in PostgreSQL) or a Meta channel "
+                        "at bench/http_fake.py on loopback")
     p.add_argument("--inline", type=int, default=0, metavar="K",
                    help="then advance K more enrollments in this process, counting every statement")
     p.add_argument("--bare", type=int, default=20_000, metavar="N",
@@ -559,14 +579,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dict[str, Any]) -> bool:
-    n = args.enrollments
     upgrade(database_url)
     secret_keys = Keyring.generate_spec()
     keyring = Keyring.parse(secret_keys)
     db = Database(database_url)
     tz = pick_timezone()
-    clinic = create_clinic(db, keyring, tz, args.with_send)
-    db.dispose()
+    fake = FakeProcess(Path(tempfile.mkdtemp(prefix="lembra-bench-flows-fake-"))) \
+        if args.provider == "http-fake" else None
+    try:
+        clinic = create_clinic(db, keyring, tz, args.with_send, fake.base_url if fake else None)
+        db.dispose()
+        return _measure(args, conninfo, database_url, report, secret_keys, clinic, tz, fake)
+    finally:
+        if fake is not None:
+            fake.stop()
+
+
+def _measure(args: argparse.Namespace, conninfo: str, database_url: str, report: dict[str, Any], secret_keys: str,
+             clinic: dict[str, int], tz: str, fake: FakeProcess | None) -> bool:
+    n = args.enrollments
     contacts_s = load_contacts(conninfo, clinic["org_id"], n + args.inline + args.bare)
     lead = args.lead if args.lead is not None else 25 + n / 20_000
     due = datetime.now(UTC) + timedelta(seconds=lead)
@@ -578,23 +609,28 @@ def _run(args: argparse.Namespace, conninfo: str, database_url: str, report: dic
                           "flow": "trigger → wait 60 → " + ("action(template) → " if args.with_send else "") + "end"}
         log(f"loaded {n:,} enrollments at the wait ({contacts_s:.1f}s contacts, {load_s:.1f}s enrollments + "
             f"VACUUM ANALYZE); all due at {due.strftime('%H:%M:%S')}")
-        ok = _advance(args, conninfo, database_url, secret_keys, due, report)
+        ok = _advance(args, conninfo, database_url, secret_keys, due, report, fake)
     if args.bare:
         log(f"bare limit: moving {args.bare:,} due runs wait → end in plain SQL, claims of one statement")
         report["bare"] = run_bare(args, conninfo, clinic)
     if args.inline:
         log(f"inline: advancing {args.inline:,} enrollments in this process, counting statements")
-        inline = report["inline"] = run_inline(args, conninfo, database_url, secret_keys, clinic)
+        inline = report["inline"] = run_inline(args, conninfo, database_url, secret_keys, clinic, fake)
         inline["lost"] = inline["enrollments"] - inline["advanced"]
         if args.with_send:
             inline["unsent"] = inline["enrollments"] - inline["send"]["sent"]
         ok = ok and not inline["lost"] and not inline.get("unsent")
+    if fake is not None and args.with_send:
+        # Every message sent, by the processes and inline, reached the fake exactly once.
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            checks = report["fake"] = fake_checks(conn, fake.stats())
+        ok = ok and not (checks["duplicates"] or checks["sent_never_seen_by_fake"] or checks["seen_by_fake_not_sent"])
     _print_summary(report)
     return ok
 
 
 def _advance(args: argparse.Namespace, conninfo: str, database_url: str, secret_keys: str, due: datetime,
-             report: dict[str, Any]) -> bool:
+             report: dict[str, Any], fake: FakeProcess | None = None) -> bool:
     n = args.enrollments
     redis.Redis.from_url(args.redis).flushdb()
     logdir = Path(tempfile.mkdtemp(prefix="lembra-bench-flows-"))
@@ -602,6 +638,8 @@ def _advance(args: argparse.Namespace, conninfo: str, database_url: str, secret_
     env.update({"DATABASE_URL": database_url, "BROKER_URL": args.redis, "LEMBRA_SECRET_KEYS": secret_keys,
                 "LEMBRA_LOG_LEVEL": "WARNING", "LEMBRA_DISPATCH_INTERVAL": args.dispatch_interval,
                 "LEMBRA_POPULATE_INTERVAL": "3600", "PYTHONUNBUFFERED": "1"})
+    if fake is not None:
+        env["LEMBRA_PROVIDER_ALLOW"] = "127.0.0.1"  # the egress guard lets the workers reach the fake
     for option, name in ((args.claim_batch, "LEMBRA_CLAIM_BATCH"), (args.send_batch, "LEMBRA_SEND_BATCH"),
                          (args.max_in_flight, "LEMBRA_MAX_IN_FLIGHT"), (args.lease, "LEMBRA_LEASE_SECONDS")):
         if option:
@@ -743,6 +781,11 @@ def _print_summary(report: dict[str, Any]) -> None:
                 "after due)",
                 f"lateness   p50 {lat['p50']}s, p95 {lat['p95']}s, p99 {lat['p99']}s, max {lat['max']}s",
             ]
+    fake = report.get("fake")
+    if fake:
+        lines.append(f"fake       {fake['fake_references']:,} references at the Meta fake, duplicates {fake['duplicates']}, "
+                     f"sent never seen by the fake {fake['sent_never_seen_by_fake']}, seen but not sent "
+                     f"{fake['seen_by_fake_not_sent']}, refused {fake['refused_by_fake']}")
     bare = report.get("bare")
     if bare:
         share = f" (the run's first->last rate is {100 * run['advanced_per_s_first_to_last'] / bare['advances_per_s']:.1f}%)" \
@@ -801,7 +844,7 @@ def _print_summary(report: dict[str, Any]) -> None:
             f"({v['index_rows']} rows)" for t, v in inline["most_read_tables_per_enrollment"].items()))
         if "send" in inline:
             s = inline["send"]
-            lines.append(f"           send (one by one, `dispatch.send_one`, not the workers' batches): "
+            lines.append(f"           send (claims of {inline['claim_batch']}, `dispatch.send_batch` as the workers): "
                          f"{s['per_unit']} statements per message {s['by_verb_per_unit']}, "
                          f"{s['commits_per_unit']} transactions, {s['cpu_ms_per_message']} ms CPU")
         if "profile" in inline:
