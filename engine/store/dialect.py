@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import (
     JSON, Table, Text, any_, bindparam, case, cast, column, func, literal, select, tuple_, type_coerce,
@@ -170,13 +170,17 @@ def _as_inserted(value: Any, target: Any) -> Any:
 
 
 def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], *,
-                ignore_conflicts: Sequence[str] = (), returning: Sequence[Any] = ()) -> list[Any]:
-    """INSERT `rows` (each naming the same columns): PostgreSQL selects them from JSON, SQLite
-    takes multi-row VALUES (not executemany: the driver would send one statement per row).
+                ignore_conflicts: Sequence[str] = (), on_conflict: Callable[[Any], Any] | None = None,
+                returning: Sequence[Any] = ()) -> list[Any]:
+    """INSERT `rows` (each naming the same columns): PostgreSQL selects them from JSON (one
+    statement text for any count of rows, compiled once), SQLite takes multi-row VALUES (not
+    executemany: the driver would send one statement per row).
 
     With `ignore_conflicts`, a row whose values of those columns (a unique index) are already
     taken, by an earlier row or one of the same batch, is left out (`ON CONFLICT (…) DO
-    NOTHING`); with `returning`, those columns of the rows written come back, in no set order."""
+    NOTHING`); `on_conflict` is given the dialect's INSERT and returns it with its own `ON
+    CONFLICT` clause (its `excluded` is the row offered); with `returning`, those columns of the
+    rows written come back, in no set order."""
     if not rows:
         return []
     columns = list(rows[0])
@@ -185,6 +189,8 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     def finish(stmt: Any) -> Any:
         if ignore_conflicts:
             stmt = stmt.on_conflict_do_nothing(index_elements=list(ignore_conflicts))
+        if on_conflict is not None:
+            stmt = on_conflict(stmt)
         return stmt.returning(*returning) if returning else stmt
 
     written: list[Any] = []
@@ -196,7 +202,10 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
         return list(result.all()) if returning else written
     per_statement = SQLITE_MAX_PARAMS // len(columns)
     for start in range(0, len(rows), per_statement):
-        result = conn.execute(finish(module.insert(table).values(list(rows[start:start + per_statement]))))
+        chunk = list(rows[start:start + per_statement])
+        # One row as a one-row INSERT: SQLAlchemy caches its compiled form (a multi-row VALUES has
+        # no cache key and is compiled every time).
+        result = conn.execute(finish(module.insert(table).values(chunk[0] if len(chunk) == 1 else chunk)))
         if returning:
             written.extend(result.all())
     return written
