@@ -171,6 +171,9 @@ def test_a_conversation_shows_a_new_message_by_itself_at_the_bottom(rt, clock, s
     thread = page.locator("#lembra-thread")
     expect(thread).to_contain_text("Mensagem 5")
     at_bottom = "t => t.scrollHeight > t.clientHeight && t.scrollHeight - t.scrollTop - t.clientHeight < 4"
+    # The page's script scrolls the thread once it has run, which on a busy machine can come after
+    # the text shows: wait for it (a page that never scrolls down still fails, after the timeout).
+    page.wait_for_function(f"() => ({at_bottom})(document.getElementById('lembra-thread'))")
     assert thread.evaluate(at_bottom), "the conversation opens at its newest message"
     page.evaluate("window.lembraNoReload = true")
 
