@@ -17,6 +17,8 @@ from tests.flows.helpers import Flows, edge, linear, node
 from tests.test_meta_flow import APP_SECRET, PHONE, Graph, meta_world
 
 ANY_HOUR = {"quiet_start": "00:00", "quiet_end": "23:59", "skip_sundays": False, "skip_holidays": False}
+#: Long enough for a loaded CI machine; the timeout test below asks for a short one.
+AI_TIMEOUT = 5.0
 ROUTES = contains({"sexta": "reschedule", "confirmo": "confirm", "nao quero": "not_interested"})
 
 
@@ -48,10 +50,15 @@ def llm():
 
 
 @pytest.fixture
-def setup(rt, clock, llm):
+def ai_timeout() -> float:
+    return AI_TIMEOUT
+
+
+@pytest.fixture
+def setup(rt, clock, llm, ai_timeout):
     world = World(rt, **ANY_HOUR)
     world.channel("whatsapp")
-    flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5, egress=rt.settings.egress))
+    flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=ai_timeout, egress=rt.settings.egress))
     flow = flows.flow(ai_graph(), agent=False)
     with rt.db.begin() as conn:
         create_agent(conn, rt.keyring, world.org_id, name="Assistente", llm_base_url=llm.base_url,
@@ -107,7 +114,8 @@ def test_the_grace_timeout_takes_no_reply_without_a_call(rt, setup, llm, clock):
     assert (run.current_node_id, run.llm_calls, len(llm.calls)) == ("calado", 1, 1)
 
 
-@pytest.mark.parametrize("failure", [Error(500), Slow(2.0)], ids=["http_500", "timeout"])
+@pytest.mark.parametrize(("failure", "ai_timeout"), [(Error(500), AI_TIMEOUT), (Slow(2.0), 0.5)],
+                         ids=["http_500", "timeout"])
 def test_a_failing_model_defers_the_step_and_it_goes_on_when_the_model_is_back(rt, setup, llm, clock, failure):
     world, flows, flow, contact = setup
     enrollment_id = _enroll_automatic(rt, world, flow, contact)
@@ -169,7 +177,7 @@ def late_ai(fallback: str | None) -> dict:
 def test_an_ai_message_after_24_hours_goes_out_as_the_approved_template(rt, clock, llm):
     with Graph() as graph:
         world = meta_setup(rt, graph)
-        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5, egress=rt.settings.egress))
+        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=AI_TIMEOUT, egress=rt.settings.egress))
         flow = flows.flow(late_ai("followup_checkin"), agent=False)
         with rt.db.begin() as conn:
             create_agent(conn, rt.keyring, world.org_id, name="IA", llm_base_url=llm.base_url, llm_model="m",
@@ -189,7 +197,7 @@ def test_an_ai_message_after_24_hours_goes_out_as_the_approved_template(rt, cloc
 def test_an_ai_message_inside_the_window_goes_out_as_the_models_text(rt, clock, llm):
     with Graph() as graph:
         world = meta_setup(rt, graph)
-        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=0.5, egress=rt.settings.egress))
+        flows = Flows(world, ai=lambda agent: ai_for(agent, rt.keyring, timeout=AI_TIMEOUT, egress=rt.settings.egress))
         flow = flows.flow(linear(node("inicio", "trigger"),
                                  node("ia", "action", mode="ai_message", prompt_hint="Responda.",
                                       fallback_template="followup_checkin"),
