@@ -525,7 +525,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the bare limit: N more due runs moved wait → end in plain SQL after the run (0: skip)")
     p.add_argument("--inline-profile", action="store_true", help="run the inline advances under cProfile")
     p.add_argument("--inline-profile-out", type=Path, default=None, metavar="FILE",
-                   help="also dump the inline profile's pstats to FILE (read with `python -m pstats FILE`)")
+                   help="run the inline advances under cProfile and dump their pstats to FILE, the send's to "
+                        "FILE.send (read with `python -m pstats FILE`)")
     p.add_argument("--lead", type=float, default=None,
                    help="seconds from the end of the load to the due instant (default: estimated)")
     p.add_argument("--timeout", type=float, default=1800, help="hard limit on the advancing phase, seconds")
@@ -546,6 +547,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--db-name must start with lembra_bench (the database is dropped)")
     if args.enrollments <= 0 and args.inline <= 0:
         p.error("nothing to do: give --enrollments and/or --inline")
+    if args.inline_profile_out is not None:
+        args.inline_profile = True
     return args
 
 
