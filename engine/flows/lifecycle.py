@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock, metrics
-from engine.store.dialect import insert_ignore
+from engine.store.dialect import insert_rows
 from engine.flows.schema import NODE_TYPES
 from engine.store.models import enrollment_events, enrollments, messages
 from engine.queue.outbox import cancel_open
@@ -62,13 +62,14 @@ class Journal:
         rows, self._rows = self._rows, []
         if not rows:
             return 0
-        # The rows as parameters of one single-row statement, not as a multi-row VALUES: SQLAlchemy
-        # compiles that statement once and sends the rows as one INSERT ("insertmanyvalues"); a
-        # VALUES of a claim's 200 rows was compiled again for every claim (half of a wait step's
-        # CPU in bench/flows.py --inline-profile).
-        stored = {(r.enrollment_id, r.idempotency_key) for r in conn.execute(
-            insert_ignore(conn, enrollment_events, ("enrollment_id", "idempotency_key")).values()
-            .returning(enrollment_events.c.enrollment_id, enrollment_events.c.idempotency_key), rows)}
+        # One statement text for any count of rows (PostgreSQL reads them from one JSON
+        # parameter): a multi-row VALUES was compiled again for every claim, and the rows as
+        # executemany parameters made SQLAlchemy render a VALUES list of a claim's rows that
+        # psycopg split into placeholders again for every claim (a quarter of a with-send
+        # worker's samples in bench/flows.py --py-spy).
+        stored = {(r.enrollment_id, r.idempotency_key) for r in insert_rows(
+            conn, enrollment_events, rows, ignore_conflicts=("enrollment_id", "idempotency_key"),
+            returning=(enrollment_events.c.enrollment_id, enrollment_events.c.idempotency_key))}
         for row in rows:
             if (row["enrollment_id"], row["idempotency_key"]) in stored:
                 _count_step(row["event_type"], row["payload"])
