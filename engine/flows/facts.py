@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
+from engine.store.dialect import in_pairs
 from engine.store.models import contact_events, inbound_messages, messages
 
 
@@ -37,7 +38,7 @@ def humans_holding(conn: Connection, contacts: Iterable[tuple[int, int]]) -> set
     if not pairs:
         return set()
     handoff = (contact_events.c.type.in_(("handoff_started", "handoff_ended")),
-               tuple_(contact_events.c.org_id, contact_events.c.contact_id).in_(pairs))
+               in_pairs(conn, (contact_events.c.org_id, contact_events.c.contact_id), pairs))
     latest = (select(func.max(contact_events.c.id)).where(*handoff)
               .group_by(contact_events.c.org_id, contact_events.c.contact_id))
     rows = conn.execute(select(contact_events.c.org_id, contact_events.c.contact_id)

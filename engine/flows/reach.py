@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from engine.queue.address_optouts import addresses_of, matching
+from engine.store.dialect import in_pairs
 from engine.store.models import preferences
 from engine.tenants.channels import default_channel, default_channels
 
@@ -48,7 +49,7 @@ class Reach:
     def _load_kinds(self, conn: Connection) -> dict[tuple[int, int], set[str]]:
         consented: dict[tuple[int, int], set[str]] = defaultdict(set)
         for row in conn.execute(select(preferences.c.org_id, preferences.c.contact_id, preferences.c.kind).where(
-                tuple_(preferences.c.org_id, preferences.c.contact_id).in_(sorted(self._people)),
+                in_pairs(conn, (preferences.c.org_id, preferences.c.contact_id), self._people),
                 preferences.c.opted_in.is_(True), preferences.c.opted_out_at.is_(None))):
             consented[(row.org_id, row.contact_id)].add(row.kind)
         by_org: dict[int, list[tuple[int, Any]]] = defaultdict(list)

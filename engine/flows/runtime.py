@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
-from sqlalchemy import JSON, func, select, text, tuple_, update
+from sqlalchemy import JSON, func, select, text, update
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import ClauseElement, TextClause
 
@@ -48,6 +48,7 @@ from engine.store.models import agents, appointments, contacts, enrollments, flo
 from engine.queue.outbox import Outgoing, enqueue_many
 from engine.reminders.populate import plan_new
 from engine.store.db import require_aware
+from engine.store.dialect import in_pairs, in_values
 from engine.store.runtime import Runtime
 from engine.tenants.webhooks import events as webhooks
 
@@ -169,7 +170,7 @@ def start_claims(rt: Runtime, claims: Sequence[tuple[int, int]]) -> list[tuple[i
 
     def mark(some: Sequence[tuple[int, int]]) -> None:
         with rt.db.begin() as conn:
-            conn.execute(update(enrollments).where(tuple_(enrollments.c.id, enrollments.c.revision).in_(list(some)))
+            conn.execute(update(enrollments).where(_claimed(conn, some))
                          .values(claim_started_at=now, lease_until=now + rt.settings.lease))
 
     try:
@@ -189,12 +190,19 @@ def start_claims(rt: Runtime, claims: Sequence[tuple[int, int]]) -> list[tuple[i
     return started
 
 
+def _claimed(conn: Connection, claims: Iterable[tuple[int, int]]) -> Any:
+    """The enrollments of these claims (id, revision) at that revision. One statement text for
+    any claim size: an IN list of 200 pairs was rendered again, and split into placeholders again
+    by psycopg, for every claim (a tenth of a worker's samples in bench/flows.py --py-spy)."""
+    return in_pairs(conn, (enrollments.c.id, enrollments.c.revision), ((int(i), int(r)) for i, r in claims))
+
+
 def _hand_back(conn: Connection, claims: Sequence[tuple[int, int]], *, unstarted_only: bool = False) -> list[Any]:
     """Drop the lease of these claims (id, revision), still due, in one statement; the revision
     moves on, so a message of theirs still in the broker finds a stale wake. Returns the rows."""
     if not claims:
         return []
-    where = [tuple_(enrollments.c.id, enrollments.c.revision).in_(list(claims))]
+    where = [_claimed(conn, claims)]
     if unstarted_only:
         where.append(enrollments.c.claim_started_at.is_(None))
     return conn.execute(update(enrollments).where(*where)
@@ -223,7 +231,7 @@ class _Heartbeat:
         try:
             with self.rt.db.begin() as conn:
                 conn.execute(update(enrollments)
-                             .where(tuple_(enrollments.c.id, enrollments.c.revision).in_(self.claims),
+                             .where(_claimed(conn, self.claims),
                                     enrollments.c.lease_until.is_not(None))
                              .values(lease_until=clock.now() + self.rt.settings.lease))
         except Exception:  # the step goes on; at worst its lease runs out as before
@@ -239,8 +247,12 @@ def _by_key(conn: Connection, table: Any, keys: Iterable[tuple[int, int]]) -> di
     wanted = sorted(set(keys))
     if not wanted:
         return {}
-    rows = conn.execute(select(table).where(tuple_(table.c.org_id, table.c.id).in_(wanted)))
-    return {(row.org_id, row.id): row for row in rows}
+    # By primary key, one array of ids (one statement text for any claim): pairs joined from
+    # arrays made the planner hash every contact of the table against a claim's 200.
+    rows = conn.execute(select(table).where(in_values(conn, table.c.id, [key[1] for key in wanted]),
+                                            in_values(conn, table.c.org_id, {key[0] for key in wanted})))
+    found = {(row.org_id, row.id): row for row in rows}
+    return {key: found[key] for key in wanted if key in found}
 
 
 def _snapshots(conn: Connection, rows: Sequence[Any], now: datetime, egress: Any = None) -> dict[int, nodes.Snapshot]:
@@ -290,7 +302,7 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
     outcomes: list[tuple[nodes.Snapshot, int, nodes.Decision | nodes.Ask]] = []
     with rt.db.connect() as conn:
         ids = sorted({int(enrollment_id) for enrollment_id, _ in claims})
-        found = {row.id: row for row in conn.execute(select(enrollments).where(enrollments.c.id.in_(ids)))}
+        found = {row.id: row for row in conn.execute(select(enrollments).where(in_values(conn, enrollments.c.id, ids)))}
         live = []
         for enrollment_id, revision in claims:
             row = found.get(enrollment_id)
