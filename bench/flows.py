@@ -534,6 +534,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--claim-batch", default=None, help="LEMBRA_CLAIM_BATCH (engine default when unset)")
     p.add_argument("--send-batch", default=None, help="LEMBRA_SEND_BATCH: claims per actor message")
     p.add_argument("--max-in-flight", default=None, help="LEMBRA_MAX_IN_FLIGHT (engine default when unset)")
+    p.add_argument("--send-concurrency", default=None,
+                   help="LEMBRA_SEND_CONCURRENCY, provider calls in flight per worker process (engine default when unset)")
     p.add_argument("--lease", default=None, help="LEMBRA_LEASE_SECONDS (engine default when unset)")
     p.add_argument("--py-spy", type=float, default=0, metavar="SECONDS",
                    help="record this many seconds of one worker process with py-spy (--gil) once advancing starts")
@@ -644,7 +646,8 @@ def _advance(args: argparse.Namespace, conninfo: str, database_url: str, secret_
     if fake is not None:
         env["LEMBRA_PROVIDER_ALLOW"] = "127.0.0.1"  # the egress guard lets the workers reach the fake
     for option, name in ((args.claim_batch, "LEMBRA_CLAIM_BATCH"), (args.send_batch, "LEMBRA_SEND_BATCH"),
-                         (args.max_in_flight, "LEMBRA_MAX_IN_FLIGHT"), (args.lease, "LEMBRA_LEASE_SECONDS")):
+                         (args.max_in_flight, "LEMBRA_MAX_IN_FLIGHT"), (args.lease, "LEMBRA_LEASE_SECONDS"),
+                         (args.send_concurrency, "LEMBRA_SEND_CONCURRENCY")):
         if option:
             env[name] = option
     children = Children(logdir, env)
