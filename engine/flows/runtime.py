@@ -47,6 +47,7 @@ from engine.queue.inbox import open_inbox_item
 from engine.store.models import agents, appointments, contacts, enrollments, flow_pointers, inbound_messages, orgs
 from engine.queue.outbox import Outgoing, enqueue_many
 from engine.reminders.populate import plan_new
+from engine.reminders.windows import policy_for
 from engine.store.db import require_aware
 from engine.store.dialect import in_pairs, in_values
 from engine.store.runtime import Runtime
@@ -361,9 +362,11 @@ def advance(rt: Runtime, claims: Sequence[tuple[int, int]], *,
                 written[row.id] = Step("stale", "stale_wake")
         outbox.flush(conn)
         journal.flush(conn)
-        # The planner places every new outbox row of the org: once per org and claim.
-        for org_id in sorted({snap.enrollment.org_id for snap, _, decision in items if decision.send is not None}):
-            plan_new(conn, org_id)
+        # The planner places every new outbox row of the org: once per org and claim, in the
+        # sending window of the org row the claim's snapshots read (not read again).
+        sending = {snap.enrollment.org_id: snap.org for snap, _, decision in items if decision.send is not None}
+        for org_id in sorted(sending):
+            plan_new(conn, org_id, policy=policy_for(sending[org_id]))
         return written
 
     try:

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.engine import Connection
 
 from engine.people import appointments as appts
@@ -205,31 +205,50 @@ def unprocessed(rt: Runtime, *, limit: int) -> list[int]:
 
 
 def process_inbound(rt: Runtime, inbound_id: int) -> str | None:
-    """Act on one stored patient message, once; returns the outcome (None if already done)."""
-    voice.prepare(rt, inbound_id)  # a voice note is downloaded and transcribed first (a no-op otherwise)
-    with rt.db.begin() as conn:
-        query = select(inbound_messages).where(inbound_messages.c.id == inbound_id,
-                                               inbound_messages.c.processed_at.is_(None))
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update(skip_locked=True)
-        inbound = conn.execute(query).first()
-        if inbound is None:
-            return None
-        if inbound.from_me:
-            # The clinic's own number wrote: a staff message, or the echo of a send of ours.
-            acted = clinic_phone.act(conn, inbound)
-            if acted is None:
-                return None  # an echo (deleted), or not known yet (the repoke asks again)
-            outcome, contact_id = acted
-            intent = None
-        else:
-            outcome, intent, contact_id = _act(conn, inbound)
-        conn.execute(
-            update(inbound_messages)
-            .where(inbound_messages.c.org_id == inbound.org_id, inbound_messages.c.id == inbound.id)
-            .values(processed_at=clock.now(), outcome=outcome, intent=intent, contact_id=contact_id)
-        )
-    log.info("inbound processed", extra={"inbound_id": inbound_id, "outcome": outcome})
+    """Act on one stored patient message, once; returns the outcome (None if already done).
+
+    A voice note still `pending` is downloaded and transcribed first (`voice.prepare`), outside
+    the transaction that acts on it; a text reply (nearly all) is read once, with its lock."""
+    prepared = False
+    while True:
+        with rt.db.begin() as conn:
+            inbound = conn.execute(_UNPROCESSED_LOCKED if conn.dialect.name == "postgresql" else _UNPROCESSED,
+                                   {"inbound_id": inbound_id}).first()
+            if inbound is None:
+                return None
+            if prepared or inbound.voice_state != "pending":
+                outcome = _process(conn, inbound)
+                break
+        voice.prepare(rt, inbound_id)
+        prepared = True
+    if outcome is not None:
+        log.info("inbound processed", extra={"inbound_id": inbound_id, "outcome": outcome})
+    return outcome
+
+
+#: The patient message to act on, not yet acted on; on PostgreSQL locked, skipped when another
+#: worker holds it.
+_UNPROCESSED = select(inbound_messages).where(inbound_messages.c.id == bindparam("inbound_id"),
+                                              inbound_messages.c.processed_at.is_(None))
+_UNPROCESSED_LOCKED = _UNPROCESSED.with_for_update(skip_locked=True)
+
+
+def _process(conn: Connection, inbound: Any) -> str | None:
+    """Act on the locked, unprocessed `inbound` and record its outcome (None: nothing done)."""
+    if inbound.from_me:
+        # The clinic's own number wrote: a staff message, or the echo of a send of ours.
+        acted = clinic_phone.act(conn, inbound)
+        if acted is None:
+            return None  # an echo (deleted), or not known yet (the repoke asks again)
+        outcome, contact_id = acted
+        intent = None
+    else:
+        outcome, intent, contact_id = _act(conn, inbound)
+    conn.execute(
+        update(inbound_messages)
+        .where(inbound_messages.c.org_id == inbound.org_id, inbound_messages.c.id == inbound.id)
+        .values(processed_at=clock.now(), outcome=outcome, intent=intent, contact_id=contact_id)
+    )
     return outcome
 
 

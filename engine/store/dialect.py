@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,14 +21,22 @@ from engine.store.db import require_aware
 
 
 @contextmanager
-def planner_setting(conn: Connection, name: str, value: str, *, when: bool = True) -> Iterator[None]:
+def planner_setting(conn: Connection, name: str, value: str, *, when: bool = True,
+                    restore: bool = True) -> Iterator[None]:
     """PostgreSQL: plan the statements run inside with the planner setting `name` at `value`,
     local to the transaction, and put the previous value back after them; elsewhere (or when
-    `when` is false) nothing.
+    `when` is false) nothing. With `restore` false, for a caller whose transaction ends with
+    the block (it began the transaction for these statements alone), the setting is only set:
+    the transaction's end undoes it, and reading and restoring it would be two statements spent
+    on nothing (one per dispatch claim).
 
     For the few statements whose right plan does not depend on what the statistics say, where a
     plan chosen from stale ones is far slower (each use says why)."""
     if not when or conn.dialect.name != "postgresql":
+        yield
+        return
+    if not restore:
+        conn.exec_driver_sql("SELECT set_config(%(name)s, %(value)s, true)", {"name": name, "value": value})
         yield
         return
     previous = conn.exec_driver_sql(
@@ -195,9 +204,10 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
 
     written: list[Any] = []
     if conn.dialect.name == "postgresql":
-        source = _json_rows(table, columns)
-        stmt = finish(module.insert(table).from_select(
-            columns, select(*[_as_inserted(source.c[name], table.c[name]) for name in columns])))
+        if on_conflict is None:  # the common case: the statement is built once per shape
+            stmt = _json_insert(table, tuple(columns), tuple(ignore_conflicts), tuple(returning))
+        else:
+            stmt = finish(_json_insert(table, tuple(columns), (), ()))
         result = conn.execute(stmt, _json_params(rows, columns))
         return list(result.all()) if returning else written
     per_statement = SQLITE_MAX_PARAMS // len(columns)
@@ -209,6 +219,22 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
         if returning:
             written.extend(result.all())
     return written
+
+
+@functools.lru_cache(maxsize=128)
+def _json_insert(table: Table, columns: tuple[str, ...], ignore_conflicts: tuple[str, ...],
+                 returning: tuple[Any, ...]) -> Any:
+    """PostgreSQL: `insert_rows`'s `INSERT INTO table (columns) SELECT … FROM json_to_recordset(…)`,
+    with its `ON CONFLICT (…) DO NOTHING` and `RETURNING` when given. Built once per table and
+    shape and kept: a statement built for every batch cost its construction and its cache key
+    (the compiled form is cached either way), five times per conversational turn
+    (bench/conversations.py --inline-profile)."""
+    source = _json_rows(table, columns)
+    stmt = postgresql.insert(table).from_select(
+        columns, select(*[_as_inserted(source.c[name], table.c[name]) for name in columns]))
+    if ignore_conflicts:
+        stmt = stmt.on_conflict_do_nothing(index_elements=list(ignore_conflicts))
+    return stmt.returning(*returning) if returning else stmt
 
 
 def update_per_row(

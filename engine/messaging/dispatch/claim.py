@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _index_scans(conn: Connection) -> AbstractContextManager[None]:
+def _index_scans(conn: Connection, *, restore: bool = True) -> AbstractContextManager[None]:
     """PostgreSQL: read the queue's partial indexes (`messages_leased`, `messages_due`) by index
     scan, not bitmap scan, whatever the statistics say.
 
@@ -36,7 +36,7 @@ def _index_scans(conn: Connection) -> AbstractContextManager[None]:
     … LIMIT` is read through `messages_due` in its order, never as a bitmap scan and a sort of
     every due row (how the same SELECT without its row locks was planned on statistics taken
     before a big populate: 685 ms with 762,000 rows due)."""
-    return planner_setting(conn, "enable_bitmapscan", "off")
+    return planner_setting(conn, "enable_bitmapscan", "off", restore=restore)
 
 
 def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None, task: int | None = None) -> list[int]:
@@ -48,7 +48,8 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None, task
     ids a worker task takes), a claim the cap cuts short takes whole tasks only.
     """
     now = clock.now()
-    with rt.db.begin() as conn, _index_scans(conn):
+    # The claim's transaction is its own: the setting holds to its end, nothing to restore.
+    with rt.db.begin() as conn, _index_scans(conn, restore=False):
         if max_in_flight is not None:
             in_flight = conn.execute(
                 select(func.count()).select_from(messages).where(messages.c.status.in_(("claimed", "sending")))
