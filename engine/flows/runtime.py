@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
-from sqlalchemy import JSON, func, select, text, update
+from sqlalchemy import JSON, Integer, bindparam, func, select, text, update
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import ClauseElement, TextClause
 
@@ -88,24 +88,31 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
             limit = min(limit, max(max_in_flight - in_flight, 0))
             if limit == 0:
                 return []
-        due = (
-            select(enrollments.c.id)
-            .where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= now,
-                   enrollments.c.lease_until.is_(None))
-            .order_by(enrollments.c.next_eval_at, enrollments.c.id)
-            .limit(limit)
-        )
-        if conn.dialect.name == "postgresql":
-            due = due.with_for_update(skip_locked=True)
-        # A locking CTE runs once (an IN subquery with SKIP LOCKED may run per row; see dispatch).
-        due_cte = due.cte("due")
-        rows = conn.execute(
-            update(enrollments)
-            .where(enrollments.c.id.in_(select(due_cte.c.id)), enrollments.c.lease_until.is_(None))
-            .values(lease_until=now + rt.settings.lease, revision=enrollments.c.revision + 1, claim_started_at=None)
-            .returning(enrollments.c.id, enrollments.c.revision, enrollments.c.next_eval_at)
-        ).all()
+        rows = conn.execute(_claim_statement(conn.dialect.name == "postgresql"),
+                            {"now": now, "limit": limit, "claim_lease_until": now + rt.settings.lease}).all()
     return [(row.id, row.revision) for row in sorted(rows, key=lambda r: (r.next_eval_at, r.id))]
+
+
+@functools.lru_cache(maxsize=2)
+def _claim_statement(postgresql: bool) -> Any:
+    """`claim_due`'s statement, built once (the scheduler claims several times a second): lease
+    up to `:limit` enrollments due at `:now` until `:claim_lease_until`, bumping their revision."""
+    due = (
+        select(enrollments.c.id)
+        .where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= bindparam("now"),
+               enrollments.c.lease_until.is_(None))
+        .order_by(enrollments.c.next_eval_at, enrollments.c.id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+    if postgresql:
+        due = due.with_for_update(skip_locked=True)
+    # A locking CTE runs once (an IN subquery with SKIP LOCKED may run per row; see dispatch).
+    due_cte = due.cte("due")
+    return (update(enrollments)
+            .where(enrollments.c.id.in_(select(due_cte.c.id)), enrollments.c.lease_until.is_(None))
+            .values(lease_until=bindparam("claim_lease_until"), revision=enrollments.c.revision + 1,
+                    claim_started_at=None)
+            .returning(enrollments.c.id, enrollments.c.revision, enrollments.c.next_eval_at))
 
 
 class Swept(NamedTuple):

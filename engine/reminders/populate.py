@@ -29,12 +29,14 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
     String,
     and_,
+    bindparam,
     case,
     cast,
     exists,
@@ -446,27 +448,9 @@ def plan_new(conn: Connection, org_id: int, *, policy: WindowPolicy | None = Non
         policy = policy_for(conn.execute(select(orgs).where(orgs.c.id == org_id)).one())
     planned = skipped = 0
     last_id = 0
+    query = _new_messages(conn.dialect.name == "postgresql")
     while True:
-        query = (
-            select(
-                messages.c.id, messages.c.created_at, messages.c.nominal_due_at, messages.c.expires_at,
-                messages.c.respect_window, messages.c.appointment_starts_at,
-                reminder_rules.c.trigger, reminder_rules.c.offset_minutes,
-                appointments.c.timezone, appointments.c.cancelled_at,
-            )
-            .select_from(
-                messages.outerjoin(reminder_rules, and_(reminder_rules.c.id == messages.c.rule_id,
-                                                        reminder_rules.c.org_id == org_id))
-                .outerjoin(appointments, and_(appointments.c.id == messages.c.appointment_id,
-                                              appointments.c.org_id == org_id))
-            )
-            .where(messages.c.org_id == org_id, messages.c.status == "new", messages.c.id > last_id)
-            .order_by(messages.c.id)
-            .limit(PLAN_BATCH)
-        )
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update(of=messages, skip_locked=True)
-        rows = conn.execute(query).all()
+        rows = conn.execute(query, {"org_id": org_id, "last_id": last_id}).all()
         if not rows:
             return planned, skipped
         last_id = rows[-1].id
@@ -493,6 +477,31 @@ def plan_new(conn: Connection, org_id: int, *, policy: WindowPolicy | None = Non
             # (one per flow step that queued a message). A row another transaction commits
             # meanwhile is placed by that transaction's own plan_new, or by the next pass's.
             return planned, skipped
+
+
+@lru_cache(maxsize=2)
+def _new_messages(postgresql: bool) -> Any:
+    """`plan_new`'s read of the org's `new` messages after `:last_id` (locked on PostgreSQL, the
+    ones another planner holds skipped), built once: a flow step that queues a follow-up plans it."""
+    org_id = bindparam("org_id")
+    query = (
+        select(
+            messages.c.id, messages.c.created_at, messages.c.nominal_due_at, messages.c.expires_at,
+            messages.c.respect_window, messages.c.appointment_starts_at,
+            reminder_rules.c.trigger, reminder_rules.c.offset_minutes,
+            appointments.c.timezone, appointments.c.cancelled_at,
+        )
+        .select_from(
+            messages.outerjoin(reminder_rules, and_(reminder_rules.c.id == messages.c.rule_id,
+                                                    reminder_rules.c.org_id == org_id))
+            .outerjoin(appointments, and_(appointments.c.id == messages.c.appointment_id,
+                                          appointments.c.org_id == org_id))
+        )
+        .where(messages.c.org_id == org_id, messages.c.status == "new", messages.c.id > bindparam("last_id"))
+        .order_by(messages.c.id)
+        .limit(PLAN_BATCH)
+    )
+    return query.with_for_update(of=messages, skip_locked=True) if postgresql else query
 
 
 #: Horizon used when an appointment change re-populates at once (the scheduler passes its own).

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 from contextlib import AbstractContextManager
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Integer, bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
@@ -63,28 +65,35 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None, task
                     limit -= limit % task
             if limit == 0:
                 return []
-        due = (
-            select(messages.c.id)
-            .where(messages.c.status == "pending", messages.c.next_attempt_at <= now)
-            .order_by(messages.c.next_attempt_at, messages.c.id)
-            .limit(limit)
-        )
-        if conn.dialect.name == "postgresql":
-            due = due.with_for_update(skip_locked=True)
-        # A CTE, not `IN (subquery)`: PostgreSQL may run a LIMIT … SKIP LOCKED subquery once per
-        # candidate row, and then claims far more than `limit` rows. A locking CTE runs once.
-        due_cte = due.cte("due")
-        rows = conn.execute(
-            update(messages)
-            .where(messages.c.id.in_(select(due_cte.c.id)), messages.c.status == "pending")
-            .values(status="claimed", lease_until=now + rt.settings.lease, claimed_by=WORKER_ID, updated_at=now)
-            .returning(messages.c.id, messages.c.org_id, messages.c.next_attempt_at)
-        ).all()
+        rows = conn.execute(_claim_statement(conn.dialect.name == "postgresql"),
+                            {"now": now, "limit": limit, "claim_lease_until": now + rt.settings.lease}).all()
         record_event_rows(conn, [
             {"org_id": row.org_id, "message_id": row.id, "event": "claimed", "attempt": None,
              "provider_status": None, "detail": None, "created_at": now}
             for row in rows])
     return [row.id for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
+
+
+@functools.lru_cache(maxsize=2)
+def _claim_statement(postgresql: bool) -> Any:
+    """`claim_due`'s statement, built once (the scheduler claims several times a second): lease
+    up to `:limit` messages due at `:now` until `:claim_lease_until`."""
+    due = (
+        select(messages.c.id)
+        .where(messages.c.status == "pending", messages.c.next_attempt_at <= bindparam("now"))
+        .order_by(messages.c.next_attempt_at, messages.c.id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+    if postgresql:
+        due = due.with_for_update(skip_locked=True)
+    # A CTE, not `IN (subquery)`: PostgreSQL may run a LIMIT … SKIP LOCKED subquery once per
+    # candidate row, and then claims far more than `limit` rows. A locking CTE runs once.
+    due_cte = due.cte("due")
+    return (update(messages)
+            .where(messages.c.id.in_(select(due_cte.c.id)), messages.c.status == "pending")
+            .values(status="claimed", lease_until=bindparam("claim_lease_until"), claimed_by=WORKER_ID,
+                    updated_at=bindparam("now"))
+            .returning(messages.c.id, messages.c.org_id, messages.c.next_attempt_at))
 
 
 def sweep_leases(rt: Runtime) -> tuple[int, int]:
