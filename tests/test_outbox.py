@@ -1,11 +1,13 @@
 """The outbox's enqueue: one message per org and idempotency key, ever, and one `queued` event per
-message written, whether the messages come one at a time or a claim's worth in one statement."""
+message written, whether the messages come one at a time or a claim's worth in one statement: a
+`pending` one's as it is written, a `new` one's when the planner places it."""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 
 from engine.queue.outbox import Outgoing, enqueue, enqueue_many
+from engine.reminders.populate import plan_new
 from engine.store.models import message_events, messages
 from tests.factories import World
 
@@ -38,8 +40,16 @@ def test_a_batch_writes_each_key_once_and_says_which_were_already_taken(rt, cloc
     assert (rows[ids[1]].payload, rows[ids[1]].status, rows[ids[1]].due_at) == ({"text": "Olá"}, "new", None)
     assert (rows[ids[4]].status, rows[ids[4]].due_at) == ("pending", clock.now())
     assert rows[ids[3]].org_id == other.org_id and rows[first].payload is None
+    # The `new` ones wait for the planner's event; the `pending` one is queued now.
+    assert [(e.message_id, e.event) for e in events] == [(ids[4], "queued")]
+    with rt.db.begin() as conn:
+        for org_id in (world.org_id, other.org_id):
+            plan_new(conn, org_id)
+    with rt.db.connect() as conn:
+        events = conn.execute(select(message_events.c.message_id, message_events.c.event, message_events.c.org_id)
+                              .order_by(message_events.c.message_id)).all()
     written = sorted(i for i in (first, ids[1], ids[3], ids[4]) if i is not None)
-    assert [(e.message_id, e.event) for e in events] == [(i, "queued") for i in written]
+    assert [(e.message_id, e.event) for e in events] == [(i, "queued") for i in written]  # one each
     assert {e.org_id for e in events if e.message_id == ids[3]} == {other.org_id}
 
 

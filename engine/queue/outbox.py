@@ -158,7 +158,9 @@ def enqueue_many(conn: Connection, outgoing: Sequence[Outgoing]) -> list[int | N
     id, or None where its key was already taken (before, or by an earlier one of `outgoing`).
 
     With `respect_window` a row starts as `new` and the planner places it inside the org's
-    sending window; without, it is `pending` at `due_at` (replies to a patient who just wrote)."""
+    sending window, writing its `queued` (or `skipped`) event then, as it does for the reminders
+    populate writes `new` (an event here too gave it two `queued`); without, it is `pending` at
+    `due_at` (replies to a patient who just wrote), `queued` here."""
     if not outgoing:
         return []
     now = clock.now()
@@ -172,7 +174,8 @@ def enqueue_many(conn: Connection, outgoing: Sequence[Outgoing]) -> list[int | N
         ids.append(new.pop((message.org_id, message.idempotency_key), None))
     record_event_rows(conn, [{"org_id": message.org_id, "message_id": message_id, "event": "queued",
                               "attempt": None, "provider_status": None, "detail": None, "created_at": now}
-                             for message, message_id in zip(outgoing, ids) if message_id is not None])
+                             for message, message_id in zip(outgoing, ids)
+                             if message_id is not None and not message.respect_window])
     return ids
 
 
