@@ -68,12 +68,21 @@ class Batch:
     channels: dict[tuple[int, str], list[Any]] = field(default_factory=dict)
     templates: dict[tuple[int, str, str, str], Any] = field(default_factory=dict)
     last_inbound: dict[tuple[int, int, int], datetime] = field(default_factory=dict)
-    #: (org_id, channel_id, Meta name, language) → the template's category at the WABA, for the
-    #: orgs whose messages go through a Meta channel (engine/messaging/meta_categories.py).
-    meta_categories: dict[tuple[int, int, str, str], str | None] = field(default_factory=dict)
+    #: The orgs whose messages go through a Meta channel (engine/messaging/meta_categories.py).
+    meta_orgs: list[int] = field(default_factory=list)
+    #: (org_id, channel_id, Meta name, language) → the template's category at the WABA, for
+    #: `meta_orgs`; read on the first Meta template checked (None until then).
+    meta_categories: dict[tuple[int, int, str, str], str | None] | None = None
 
-    def meta_category(self, org_id: int, channel_id: int, name: str, language: str) -> str | None:
-        """The WABA's category of a Meta template (None: never heard of)."""
+    def meta_category(self, conn: Connection, org_id: int, channel_id: int, name: str, language: str) -> str | None:
+        """The WABA's category of a Meta template (None: never heard of). The batch's categories
+        are read once, when the first template asks: a batch of free text (a conversation's
+        questions) reads none."""
+        if self.meta_categories is None:
+            s = meta_template_states.c
+            self.meta_categories = {(r.org_id, r.channel_id, r.name, r.language): r.category for r in conn.execute(
+                select(s.org_id, s.channel_id, s.name, s.language, s.category)
+                .where(in_values(conn, s.org_id, self.meta_orgs)))} if self.meta_orgs else {}
         return self.meta_categories.get((org_id, channel_id, name, language))
 
     def channel(self, org_id: int, kind: str) -> Any:
@@ -133,11 +142,8 @@ def load(conn: Connection, message_ids: Sequence[int], *, keyring: Any = None) -
             wanted.add((r.org_id, r.template_key, r.channel_kind, locale))
     batch.templates = find_templates(conn, wanted)
     batch.last_inbound = last_inbound(conn, {(r.org_id, r.contact_id) for r in rows})
-    meta_orgs = sorted({org for (org, _kind), found in batch.channels.items() if any(c.provider == "meta" for c in found)})
-    if meta_orgs:
-        s = meta_template_states.c
-        batch.meta_categories = {(r.org_id, r.channel_id, r.name, r.language): r.category for r in conn.execute(
-            select(s.org_id, s.channel_id, s.name, s.language, s.category).where(in_values(conn, s.org_id, meta_orgs)))}
+    batch.meta_orgs = sorted({org for (org, _kind), found in batch.channels.items()
+                              if any(c.provider == "meta" for c in found)})
     return batch
 
 

@@ -132,7 +132,8 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
     billing = None
     if channel.provider == "meta":
         reference = rendered.outbound.template
-        category = batch.meta_category(org_id, channel.id, reference.name, reference.language) if reference else None
+        category = (batch.meta_category(conn, org_id, channel.id, reference.name, reference.language)
+                    if reference else None)
         if category == MARKETING and contact.marketing_opted_out_at is not None:
             # Meta's 131050 came for this person: marketing is refused before it is sent.
             return settle("cancelled", "cancelled", MARKETING_OPTED_OUT)
