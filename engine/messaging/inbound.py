@@ -252,11 +252,19 @@ def _process(conn: Connection, inbound: Any) -> str | None:
     return outcome
 
 
+#: An org's row and the kind of one of its channels, in one read.
+_ORG_AND_CHANNEL_KIND = (
+    select(orgs, channels.c.kind.label("channel_kind"))
+    .join_from(orgs, channels, and_(channels.c.org_id == orgs.c.id, channels.c.id == bindparam("channel_id")))
+    .where(orgs.c.id == bindparam("org_id"))
+)
+
+
 def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     org_id = inbound.org_id
-    org = conn.execute(select(orgs).where(orgs.c.id == org_id)).one()
-    channel = conn.execute(select(channels).where(channels.c.org_id == org_id,
-                                                  channels.c.id == inbound.channel_id)).one()
+    # The org's row (its keywords, its debounce), with the kind of the channel the reply came on.
+    org = conn.execute(_ORG_AND_CHANNEL_KIND, {"org_id": org_id, "channel_id": inbound.channel_id}).one()
+    kind = org.channel_kind
     # Several contacts may share the number (a parent books for the children): the reply is about
     # whichever of them the reminder went to, and SAIR stops every message to that number.
     contact_ids = find_all_by_address(conn, org_id, inbound.from_address or "")
@@ -266,7 +274,7 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     if not contact_ids:
         if _intent(org, inbound)[0] == "optout":
             # No contact carries the number yet: the refusal still holds for whoever gets it later.
-            block_sender(conn, org_id, inbound.from_address, source=f"reply:{channel.kind}",
+            block_sender(conn, org_id, inbound.from_address, source=f"reply:{kind}",
                          evidence=f"inbound:{inbound.id}")
             return "unknown_contact", "optout", None
         return "unknown_contact", None, None
@@ -291,9 +299,9 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     if intent == "optout":
         already = _fully_opted_out(conn, org_id, contact_ids)
         for cid in contact_ids:
-            opt_out(conn, org_id, cid, source=f"reply:{channel.kind}", evidence=f"inbound:{inbound.id}")
+            opt_out(conn, org_id, cid, source=f"reply:{kind}", evidence=f"inbound:{inbound.id}")
         if not already:  # one goodbye, not one per repeated SAIR
-            answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "optout_confirmation")
+            answer_inbound(conn, org_id, contact_id, kind, inbound.id, "optout_confirmation")
         return ("already_opted_out" if already else "opted_out"), intent, contact_id
     appointment = _target_appointment(conn, org_id, contact_ids, inbound, button_appointment)
     if appointment is None:
@@ -302,14 +310,14 @@ def _act(conn: Connection, inbound: Any) -> tuple[str, str | None, int | None]:
     if intent == "confirm":
         if not appts.confirm(conn, org_id, appointment.id):
             return f"appointment_{appointment.status}", intent, contact_id
-        answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "confirm_ack", appointment.id)
+        answer_inbound(conn, org_id, contact_id, kind, inbound.id, "confirm_ack", appointment.id)
         return "confirmed", intent, contact_id
     if not appts.cancel(conn, org_id, appointment.id, source="patient"):
         return f"appointment_{appointment.status}", intent, contact_id
     refresh_appointment(conn, org_id, appointment.id)
     open_inbox_item(conn, org_id, "appointment_cancelled_by_patient", f"appointment:{appointment.id}:patient_cancel",
                     appointment_id=appointment.id, detail="the patient cancelled by replying to a reminder")
-    answer_inbound(conn, org_id, contact_id, channel.kind, inbound.id, "cancel_ack", appointment.id)
+    answer_inbound(conn, org_id, contact_id, kind, inbound.id, "cancel_ack", appointment.id)
     return "cancelled", intent, contact_id
 
 
