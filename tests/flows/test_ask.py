@@ -7,15 +7,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from engine.flows import versions
 from engine.flows.contact_events import record_contact_event
 from engine.flows.conversation.fields import create_field
 from engine.flows.versions import FlowRejected
-from engine.store.models import inbox_items, messages, preferences
+from engine.store.models import inbox_items, message_events, messages, preferences
 from tests.factories import World
-from tests.flows.helpers import Flows, edge, linear, node, turn
+from tests.flows.helpers import DEBOUNCE, Flows, edge, linear, node, turn
 
 
 
@@ -229,3 +229,38 @@ def test_the_floor_one_run_asks_at_a_time_the_answer_is_its_alone_and_the_next_a
     flows.run()
     assert sent(flows, second) == ["De manhã, à tarde ou à noite?"]
     assert flows.enrollment(second).status == "waiting_reply"
+
+
+def test_a_turn_reads_the_org_once_a_stage_and_looks_for_no_voice_note_in_a_text(world, flows, clock, rt):
+    """A turn — a text reply read by the `ask`, its next question queued and sent — reads the
+    org's row once where the reply is acted on (with the channel's kind, in the same statement),
+    once for the step (which also places the question in the sending window with it) and once for
+    the send; a text reply is read once, with its lock, not looked at first for a voice note; the
+    question gets one `queued` event, from the planner that placed it."""
+    run = flows.enroll(flows.flow(ask_graph(["data", "periodo"])), world.contact())
+    flows.run()
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        seen.append(" ".join(statement.split()).upper())
+
+    event.listen(rt.db.engine, "before_cursor_execute", note)
+    try:
+        assert flows.reply("pode ser de manhã") == ["free_text"]
+        replying, seen[:] = list(seen), []
+        clock.advance(DEBOUNCE)
+        flows.run()
+        stepping = list(seen)
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", note)
+    assert sent(flows, run)[-1] == "Qual dia fica melhor para você?"
+    assert not [s for s in replying if "VOICE_STATE =" in s], replying
+    assert len([s for s in replying if "FROM INBOUND_MESSAGES" in s]) == 1, replying
+    assert len([s for s in replying if " FROM ORGS " in s]) == 1, replying
+    assert not [s for s in replying if " FROM CHANNELS " in s and "SELECT CHANNELS.ID" not in s], replying
+    assert len([s for s in stepping if " FROM ORGS " in s]) == 2, stepping  # the step's, the send's
+    question = flows.followups(run)[-1].id
+    with rt.db.connect() as conn:
+        events = conn.execute(select(message_events.c.event).where(
+            message_events.c.org_id == world.org_id, message_events.c.message_id == question)).scalars().all()
+    assert events.count("queued") == 1, events
