@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
-from sqlalchemy import JSON, Integer, bindparam, func, select, text, update
+from sqlalchemy import JSON, bindparam, func, select, text, update
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import ClauseElement, TextClause
 
@@ -49,7 +49,7 @@ from engine.queue.outbox import Outgoing, enqueue_many
 from engine.reminders.populate import plan_new
 from engine.reminders.windows import policy_for
 from engine.store.db import require_aware
-from engine.store.dialect import in_pairs, in_values
+from engine.store.dialect import claim_first_due, in_pairs, in_values
 from engine.store.runtime import Runtime
 from engine.tenants.webhooks import events as webhooks
 
@@ -97,22 +97,13 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
 def _claim_statement(postgresql: bool) -> Any:
     """`claim_due`'s statement, built once (the scheduler claims several times a second): lease
     up to `:limit` enrollments due at `:now` until `:claim_lease_until`, bumping their revision."""
-    due = (
-        select(enrollments.c.id)
-        .where(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= bindparam("now"),
-               enrollments.c.lease_until.is_(None))
-        .order_by(enrollments.c.next_eval_at, enrollments.c.id)
-        .limit(bindparam("limit", type_=Integer))
-    )
-    if postgresql:
-        due = due.with_for_update(skip_locked=True)
-    # A locking CTE runs once (an IN subquery with SKIP LOCKED may run per row; see dispatch).
-    due_cte = due.cte("due")
-    return (update(enrollments)
-            .where(enrollments.c.id.in_(select(due_cte.c.id)), enrollments.c.lease_until.is_(None))
-            .values(lease_until=bindparam("claim_lease_until"), revision=enrollments.c.revision + 1,
-                    claim_started_at=None)
-            .returning(enrollments.c.id, enrollments.c.revision, enrollments.c.next_eval_at))
+    return claim_first_due(
+        enrollments, due=(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= bindparam("now"),
+                          enrollments.c.lease_until.is_(None)),
+        order_by=(enrollments.c.next_eval_at, enrollments.c.id), still=enrollments.c.lease_until.is_(None),
+        values={"lease_until": bindparam("claim_lease_until"), "revision": enrollments.c.revision + 1,
+                "claim_started_at": None},
+        returning=(enrollments.c.id, enrollments.c.revision, enrollments.c.next_eval_at), postgresql=postgresql)
 
 
 class Swept(NamedTuple):

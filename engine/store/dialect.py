@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import (
-    JSON, Table, Text, any_, bindparam, case, cast, column, func, literal, select, tuple_, type_coerce,
+    JSON, Integer, Table, Text, any_, bindparam, case, cast, column, func, literal, select, tuple_, type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -69,6 +69,22 @@ class _IgnoringInsert:
 
     def from_select(self, names: Sequence[str], select: Any) -> Any:
         return self._stmt.from_select(names, select).on_conflict_do_nothing(index_elements=self._columns)
+
+
+def claim_first_due(table: Table, *, due: Sequence[Any], order_by: Sequence[Any], still: Any,
+                    values: Mapping[str, Any], returning: Sequence[Any], postgresql: bool) -> Any:
+    """A queue's claim in one statement: `UPDATE table SET values WHERE id IN (the first `:limit`
+    rows matching `due`, in `order_by`) AND still RETURNING returning` (the caller binds
+    `:limit`). On PostgreSQL the chosen rows are locked and those another claim holds skipped.
+
+    They are chosen in a CTE, not `IN (subquery)`: PostgreSQL may run a `LIMIT … SKIP LOCKED`
+    subquery once per candidate row, and then claims far more than `:limit` rows; a locking CTE
+    runs once."""
+    chosen = select(table.c.id).where(*due).order_by(*order_by).limit(bindparam("limit", type_=Integer))
+    if postgresql:
+        chosen = chosen.with_for_update(skip_locked=True)
+    chosen_cte = chosen.cte("due")
+    return update(table).where(table.c.id.in_(select(chosen_cte.c.id)), still).values(**values).returning(*returning)
 
 
 def epoch_seconds(column: Any) -> Any:

@@ -9,11 +9,11 @@ import socket
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, func, select, update
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from engine.core import clock
-from engine.store.dialect import planner_setting
+from engine.store.dialect import claim_first_due, planner_setting
 from engine.queue.inbox import open_inbox_item
 from engine.store.models import channels, messages
 from engine.queue.outbox import record_event_rows, transition
@@ -78,22 +78,12 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None, task
 def _claim_statement(postgresql: bool) -> Any:
     """`claim_due`'s statement, built once (the scheduler claims several times a second): lease
     up to `:limit` messages due at `:now` until `:claim_lease_until`."""
-    due = (
-        select(messages.c.id)
-        .where(messages.c.status == "pending", messages.c.next_attempt_at <= bindparam("now"))
-        .order_by(messages.c.next_attempt_at, messages.c.id)
-        .limit(bindparam("limit", type_=Integer))
-    )
-    if postgresql:
-        due = due.with_for_update(skip_locked=True)
-    # A CTE, not `IN (subquery)`: PostgreSQL may run a LIMIT … SKIP LOCKED subquery once per
-    # candidate row, and then claims far more than `limit` rows. A locking CTE runs once.
-    due_cte = due.cte("due")
-    return (update(messages)
-            .where(messages.c.id.in_(select(due_cte.c.id)), messages.c.status == "pending")
-            .values(status="claimed", lease_until=bindparam("claim_lease_until"), claimed_by=WORKER_ID,
-                    updated_at=bindparam("now"))
-            .returning(messages.c.id, messages.c.org_id, messages.c.next_attempt_at))
+    return claim_first_due(
+        messages, due=(messages.c.status == "pending", messages.c.next_attempt_at <= bindparam("now")),
+        order_by=(messages.c.next_attempt_at, messages.c.id), still=messages.c.status == "pending",
+        values={"status": "claimed", "lease_until": bindparam("claim_lease_until"), "claimed_by": WORKER_ID,
+                "updated_at": bindparam("now")},
+        returning=(messages.c.id, messages.c.org_id, messages.c.next_attempt_at), postgresql=postgresql)
 
 
 def sweep_leases(rt: Runtime) -> tuple[int, int]:
