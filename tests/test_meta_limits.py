@@ -5,12 +5,18 @@ and not a failure; a 130429 pauses the whole number, and no other."""
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import select, update
+import pytest
+from sqlalchemy import insert, select, text, update
 
 from engine.messaging import dispatch
+from engine.queue import recipient_pacing as recipient_pacing_
 from engine.store.models import messages, recipient_pacing
+from engine.tenants.channels import create_channel
+from tests.factories import World
+from tests.processes import wait_until
 from tests.fakes.meta import notes_error
 from tests.test_dispatch_batch import APPOINTMENT, DUE, Graph, booked, meta_world, phone, wa
 from tests.test_metrics import Deltas, s
@@ -123,3 +129,84 @@ def test_the_spacing_holds_across_two_worker_processes(rt, procs, database_url):
     assert len(arrivals) == 2
     # The slots are 6 s apart; the first send may leave a little after its slot on a busy machine.
     assert arrivals[1] - arrivals[0] >= 5.5, arrivals
+
+
+def test_a_wave_takes_its_recipients_rows_in_the_order_a_check_does(rt, clock):
+    """A wave that starts late counts its recipients' next slots again (`recipient_pacing.sending`)
+    while other batches' checks reserve theirs (`reserve`, rows locked in sorted order). The wave
+    must lock in that order too: one that held a later row while waiting for an earlier one a check
+    held deadlocked with the check wanting the later one, and PostgreSQL rolled the wave's record
+    back (its calls became `unknown`). Here a check holds the first row: the wave waits for it
+    without having taken the second, which a third transaction can still lock at once."""
+    if rt.db.is_sqlite:
+        pytest.skip("SQLite has one writer at a time: no row locks")
+    world = World(rt)
+    with rt.db.begin() as conn:
+        channel_id = create_channel(conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta",
+                                 name="WhatsApp oficial", credentials={
+                                     "phone_number_id": "1122334455667", "access_token": "EAAG-token",
+                                     "app_secret": "segredo", "verify_token": "verifique"})
+    clock.set(DUE)
+    now = clock.now()
+    first, second = "0" * 64, "f" * 64
+    with rt.db.begin() as conn:  # the later row first on disk: a scan meets it first
+        for recipient in (second, first, "8" * 64):
+            conn.execute(insert(recipient_pacing).values(channel_id=channel_id, recipient=recipient,
+                                                         org_id=world.org_id, next_allowed_at=now - timedelta(hours=1),
+                                                         taken_by="earlier"))
+
+    def want(recipient: str) -> recipient_pacing_.Want:
+        return recipient_pacing_.Want(1, world.org_id, channel_id, recipient, timedelta(seconds=6),
+                                      now - timedelta(seconds=5))
+
+    wave_pid: list[int] = []
+    wave_error: list[BaseException] = []
+
+    def wave() -> None:
+        try:
+            with rt.db.engine.connect() as conn:
+                # A worker's connection, where psycopg prepared the statement long ago and
+                # PostgreSQL may keep a generic plan for it (a scan in the heap's order).
+                for _ in range(6):
+                    with conn.begin():
+                        recipient_pacing_.sending(conn, [want("8" * 64)], now)
+                conn.execute(text("SET plan_cache_mode = force_generic_plan"))
+                conn.commit()
+                try:
+                    with conn.begin():
+                        wave_pid.append(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                        recipient_pacing_.sending(conn, [want(second), want(first)], now)
+                finally:
+                    conn.execute(text("RESET plan_cache_mode"))
+                    conn.commit()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            wave_error.append(exc)
+
+    with rt.db.engine.connect() as check, rt.db.engine.connect() as third:
+        check_tx = check.begin()
+        recipient_pacing_.reserve(check, [want(first)], now)  # the check holds the first row
+        thread = threading.Thread(target=wave)
+        thread.start()
+        try:
+            wait_until(lambda: bool(wave_error) or (bool(wave_pid) and _waits_for_a_lock(rt, wave_pid[0])),
+                       timeout=30, what="the wave to wait for the row the check holds")
+            assert not wave_error, wave_error
+            third_tx = third.begin()
+            locked = third.execute(text(
+                "SELECT recipient FROM recipient_pacing WHERE channel_id = :channel AND recipient = :recipient "
+                "FOR UPDATE NOWAIT"), {"channel": channel_id, "recipient": second}).scalars().all()
+            assert locked == [second], "the wave took the second row before the first"
+            third_tx.rollback()
+        finally:
+            check_tx.commit()
+            thread.join(timeout=30)
+    assert not thread.is_alive() and not wave_error, wave_error
+    with rt.db.connect() as conn:
+        slots = dict(conn.execute(select(recipient_pacing.c.recipient, recipient_pacing.c.next_allowed_at)).all())
+    assert slots[first] == slots[second] == now + timedelta(seconds=6)
+
+
+def _waits_for_a_lock(rt, pid: int) -> bool:
+    with rt.db.engine.connect() as conn:
+        return conn.execute(text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
+                            {"pid": pid}).scalar() == "Lock"

@@ -58,7 +58,21 @@ def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[in
                 outcomes[msg.id] = checked
             else:
                 ready.append(checked)
-        ready = _space_recipients(conn, rt, ready, outcomes, now)
+        later = _space_recipients(conn, rt, ready, now)
+    if later:
+        # In a transaction of their own, so that the recipients' rows `reserve` locked are
+        # released by the commit right after it: a wave of another batch counting one of them
+        # again waits for that commit, not for two statements per deferral (a crash in between
+        # leaves these `claimed`: handed out again when their lease runs out, reserved again).
+        with rt.db.begin() as conn:
+            for item in ready:
+                at = later.get(item.msg.id)
+                if at is not None:
+                    moved = transition(conn, item.msg.org_id, item.msg.id, ("claimed",), "pending", "deferred",
+                                       values={"lease_until": None, "next_attempt_at": at},
+                                       detail={"reason": "pair_rate_limit"})
+                    outcomes[item.msg.id] = "deferred" if moved else "not_claimed"
+        ready = [item for item in ready if item.msg.id not in later]
     loaded = {msg.id for msg in batch.messages}
     for mid in message_ids:
         if mid not in loaded:
@@ -166,28 +180,20 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
     return Ready(msg=msg, channel=channel, rendered=rendered, provider=provider, send_at=send_at, billing=billing)
 
 
-def _space_recipients(conn: Connection, rt: Runtime, ready: list[Ready], outcomes: dict[int, str],
-                      now: datetime) -> list[Ready]:
+def _space_recipients(conn: Connection, rt: Runtime, ready: list[Ready], now: datetime) -> dict[int, datetime]:
     """Of the messages that may go, those whose provider spaces the sends to one recipient (Meta:
-    6 s) take their recipient's slot, all in one statement; one whose recipient's slot has not
-    come yet goes back to the queue for it. Returns the messages that still go."""
+    6 s) take their recipient's slot, all in one statement; returns, for each one whose
+    recipient's slot has not come yet, when it has (it goes back to the queue for it)."""
     spaced = [item for item in ready if type(item.provider).recipient_interval]
     if not spaced:
-        return ready
+        return {}
     hasher = recipient_pacing.RecipientHasher(rt.keyring)
     for item in spaced:
         item.spacing = recipient_pacing.Want(
             item.msg.id, item.msg.org_id, item.channel.id,
             hasher(item.msg.org_id, item.channel.id, item.rendered.outbound.to),
             timedelta(seconds=type(item.provider).recipient_interval or 0), now)
-    later = recipient_pacing.reserve(conn, [item.spacing for item in spaced if item.spacing], now)
-    for item in ready:
-        at = later.get(item.msg.id)
-        if at is not None:
-            transition(conn, item.msg.org_id, item.msg.id, ("claimed",), "pending", "deferred",
-                       values={"lease_until": None, "next_attempt_at": at}, detail={"reason": "pair_rate_limit"})
-            outcomes[item.msg.id] = "deferred"
-    return [item for item in ready if item.msg.id not in later]
+    return recipient_pacing.reserve(conn, [item.spacing for item in spaced if item.spacing], now)
 
 
 def _reserve_slot(conn: Connection, org: Any, channel: Any, policy: PacingPolicy, now: datetime) -> Reservation:

@@ -15,7 +15,8 @@
 4. After each wave, one transaction marks its accepted messages `sent` and the next wave
    `sending`, with their events (`waves`: one statement on PostgreSQL); each failure is settled
    on its own before it (`outcomes`), and one message's failure or crash never stops the others.
-   A batch of B messages costs ⌈B/N⌉ + 2 transactions (its checks' one included) and ⌈B/N⌉ + 1
+   A batch of B messages costs ⌈B/N⌉ + 2 transactions (its checks' one included; one
+   more when some of them wait for their recipient's slot) and ⌈B/N⌉ + 1
    writes on PostgreSQL, N being the calls in flight, against 2 transactions and 4 writes when a
    whole batch was marked at once: 27 and 26 for a task of 200 at the default 8
    (docs/benchmarks-history.md, 2026-12-06).
