@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sqlalchemy import event  # noqa: E402
 
-from engine import dispatch  # noqa: E402
+from engine.messaging import dispatch  # noqa: E402
 from engine.core.config import Settings  # noqa: E402
 from engine.store.db import Database  # noqa: E402
 from engine.core.logs import configure as configure_logs  # noqa: E402

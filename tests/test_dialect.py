@@ -94,6 +94,24 @@ def test_update_per_row_has_one_statement_text_for_any_batch(rt: Any, clock: Any
         assert len(set(seen)) == 1
 
 
+def test_update_per_row_holds_each_row_to_its_own_matched_value(rt: Any, clock: Any) -> None:
+    """`match` columns are compared, never written: a row named with another org's id is left
+    alone (and keeps its org), the others change."""
+    clinic, other = World(rt), World(rt, slug="outra")
+    mine = clinic.contact(name="Minha", phone="+5516999887720")
+    theirs = other.contact(name="Dela", phone="+5516999887721")
+    with rt.db.begin() as conn:
+        rows = update_per_row(
+            conn, contacts, {mine: {"org_id": clinic.org_id, "name": "Mudou"},
+                             theirs: {"org_id": clinic.org_id, "name": "Não devia"}},
+            match=("org_id",), where=[], values={"updated_at": clock.now()}, returning=[contacts.c.id])
+    assert [row.id for row in rows] == [mine]
+    with rt.db.connect() as conn:
+        found = {row.id: (row.org_id, row.name) for row in conn.execute(
+            select(contacts.c.id, contacts.c.org_id, contacts.c.name).where(contacts.c.id.in_([mine, theirs])))}
+    assert found == {mine: (clinic.org_id, "Mudou"), theirs: (other.org_id, "Dela")}
+
+
 def test_in_values_keeps_texts_whole(rt: Any) -> None:
     # Values that an array literal would have to quote: commas, braces, quotes, backslashes.
     clinic = World(rt)

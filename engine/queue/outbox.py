@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from engine.core import clock, metrics
-from engine.store.dialect import insert_rows
+from engine.store.dialect import insert_rows, update_per_row
 from engine.store.models import OPEN_STATUSES, message_events, messages
 
 
@@ -112,6 +112,25 @@ def transition_where(
     ids = [row.id for row in conn.execute(stmt)]
     record_events(conn, org_id, ids, event, detail=detail, provider_status=provider_status, attempt=attempt, at=now)
     return ids
+
+
+def defer_many(conn: Connection, deferred: Sequence[tuple[int, int, datetime]], reason: str) -> list[int]:
+    """Put claimed messages back in the queue, each until its own instant, in two statements for
+    any count (`transition` is two a message): `deferred` is (org_id, message_id, until) triples.
+    Returns the ids moved; a message no longer `claimed` is left alone, as `transition` leaves it."""
+    if not deferred:
+        return []
+    now = clock.now()
+    org_of = {message_id: org_id for org_id, message_id, _ in deferred}
+    moved = [row.id for row in update_per_row(
+        conn, messages,
+        {message_id: {"org_id": org_id, "next_attempt_at": until} for org_id, message_id, until in deferred},
+        match=("org_id",), where=[messages.c.status == "claimed"],
+        values={"status": "pending", "lease_until": None, "updated_at": now}, returning=[messages.c.id])]
+    record_event_rows(conn, [{"org_id": org_of[message_id], "message_id": message_id, "event": "deferred",
+                              "attempt": None, "provider_status": None, "detail": {"reason": reason},
+                              "created_at": now} for message_id in moved])
+    return moved
 
 
 def cancel_open(conn: Connection, org_id: int, where: ColumnElement[bool], reason: str) -> list[int]:

@@ -261,10 +261,14 @@ def update_per_row(
     where: Sequence[Any],
     values: Mapping[str, Any],
     returning: Sequence[Any],
+    match: Sequence[str] = (),
 ) -> list[Any]:
     """UPDATE the rows of `table` whose ids are the keys of `rows`, each with its own value of
     the columns its mapping names (every mapping names the same ones), the same `values` for
-    the rest, under `where`; returns the `returning` columns of the rows that changed.
+    the rest, under `where`; returns the `returning` columns of the rows that changed. The
+    columns named in `match` are compared with the row's own value instead of set (a row's
+    org: each row is held to its own org, with no `org_id = ANY(…)` for the planner to read a
+    whole status of the orgs by).
 
     PostgreSQL joins the rows from arrays (`UPDATE … FROM unnest(…)`); SQLite, a CASE on the id
     per column."""
@@ -272,14 +276,16 @@ def update_per_row(
         return []
     ids = list(rows)
     columns = list(next(iter(rows.values())))
+    written = [name for name in columns if name not in match]
     key = table.c.id
     if conn.dialect.name == "postgresql":
         arrays = _array_rows(table, ["id", *columns])
-        stmt = (update(table).where(key == arrays.c.id, *where)
-                .values(**values, **{name: arrays.c[name] for name in columns}).returning(*returning))
+        stmt = (update(table).where(key == arrays.c.id, *[table.c[name] == arrays.c[name] for name in match], *where)
+                .values(**values, **{name: arrays.c[name] for name in written}).returning(*returning))
         params = _array_params([{"id": i, **rows[i]} for i in ids], ["id", *columns])
         return list(conn.execute(stmt, params).all())
     per_row = {name: type_coerce(case({i: rows[i][name] for i in ids}, value=key), table.c[name].type)
                for name in columns}
-    stmt = update(table).where(key.in_(ids), *where).values(**values, **per_row).returning(*returning)
+    stmt = (update(table).where(key.in_(ids), *[table.c[name] == per_row[name] for name in match], *where)
+            .values(**values, **{name: per_row[name] for name in written}).returning(*returning))
     return list(conn.execute(stmt).all())

@@ -27,7 +27,7 @@ from engine.messaging.meta_categories import MARKETING
 from engine.messaging.pricing import billing_columns
 from engine.queue.address_optouts import MARKETING_OPTED_OUT
 from engine.queue import recipient_pacing
-from engine.queue.outbox import transition
+from engine.queue.outbox import defer_many, transition
 from engine.queue.pacing import MAX_WAIT as MAX_PACING_WAIT
 from engine.queue.pacing import DbPacingStore
 from engine.messaging.render import TemplateError
@@ -62,16 +62,12 @@ def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[in
     if later:
         # In a transaction of their own, so that the recipients' rows `reserve` locked are
         # released by the commit right after it: a wave of another batch counting one of them
-        # again waits for that commit, not for two statements per deferral (a crash in between
+        # again waits for that commit, not for the deferrals' statements (a crash in between
         # leaves these `claimed`: handed out again when their lease runs out, reserved again).
+        deferred = [(item.msg.org_id, item.msg.id, later[item.msg.id]) for item in ready if item.msg.id in later]
         with rt.db.begin() as conn:
-            for item in ready:
-                at = later.get(item.msg.id)
-                if at is not None:
-                    moved = transition(conn, item.msg.org_id, item.msg.id, ("claimed",), "pending", "deferred",
-                                       values={"lease_until": None, "next_attempt_at": at},
-                                       detail={"reason": "pair_rate_limit"})
-                    outcomes[item.msg.id] = "deferred" if moved else "not_claimed"
+            moved = set(defer_many(conn, deferred, "pair_rate_limit"))
+        outcomes.update({mid: "deferred" if mid in moved else "not_claimed" for _, mid, _ in deferred})
         ready = [item for item in ready if item.msg.id not in later]
     loaded = {msg.id for msg in batch.messages}
     for mid in message_ids:
