@@ -351,10 +351,10 @@ def bulk_load(conninfo: str, plan: LoadPlan) -> dict[str, float]:
                 aid = index + 1
                 # A contact of the same org: contacts c ≡ org (mod n_orgs).
                 org_pos = index % n_orgs
-                per_org = (n_contacts - org_pos + n_orgs - 1) // n_orgs
                 if n_contacts >= plan.appointments:
                     cid = org_pos + 1 + n_orgs * (index // n_orgs)  # each appointment its own patient
                 else:
+                    per_org = (n_contacts - org_pos + n_orgs - 1) // n_orgs
                     cid = org_pos + 1 + n_orgs * rng.randrange(per_org)
                 if plan.due_from is not None:
                     due = plan.due_from + timedelta(seconds=plan.spread * slots[index] / plan.appointments)

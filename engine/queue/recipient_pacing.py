@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
-from sqlalchemy import case, update
+from sqlalchemy import and_, case, update
 from sqlalchemy.engine import Connection
 
 from engine.store.dialect import insert_ignore, insert_rows
@@ -123,7 +123,8 @@ def sending(conn: Connection, wanted: Sequence[Want], now: datetime) -> None:
     def move_forward(insert: Any) -> Any:
         return insert.on_conflict_do_update(
             index_elements=["channel_id", "recipient"], set_={"next_allowed_at": insert.excluded.next_allowed_at},
-            where=table.c.next_allowed_at < insert.excluded.next_allowed_at)
+            where=and_(table.c.org_id == insert.excluded.org_id,
+                       table.c.next_allowed_at < insert.excluded.next_allowed_at))
 
     # An upsert of the rows in `reserve`'s order rather than an UPDATE: it finds each row by the
     # primary key, whatever plan PostgreSQL keeps for a prepared statement (the UPDATE's generic

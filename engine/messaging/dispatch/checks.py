@@ -1,5 +1,6 @@
 """Before the provider call: re-check every claimed message of a batch, in one transaction and a
-few set-based statements (`check`); the ones that may go are marked `sending` as their calls begin,
+few set-based statements (`check`; the messages left waiting for their recipient's slot go back
+to the queue in a second one); the ones that may go are marked `sending` as their calls begin,
 a wave at a time (engine/messaging/dispatch/waves.py).
 
 Everything that can have changed since the claim is checked again here, at send time: the
