@@ -15,9 +15,11 @@ provider: the Meta channel's `base_url` is bench/http_fake.py, a loopback proces
 send's arrival with the machine's monotonic clock (the same clock in every process, so the two
 instants compare). Nothing in between is faked: PostgreSQL, the Redis broker, `lembra web`,
 `lembra worker` and `lembra scheduler` run as a deployment runs them, and the reply goes
-webhook → `process_inbound` (a worker) → the enrollment due now → the scheduler's next pass
-claims it → `advance_enrollments` (a worker) → the ask's question in the outbox → the scheduler's
-next pass claims it → `send_messages` (a worker) → the fake.
+webhook → `process_inbound` (a worker) → the enrollment due now, claimed and advanced by that
+worker (engine/messaging/turn.py) → the ask's question in the outbox, claimed and sent by that
+worker → the fake. (Before 2026-12-07, session 11, the scheduler's next pass claimed the run for
+`advance_enrollments`, and its next pass the question for `send_messages`; with a debounce the
+scheduler still takes the run once the debounce has passed.)
 
 1. creates a fresh PostgreSQL database (default `lembra_bench_conversations`), one clinic (a
    00:00-23:59 window with no Sunday or holiday skipping; `orgs.reply_debounce_seconds` set to
@@ -44,8 +46,9 @@ next pass claims it → `send_messages` (a worker) → the fake.
    none lost, nothing else sent; counted at the fake), CPU per turn by component and the machine
    (bench/throughput.py's helpers). The exit status is 1 when a check fails;
 6. `--inline N` then enrolls N more contacts and runs their turns one at a time inside this
-   process, through the functions the processes run (`receive`, `process_inbound`, the
-   scheduler's claims, `advance_claimed`, `send_batch` to the fake), counting every statement
+   process, through the functions the processes run (`receive`, `process_inbound`,
+   `turn.answer_now` with its claims, `advance_claimed` and `send_batch` to the fake, then the
+   scheduler's claims for anything left), counting every statement
    (bench/flows.py's StatementCounter), transaction, and the CPU and wall of each stage, and
    checks at the fake that each got exactly one reply (the exit status is 1 otherwise); beside
    them, N wait → end advances measured by bench/flows.py's own `run_inline` in the same database.
@@ -419,22 +422,24 @@ ADVANCE_WARM_UP = 200
 #: Seconds between two sends to one person on Meta (its provider's `recipient_interval`), and a margin.
 RECIPIENT_INTERVAL_S = 6.5
 #: A turn's stages in this process, as the deployment splits them between its processes.
-STAGES = ("web: receive", "worker: process_inbound", "scheduler: claim step", "worker: advance",
-          "scheduler: claim send", "worker: send")
+STAGES = ("web: receive", "worker: process_inbound", "worker: answer_now", "scheduler: claim step",
+          "worker: advance", "scheduler: claim send", "worker: send")
 
 
 def inline_turns(args: argparse.Namespace, db: Database, database_url: str, secret_keys: str,
                  clinic: dict[str, Any], fake: FakeProcess, logdir: Path) -> dict[str, Any]:
     """`--inline` more contacts enrolled and asked the first question in this process, then each
     answers once, one turn at a time, through the functions the processes run: `receive` (the
-    webhook's work), `process_inbound`, the scheduler's `claim_due`, `advance_claimed`, the
-    dispatcher's `claim_due` and `send_batch` (to the fake, over HTTP). Counts the statements,
+    webhook's work), `process_inbound`, `turn.answer_now` (the worker's claim, `advance_claimed`,
+    its claim and `send_batch` to the fake, over HTTP), then what a scheduler pass would still
+    find (`claim_due` of runs, `advance_claimed`, `claim_due` of messages, `send_batch`: nothing
+    when the worker answered). Counts the statements,
     transactions, CPU and wall of each stage (with `--inline-profile`, under cProfile, whose
     overhead then inflates the CPU), and checks at the fake that every turn got exactly one reply
     with the day question."""
     from engine.core.config import Settings
     from engine.flows import runtime as flows_runtime
-    from engine.messaging import dispatch
+    from engine.messaging import dispatch, turn
     from engine.messaging.inbound import process_inbound, receive
     from engine.store.runtime import Runtime, install
     from gateway.contract import WebhookRequest
@@ -500,7 +505,7 @@ def inline_turns(args: argparse.Namespace, db: Database, database_url: str, secr
         # lost. A patient answers after reading the question; wait the interval out once.
         time.sleep(RECIPIENT_INTERVAL_S)
         fake.reset()
-        replies = 0
+        left = 0  # replies the worker's answer left to a scheduler pass
         for n, cid in enumerate(ids):
             measured = n >= warm
             raw = inbound_body(cid, f"wamid.bench-inline-{cid}", REPLIES[n % len(REPLIES)])
@@ -509,8 +514,9 @@ def inline_turns(args: argparse.Namespace, db: Database, database_url: str, secr
                                               + hmac.new(secret, raw, hashlib.sha256).hexdigest()}, body=raw)
             received = stage("web: receive", measured, receive, rt, "meta", clinic["channel_id"], request)
             for inbound_id in received.inbound_ids:
-                stage("worker: process_inbound", measured, process_inbound, rt, inbound_id)
-            replies += drain(measured)[1]
+                if stage("worker: process_inbound", measured, process_inbound, rt, inbound_id) is not None:
+                    stage("worker: answer_now", measured, turn.answer_now, rt, inbound_id)
+            left += drain(measured)[1]
     finally:
         install(previous)
         rt.close()
@@ -527,7 +533,7 @@ def inline_turns(args: argparse.Namespace, db: Database, database_url: str, secr
     per = max(measured_turns, 1)
     out: dict[str, Any] = {
         "turns": k, "warm_up": warm, "measured": measured_turns, "first_questions": first_sent,
-        "first_steps": first_steps, "replies_sent": replies, "checks": checks,
+        "first_steps": first_steps, "replies_sent_by_scheduler": left, "checks": checks,
         "cpu_ms_per_turn": round(1000 * sum(cpu.values()) / per, 2),
         "wall_ms_per_turn": round(1000 * sum(wall.values()) / per, 2),
         "statements_per_turn": round(sum(sum(c.values()) for c in statements.values()) / per, 2),
@@ -815,7 +821,8 @@ def _inline_lines(report: dict[str, Any]) -> list[str]:
              f"{inline['cpu_ms_per_turn']} ms CPU, {inline['wall_ms_per_turn']} ms wall, "
              f"{inline['statements_per_turn']} statements and {inline['transactions_per_turn']} transactions per turn; "
              f"replied exactly once {c['replied_once']:,}/{inline['turns']:,}, lost {c['lost']}, twice "
-             f"{c['duplicated']}, wrong question {c['wrong_text']}, other sends {c['unexpected_sends']}"]
+             f"{c['duplicated']}, wrong question {c['wrong_text']}, other sends {c['unexpected_sends']}; "
+             f"replies left to a scheduler pass {inline.get('replies_sent_by_scheduler', 0)}"]
     for name, st in inline["by_stage"].items():
         lines.append(f"           {name}: {st['cpu_ms']} ms CPU, {st['wall_ms']} ms wall, {st['statements']} statements "
                      f"{st['by_verb']}, {st['transactions']} transactions")

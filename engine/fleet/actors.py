@@ -10,7 +10,7 @@ import logging
 
 import dramatiq
 
-from engine.messaging import dispatch, inbound
+from engine.messaging import dispatch, inbound, turn
 from engine.store import runtime
 from engine.flows.runtime import advance_claimed
 from engine.tenants.webhooks import delivery as webhook_delivery
@@ -36,10 +36,12 @@ def send_messages(message_ids: list[int]) -> None:
 
 @dramatiq.actor(queue_name=INBOUND_QUEUE, max_retries=3, min_backoff=1000, time_limit=5 * 60 * 1000)
 def process_inbound(inbound_ids: list[int]) -> None:
-    """Act on stored patient messages (each exactly once, by compare-and-set)."""
+    """Act on stored patient messages (each exactly once, by compare-and-set), and answer each at
+    once where it calls for an answer now (`turn.answer_now`)."""
     rt = runtime.current()
     for inbound_id in inbound_ids:
-        inbound.process_inbound(rt, int(inbound_id))
+        if inbound.process_inbound(rt, int(inbound_id)) is not None:
+            turn.answer_now(rt, int(inbound_id))
 
 
 @dramatiq.actor(queue_name=FLOWS_QUEUE, max_retries=0, time_limit=15 * 60 * 1000)

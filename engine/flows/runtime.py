@@ -93,13 +93,33 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
     return [(row.id, row.revision) for row in sorted(rows, key=lambda r: (r.next_eval_at, r.id))]
 
 
-@functools.lru_cache(maxsize=2)
-def _claim_statement(postgresql: bool) -> Any:
+def claim_replied(rt: Runtime, org_id: int, inbound_id: int) -> list[tuple[int, int]]:
+    """Claim, as `claim_due` does, the org's runs that the reply `inbound_id` made due now, for the
+    worker that read it to advance them at once (engine/messaging/turn.py); returns (id,
+    revision) pairs. None when the reply is not theirs to read yet (an `ask` waits the org's
+    debounce) or a scheduler pass claimed them first: the same compare-and-set decides."""
+    now = clock.now()
+    with rt.db.begin() as conn:
+        rows = conn.execute(_claim_statement(conn.dialect.name == "postgresql", replied=True),
+                            {"now": now, "limit": MAX_REPLIED, "claim_lease_until": now + rt.settings.lease,
+                             "of_org_id": org_id, "of_inbound_id": inbound_id}).all()
+    return [(row.id, row.revision) for row in sorted(rows, key=lambda r: (r.next_eval_at, r.id))]
+
+
+#: The runs one reply may make due at once (contacts sharing a number, each with a live run).
+MAX_REPLIED = 20
+
+
+@functools.lru_cache(maxsize=4)
+def _claim_statement(postgresql: bool, *, replied: bool = False) -> Any:
     """`claim_due`'s statement, built once (the scheduler claims several times a second): lease
-    up to `:limit` enrollments due at `:now` until `:claim_lease_until`, bumping their revision."""
+    up to `:limit` enrollments due at `:now` until `:claim_lease_until`, bumping their revision.
+    With `replied`, only the runs of `:of_org_id` holding the reply `:of_inbound_id` (`claim_replied`)."""
+    only = (enrollments.c.org_id == bindparam("of_org_id"),
+            enrollments.c.pending_inbound_id == bindparam("of_inbound_id")) if replied else ()
     return claim_first_due(
-        enrollments, due=(enrollments.c.status.in_(lifecycle.CLOCKED), enrollments.c.next_eval_at <= bindparam("now"),
-                          enrollments.c.lease_until.is_(None)),
+        enrollments, due=(*only, enrollments.c.status.in_(lifecycle.CLOCKED),
+                          enrollments.c.next_eval_at <= bindparam("now"), enrollments.c.lease_until.is_(None)),
         order_by=(enrollments.c.next_eval_at, enrollments.c.id), still=enrollments.c.lease_until.is_(None),
         values={"lease_until": bindparam("claim_lease_until"), "revision": enrollments.c.revision + 1,
                 "claim_started_at": None},

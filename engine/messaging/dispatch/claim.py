@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, func, select
@@ -65,21 +66,43 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None, task
                     limit -= limit % task
             if limit == 0:
                 return []
-        rows = conn.execute(_claim_statement(conn.dialect.name == "postgresql"),
-                            {"now": now, "limit": limit, "claim_lease_until": now + rt.settings.lease}).all()
-        record_event_rows(conn, [
-            {"org_id": row.org_id, "message_id": row.id, "event": "claimed", "attempt": None,
-             "provider_status": None, "detail": None, "created_at": now}
-            for row in rows])
+        return _claim(conn, rt, _claim_statement(conn.dialect.name == "postgresql"), now, {"limit": limit})
+
+
+def claim_for_contact(rt: Runtime, org_id: int, contact_id: int) -> list[int]:
+    """Claim, as `claim_due` does, the messages due now to one contact of `org_id` (the answer to
+    what they just wrote, for the worker that read it to send at once: engine/messaging/turn.py);
+    returns their ids in due order. A message a scheduler pass claimed first is not taken twice:
+    the same compare-and-set decides."""
+    now = clock.now()
+    with rt.db.begin() as conn:
+        return _claim(conn, rt, _claim_statement(conn.dialect.name == "postgresql", contact=True), now,
+                      {"limit": MAX_FOR_CONTACT, "of_org_id": org_id, "of_contact_id": contact_id})
+
+
+#: The messages due to one contact that one claim takes at most.
+MAX_FOR_CONTACT = 20
+
+
+def _claim(conn: Connection, rt: Runtime, statement: Any, now: datetime, params: dict[str, Any]) -> list[int]:
+    """Run a claim statement at `now`, with its `claimed` events; the claimed ids in due order."""
+    rows = conn.execute(statement, {"now": now, "claim_lease_until": now + rt.settings.lease, **params}).all()
+    record_event_rows(conn, [
+        {"org_id": row.org_id, "message_id": row.id, "event": "claimed", "attempt": None,
+         "provider_status": None, "detail": None, "created_at": now}
+        for row in rows])
     return [row.id for row in sorted(rows, key=lambda r: (r.next_attempt_at, r.id))]
 
 
-@functools.lru_cache(maxsize=2)
-def _claim_statement(postgresql: bool) -> Any:
+@functools.lru_cache(maxsize=4)
+def _claim_statement(postgresql: bool, *, contact: bool = False) -> Any:
     """`claim_due`'s statement, built once (the scheduler claims several times a second): lease
-    up to `:limit` messages due at `:now` until `:claim_lease_until`."""
+    up to `:limit` messages due at `:now` until `:claim_lease_until`. With `contact`, only those
+    to `:of_contact_id` of `:of_org_id` (`claim_for_contact`)."""
+    only = (messages.c.org_id == bindparam("of_org_id"), messages.c.contact_id == bindparam("of_contact_id")) \
+        if contact else ()
     return claim_first_due(
-        messages, due=(messages.c.status == "pending", messages.c.next_attempt_at <= bindparam("now")),
+        messages, due=(*only, messages.c.status == "pending", messages.c.next_attempt_at <= bindparam("now")),
         order_by=(messages.c.next_attempt_at, messages.c.id), still=messages.c.status == "pending",
         values={"status": "claimed", "lease_until": bindparam("claim_lease_until"), "claimed_by": WORKER_ID,
                 "updated_at": bindparam("now")},
