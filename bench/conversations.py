@@ -15,11 +15,12 @@ provider: the Meta channel's `base_url` is bench/http_fake.py, a loopback proces
 send's arrival with the machine's monotonic clock (the same clock in every process, so the two
 instants compare). Nothing in between is faked: PostgreSQL, the Redis broker, `lembra web`,
 `lembra worker` and `lembra scheduler` run as a deployment runs them, and the reply goes
-webhook → `process_inbound` (a worker) → the enrollment due now, claimed and advanced by that
-worker (engine/messaging/turn.py) → the ask's question in the outbox, claimed and sent by that
-worker → the fake. (Before 2026-12-07, session 11, the scheduler's next pass claimed the run for
-`advance_enrollments`, and its next pass the question for `send_messages`; with a debounce the
-scheduler still takes the run once the debounce has passed.)
+webhook → `process_inbound` (a worker) → the enrollment due now → claimed and advanced → the
+ask's question in the outbox → claimed and sent → the fake. While the worker process has read at
+most 3 replies in the last second, that worker claims, advances and sends itself
+(engine/messaging/turn.py, since 2026-12-07, session 11); otherwise, and after a debounce, the
+scheduler's next pass claims the run for `advance_enrollments` (a worker) and a later pass the
+question for `send_messages` (a worker), batched with the other turns due.
 
 1. creates a fresh PostgreSQL database (default `lembra_bench_conversations`), one clinic (a
    00:00-23:59 window with no Sunday or holiday skipping; `orgs.reply_debounce_seconds` set to

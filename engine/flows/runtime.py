@@ -96,7 +96,7 @@ def claim_due(rt: Runtime, *, limit: int, max_in_flight: int | None = None) -> l
 def claim_replied(rt: Runtime, org_id: int, inbound_id: int) -> list[tuple[int, int]]:
     """Claim, as `claim_due` does, the org's runs that the reply `inbound_id` made due now, for the
     worker that read it to advance them at once (engine/messaging/turn.py); returns (id,
-    revision) pairs. None when the reply is not theirs to read yet (an `ask` waits the org's
+    revision) pairs. Nothing when the reply is not theirs to read yet (an `ask` waits the org's
     debounce) or a scheduler pass claimed them first: the same compare-and-set decides."""
     now = clock.now()
     with rt.db.begin() as conn:
