@@ -516,6 +516,9 @@ def inline_turns(args: argparse.Namespace, db: Database, database_url: str, secr
             received = stage("web: receive", measured, receive, rt, "meta", clinic["channel_id"], request)
             for inbound_id in received.inbound_ids:
                 if stage("worker: process_inbound", measured, process_inbound, rt, inbound_id) is not None:
+                    # One turn at a time, as a quiet process takes them: its replies of the last
+                    # second (these turns come back to back) do not send it to the scheduler's path.
+                    turn.recent = turn.RecentReplies()
                     stage("worker: answer_now", measured, turn.answer_now, rt, inbound_id)
             left += drain(measured)[1]
     finally:

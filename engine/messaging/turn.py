@@ -9,7 +9,8 @@ second, 249 ms from the reply processed to the `ask`'s step and 270 ms more to i
 
 So, right after the reply's commit, its worker claims those runs as a scheduler pass would and
 advances them (`advance_claimed`), then claims what is due to the patient now and sends it
-(`send_batch`): 5.7 ms and 31 ms for those two hops at 2 turns a second.
+(`send_batch`): 5.7 ms and 31 ms for those two hops at 2 turns a second; with the scheduler's
+default interval of 2 s the turn took 3.4 s (p50) and now 0.14 s.
 
 Only while replies are few: a turn taken alone costs what a scheduler pass shares among the turns
 due together (one read per table for a claim, one check for a batch). At 50 turns a second on 2
