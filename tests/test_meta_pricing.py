@@ -237,3 +237,18 @@ def test_131050_on_a_failed_status_is_the_same_marketing_only_opt_out(rt, clock)
                 contacts.c.org_id == world.org_id, contacts.c.id == contact)).scalar_one()
         assert marked is not None
         assert world.message(sent).status == "failed"
+
+
+@pytest.mark.parametrize("phone, country", [
+    ("+5511987654321", "BR"),  # a calling code of one country: read from the prefix
+    ("+352123456", "LU"),
+    ("+14155550100", "US"),  # +1 is shared: the number says which country
+    ("+14165550100", "CA"),
+    ("+447700900123", None),  # +44 is shared and this range is no country's
+    ("+80012345678", None),  # a non-geographic code
+    ("+999123456789", None),  # no such code
+    ("5511987654321", None),  # not E.164
+    (None, None),
+])
+def test_a_recipients_country_is_the_one_libphonenumber_gives(phone, country):
+    assert pricing.country_of(phone) == country

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
-from sqlalchemy import and_, case, update
+from sqlalchemy import and_, bindparam, case, update
 from sqlalchemy.engine import Connection
 
 from engine.store.dialect import insert_ignore, insert_rows
@@ -81,17 +81,9 @@ def reserve(conn: Connection, wanted: Sequence[Want], now: datetime) -> dict[int
     rows = [{"channel_id": channel_id, "recipient": recipient, "org_id": group[0].org_id,
              "next_allowed_at": now + group[0].interval, "taken_by": token}
             for (channel_id, recipient), group in sorted(groups.items())]
-    free = table.c.next_allowed_at <= now  # SET reads the row as it was: both use the old instant
-
-    def take_free_slots(insert: Any) -> Any:
-        return insert.on_conflict_do_update(
-            index_elements=["channel_id", "recipient"],
-            set_={"next_allowed_at": case((free, insert.excluded.next_allowed_at), else_=table.c.next_allowed_at),
-                  "taken_by": case((free, insert.excluded.taken_by), else_=table.c.taken_by)})
-
     # One statement text for any count of recipients (insert_rows): a multi-row VALUES has no
     # cache key and was compiled again for every check (a quarter of a send's CPU, profiled).
-    taken = insert_rows(conn, table, rows, on_conflict=take_free_slots,
+    taken = insert_rows(conn, table, rows, on_conflict=_take_free_slots, params={"now": now},
                         returning=(table.c.channel_id, table.c.recipient, table.c.next_allowed_at, table.c.taken_by))
     later: dict[int, datetime] = {}
     for row in taken:
@@ -118,20 +110,32 @@ def sending(conn: Connection, wanted: Sequence[Want], now: datetime) -> None:
                          "next_allowed_at": until, "taken_by": "sending"}
     if not rows:
         return
-    table = recipient_pacing
-
-    def move_forward(insert: Any) -> Any:
-        return insert.on_conflict_do_update(
-            index_elements=["channel_id", "recipient"], set_={"next_allowed_at": insert.excluded.next_allowed_at},
-            where=and_(table.c.org_id == insert.excluded.org_id,
-                       table.c.next_allowed_at < insert.excluded.next_allowed_at))
-
     # An upsert of the rows in `reserve`'s order rather than an UPDATE: it finds each row by the
     # primary key, whatever plan PostgreSQL keeps for a prepared statement (the UPDATE's generic
     # plan read every row of the wave's channels, 5 ms a wave), and locks them in the order a
     # check does, where the UPDATE locked them in the order it found them and deadlocked with a
     # check (the wave's record rolled back, its calls `unknown`), twice in a 30,000-message drain.
-    insert_rows(conn, table, [rows[key] for key in sorted(rows)], on_conflict=move_forward)
+    insert_rows(conn, recipient_pacing, [rows[key] for key in sorted(rows)], on_conflict=_move_forward)
+
+
+def _take_free_slots(insert: Any) -> Any:
+    """`reserve`'s conflict clause: a recipient's row whose instant has passed (`:now`) is taken."""
+    table = recipient_pacing
+    # SET reads the row as it was: both columns test the old instant.
+    free = table.c.next_allowed_at <= bindparam("now", type_=table.c.next_allowed_at.type)
+    return insert.on_conflict_do_update(
+        index_elements=["channel_id", "recipient"],
+        set_={"next_allowed_at": case((free, insert.excluded.next_allowed_at), else_=table.c.next_allowed_at),
+              "taken_by": case((free, insert.excluded.taken_by), else_=table.c.taken_by)})
+
+
+def _move_forward(insert: Any) -> Any:
+    """`sending`'s conflict clause: a row of this org moves forward, never back."""
+    table = recipient_pacing
+    return insert.on_conflict_do_update(
+        index_elements=["channel_id", "recipient"], set_={"next_allowed_at": insert.excluded.next_allowed_at},
+        where=and_(table.c.org_id == insert.excluded.org_id,
+                   table.c.next_allowed_at < insert.excluded.next_allowed_at))
 
 
 def push_back(conn: Connection, hasher: RecipientHasher, org_id: int, channel_id: int, to: str,

@@ -196,7 +196,7 @@ def _as_inserted(value: Any, target: Any) -> Any:
 
 def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], *,
                 ignore_conflicts: Sequence[str] = (), on_conflict: Callable[[Any], Any] | None = None,
-                returning: Sequence[Any] = ()) -> list[Any]:
+                returning: Sequence[Any] = (), params: Mapping[str, Any] | None = None) -> list[Any]:
     """INSERT `rows` (each naming the same columns): PostgreSQL selects them from JSON (one
     statement text for any count of rows, compiled once), SQLite takes multi-row VALUES (not
     executemany: the driver would send one statement per row).
@@ -204,8 +204,11 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     With `ignore_conflicts`, a row whose values of those columns (a unique index) are already
     taken, by an earlier row or one of the same batch, is left out (`ON CONFLICT (…) DO
     NOTHING`); `on_conflict` is given the dialect's INSERT and returns it with its own `ON
-    CONFLICT` clause (its `excluded` is the row offered); with `returning`, those columns of the
-    rows written come back, in no set order."""
+    CONFLICT` clause (its `excluded` is the row offered). `on_conflict` is a module-level
+    function whose clause names its values as bind parameters, given in `params`: PostgreSQL's
+    statement is built once per function and kept, where one built for every call cost its
+    construction and its cache key (a sixth of a send's recipient spacing, profiled). With
+    `returning`, those columns of the rows written come back, in no set order."""
     if not rows:
         return []
     columns = list(rows[0])
@@ -220,18 +223,16 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
 
     written: list[Any] = []
     if conn.dialect.name == "postgresql":
-        if on_conflict is None:  # the common case: the statement is built once per shape
-            stmt = _json_insert(table, tuple(columns), tuple(ignore_conflicts), tuple(returning))
-        else:
-            stmt = finish(_json_insert(table, tuple(columns), (), ()))
-        result = conn.execute(stmt, _json_params(rows, columns))
+        stmt = _json_insert(table, tuple(columns), tuple(ignore_conflicts), tuple(returning), on_conflict)
+        result = conn.execute(stmt, {**_json_params(rows, columns), **(params or {})})
         return list(result.all()) if returning else written
-    per_statement = SQLITE_MAX_PARAMS // len(columns)
+    per_statement = (SQLITE_MAX_PARAMS - len(params or ())) // len(columns)
     for start in range(0, len(rows), per_statement):
         chunk = list(rows[start:start + per_statement])
         # One row as a one-row INSERT: SQLAlchemy caches its compiled form (a multi-row VALUES has
         # no cache key and is compiled every time).
-        result = conn.execute(finish(module.insert(table).values(chunk[0] if len(chunk) == 1 else chunk)))
+        result = conn.execute(finish(module.insert(table).values(chunk[0] if len(chunk) == 1 else chunk)),
+                              dict(params or {}))
         if returning:
             written.extend(result.all())
     return written
@@ -239,9 +240,9 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
 
 @functools.lru_cache(maxsize=128)
 def _json_insert(table: Table, columns: tuple[str, ...], ignore_conflicts: tuple[str, ...],
-                 returning: tuple[Any, ...]) -> Any:
+                 returning: tuple[Any, ...], on_conflict: Callable[[Any], Any] | None = None) -> Any:
     """PostgreSQL: `insert_rows`'s `INSERT INTO table (columns) SELECT … FROM json_to_recordset(…)`,
-    with its `ON CONFLICT (…) DO NOTHING` and `RETURNING` when given. Built once per table and
+    with its `ON CONFLICT` clause and `RETURNING` when given. Built once per table and
     shape and kept: a statement built for every batch cost its construction and its cache key
     (the compiled form is cached either way), five times per conversational turn
     (bench/conversations.py --inline-profile)."""
@@ -250,6 +251,8 @@ def _json_insert(table: Table, columns: tuple[str, ...], ignore_conflicts: tuple
         columns, select(*[_as_inserted(source.c[name], table.c[name]) for name in columns]))
     if ignore_conflicts:
         stmt = stmt.on_conflict_do_nothing(index_elements=list(ignore_conflicts))
+    if on_conflict is not None:
+        stmt = on_conflict(stmt)
     return stmt.returning(*returning) if returning else stmt
 
 
