@@ -51,10 +51,11 @@ def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[in
     now = clock.now()
     outcomes: dict[int, str] = {}
     ready: list[Ready] = []
+    window_open: dict[int, bool] = {}  # per org: `now` is the batch's, and so is the answer
     with rt.db.begin() as conn:
         batch = batches.load(conn, message_ids, keyring=rt.keyring)
         for msg in batch.messages:
-            checked = _check(conn, rt, batch, msg, now)
+            checked = _check(conn, rt, batch, msg, now, window_open)
             if isinstance(checked, str):
                 outcomes[msg.id] = checked
             else:
@@ -77,8 +78,10 @@ def check(rt: Runtime, message_ids: Sequence[int]) -> tuple[list[Ready], dict[in
     return ready, outcomes
 
 
-def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime) -> Ready | str:
-    """Whether one claimed message may go now; settles it (and says how) when it may not."""
+def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: datetime,
+           window_open: dict[int, bool]) -> Ready | str:
+    """Whether one claimed message may go now; settles it (and says how) when it may not.
+    `window_open` keeps, per org, whether its sending window is open `now`."""
     org_id = msg.org_id
     org = batch.orgs[org_id]
     contact = batch.contacts[(org_id, msg.contact_id)]
@@ -109,8 +112,10 @@ def _check(conn: Connection, rt: Runtime, batch: batches.Batch, msg: Any, now: d
     if msg.expires_at is not None and now >= msg.expires_at:
         return settle("expired", "expired", "expired_before_send")
     if msg.respect_window:
-        policy = policy_for(org)
-        if not is_allowed(policy, now):
+        if org_id not in window_open:
+            window_open[org_id] = is_allowed(policy_for(org), now)
+        if not window_open[org_id]:
+            policy = policy_for(org)
             later = earliest_allowed_after(policy, now, msg.expires_at or now + timedelta(days=400))
             if later is None:
                 return settle("skipped", "skipped", "no_allowed_instant")
