@@ -9,13 +9,12 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import delete, insert, select, text, update
 
 from engine.messaging import dispatch
+from engine.messaging.dispatch import checks, waves
 from engine.queue import recipient_pacing as recipient_pacing_
 from engine.store.models import messages, recipient_pacing
-from engine.tenants.channels import create_channel
-from tests.factories import World
 from tests.processes import wait_until
 from tests.fakes.meta import notes_error
 from tests.test_dispatch_batch import APPOINTMENT, DUE, Graph, booked, meta_world, phone, wa
@@ -132,78 +131,108 @@ def test_the_spacing_holds_across_two_worker_processes(rt, procs, database_url):
 
 
 def test_a_wave_takes_its_recipients_rows_in_the_order_a_check_does(rt, clock):
-    """A wave that starts late counts its recipients' next slots again (`recipient_pacing.sending`)
-    while other batches' checks reserve theirs (`reserve`, rows locked in sorted order). The wave
-    must lock in that order too: one that held a later row while waiting for an earlier one a check
-    held deadlocked with the check wanting the later one, and PostgreSQL rolled the wave's record
-    back (its calls became `unknown`). Here a check holds the first row: the wave waits for it
-    without having taken the second, which a third transaction can still lock at once."""
+    """A wave that starts late counts its recipients' next slots again (in the wave's own
+    statement on PostgreSQL) while other batches' checks reserve theirs (`reserve`, rows locked in
+    sorted order). The wave must lock in that order too: one that held a later row while waiting
+    for an earlier one a check held deadlocked with the check wanting the later one, and
+    PostgreSQL rolled the wave's record back (its calls became `unknown`). Here a check holds the
+    first row: the wave waits for it without having taken the second, which a third transaction
+    can still lock at once; then the wave marks both messages `sending`, their slots counted from it."""
     if rt.db.is_sqlite:
         pytest.skip("SQLite has one writer at a time: no row locks")
-    world = World(rt)
-    with rt.db.begin() as conn:
-        channel_id = create_channel(conn, rt.keyring, org_id=world.org_id, kind="whatsapp", provider="meta",
-                                 name="WhatsApp oficial", credentials={
-                                     "phone_number_id": "1122334455667", "access_token": "EAAG-token",
-                                     "app_secret": "segredo", "verify_token": "verifique"})
-    clock.set(DUE)
-    now = clock.now()
-    first, second = "0" * 64, "f" * 64
-    with rt.db.begin() as conn:  # the later row first on disk: a scan meets it first
-        for recipient in (second, first, "8" * 64):
-            conn.execute(insert(recipient_pacing).values(channel_id=channel_id, recipient=recipient,
-                                                         org_id=world.org_id, next_allowed_at=now - timedelta(hours=1),
-                                                         taken_by="earlier"))
+    with Graph({}) as graph:
+        world = meta_world(rt, graph)
+        ids = booked(world, 2)
+        clock.set(DUE)
+        assert sorted(dispatch.claim_due(rt, limit=50)) == sorted(ids)
+        ready, outcomes = checks.check(rt, ids)
+        assert outcomes == {} and len(ready) == 2
+        clock.advance(timedelta(seconds=5))  # the wave begins well after its checks: it is late
+        now = clock.now()
+        # The later row first in the wave and on disk: a plan in either order meets it first.
+        ready.sort(key=lambda item: item.spacing.recipient, reverse=True)
+        second, first = (item.spacing.recipient for item in ready)
+        with rt.db.begin() as conn:
+            conn.execute(delete(recipient_pacing))
+            for recipient in (second, first):
+                conn.execute(insert(recipient_pacing).values(
+                    channel_id=ready[0].channel.id, recipient=recipient, org_id=world.org_id,
+                    next_allowed_at=now - timedelta(hours=1), taken_by="earlier"))
 
-    def want(recipient: str) -> recipient_pacing_.Want:
-        return recipient_pacing_.Want(1, world.org_id, channel_id, recipient, timedelta(seconds=6),
-                                      now - timedelta(seconds=5))
+        wave_pid: list[int] = []
+        wave_error: list[BaseException] = []
+        marked: list[int] = []
 
-    wave_pid: list[int] = []
-    wave_error: list[BaseException] = []
-
-    def wave() -> None:
-        try:
-            with rt.db.engine.connect() as conn:
-                # A worker's connection, where psycopg prepared the statement long ago and
-                # PostgreSQL may keep a generic plan for it (a scan in the heap's order).
-                for _ in range(6):
-                    with conn.begin():
-                        recipient_pacing_.sending(conn, [want("8" * 64)], now)
-                conn.execute(text("SET plan_cache_mode = force_generic_plan"))
-                conn.commit()
-                try:
-                    with conn.begin():
-                        wave_pid.append(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-                        recipient_pacing_.sending(conn, [want(second), want(first)], now)
-                finally:
-                    conn.execute(text("RESET plan_cache_mode"))
+        def wave() -> None:
+            try:
+                with rt.db.engine.connect() as conn:
+                    # Prepared at once and planned generically: the plan PostgreSQL may keep for a
+                    # worker's connection, which reads rows in whatever order it finds them.
+                    driver = conn.connection.driver_connection
+                    driver.prepare_threshold = 0
+                    conn.execute(text("SET plan_cache_mode = force_generic_plan"))
                     conn.commit()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            wave_error.append(exc)
+                    try:
+                        with conn.begin():
+                            wave_pid.append(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                            _, prepared = waves.settle_wave(conn, rt, [], ready, now)
+                            marked.extend(p.message_id for p in prepared)
+                    finally:
+                        driver.prepare_threshold = 5
+                        conn.execute(text("RESET plan_cache_mode"))
+                        conn.commit()
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                wave_error.append(exc)
 
-    with rt.db.engine.connect() as check, rt.db.engine.connect() as third:
-        check_tx = check.begin()
-        recipient_pacing_.reserve(check, [want(first)], now)  # the check holds the first row
-        thread = threading.Thread(target=wave)
-        thread.start()
-        try:
-            wait_until(lambda: bool(wave_error) or (bool(wave_pid) and _waits_for_a_lock(rt, wave_pid[0])),
-                       timeout=30, what="the wave to wait for the row the check holds")
-            assert not wave_error, wave_error
-            third_tx = third.begin()
-            locked = third.execute(text(
-                "SELECT recipient FROM recipient_pacing WHERE channel_id = :channel AND recipient = :recipient "
-                "FOR UPDATE NOWAIT"), {"channel": channel_id, "recipient": second}).scalars().all()
-            assert locked == [second], "the wave took the second row before the first"
-            third_tx.rollback()
-        finally:
-            check_tx.commit()
-            thread.join(timeout=30)
-    assert not thread.is_alive() and not wave_error, wave_error
+        with rt.db.engine.connect() as check, rt.db.engine.connect() as third:
+            check_tx = check.begin()
+            recipient_pacing_.reserve(check, [recipient_pacing_.Want(
+                ids[0], world.org_id, ready[0].channel.id, first, timedelta(seconds=6), now)], now)
+            thread = threading.Thread(target=wave)
+            thread.start()
+            try:
+                wait_until(lambda: bool(wave_error) or (bool(wave_pid) and _waits_for_a_lock(rt, wave_pid[0])),
+                           timeout=30, what="the wave to wait for the row the check holds")
+                assert not wave_error, wave_error
+                third_tx = third.begin()
+                locked = third.execute(text(
+                    "SELECT recipient FROM recipient_pacing WHERE channel_id = :channel AND recipient = :recipient "
+                    "FOR UPDATE NOWAIT"), {"channel": ready[0].channel.id, "recipient": second}).scalars().all()
+                assert locked == [second], "the wave took the second row before the first"
+                third_tx.rollback()
+            finally:
+                check_tx.rollback()
+                thread.join(timeout=30)
+        assert not thread.is_alive() and not wave_error, wave_error
+    assert sorted(marked) == sorted(ids)
+    assert {world.message(mid).status for mid in ids} == {"sending"}
     with rt.db.connect() as conn:
         slots = dict(conn.execute(select(recipient_pacing.c.recipient, recipient_pacing.c.next_allowed_at)).all())
     assert slots[first] == slots[second] == now + timedelta(seconds=6)
+
+
+def test_a_late_wave_counts_its_recipients_slots_from_the_call_and_an_early_one_leaves_them(rt, clock):
+    """Both dialects: a wave marked more than `LATE` after its checks moves its recipients' next
+    slots to a full interval after the call; one marked at once leaves the check's reservation."""
+    with Graph({}) as graph:
+        world = meta_world(rt, graph)
+        ids = booked(world, 2)
+        clock.set(DUE)
+        dispatch.claim_due(rt, limit=50)
+        ready, _ = checks.check(rt, ids)
+        checked = clock.now()
+        clock.advance(recipient_pacing_.LATE / 2)
+        with rt.db.begin() as conn:
+            _, prepared = waves.settle_wave(conn, rt, [], ready[:1], clock.now())
+        assert [p.message_id for p in prepared] == [ready[0].msg.id]
+        clock.advance(timedelta(seconds=4))
+        with rt.db.begin() as conn:
+            _, prepared = waves.settle_wave(conn, rt, [], ready[1:], clock.now())
+        assert [p.message_id for p in prepared] == [ready[1].msg.id]
+    with rt.db.connect() as conn:
+        slots = dict(conn.execute(select(recipient_pacing.c.recipient, recipient_pacing.c.next_allowed_at)).all())
+    assert slots[ready[0].spacing.recipient] == checked + timedelta(seconds=6), "on time: the check's slot"
+    assert slots[ready[1].spacing.recipient] == clock.now() + timedelta(seconds=6), "late: from the call"
 
 
 def _waits_for_a_lock(rt, pid: int) -> bool:

@@ -14,8 +14,9 @@ Per channel: the channel's `channel_pacing.next_slot_at` (the row the Evolution 
 pushed forward (`pause_channel`); the checks defer the channel's messages until it has passed.
 
 The slot is reserved at the check and, when the call's wave is marked `sending` more than `LATE`
-after it, counted again from then (`sending`), so a batch whose later waves start seconds after
-its checks still leaves the interval (less `LATE` at most) between two calls to one person.
+after it, counted again from then (`late_moves`, written by the wave's statement on PostgreSQL and
+by `sending` on SQLite), so a batch whose later waves start seconds after its checks still leaves
+the interval (less `LATE` at most) between two calls to one person.
 """
 
 from __future__ import annotations
@@ -94,48 +95,47 @@ def reserve(conn: Connection, wanted: Sequence[Want], now: datetime) -> dict[int
     return later
 
 
-def sending(conn: Connection, wanted: Sequence[Want], now: datetime) -> None:
-    """The calls of `wanted` begin now (their wave was just marked `sending`): the recipient of
-    one checked more than `LATE` ago gets its next slot counted from now, not from the check that
-    reserved it, since a batch's later waves (or a wait for the write lock) may start seconds
-    after its checks. One statement, and none for a wave marked right after its checks (the
-    common case: a wave's calls take milliseconds on a fast provider), so the spacing holds to
-    within `LATE`."""
+@dataclass(frozen=True)
+class LateMove:
+    """A recipient whose next slot is counted again from the call: the row `sending` writes, and
+    the messages of the wave that call them (it is written only if one of them became `sending`)."""
+
+    row: dict[str, Any]
+    message_ids: tuple[int, ...]
+
+
+def late_moves(wanted: Sequence[Want], now: datetime) -> list[LateMove]:
+    """Of `wanted`, whose calls begin `now`, the recipients of those checked more than `LATE` ago,
+    one move per (channel, recipient) in the order `reserve` locks their rows: a batch's later
+    waves (or a wait for the write lock) may start seconds after its checks, so their recipients'
+    next slots are counted from the call, not from the check that reserved them."""
     rows: dict[tuple[int, str], dict[str, Any]] = {}
+    callers: dict[tuple[int, str], list[int]] = {}
     for want in wanted:
+        if now - want.checked_at <= LATE:
+            continue
         until = now + want.interval
         key = (want.channel_id, want.recipient)
-        if now - want.checked_at > LATE and (key not in rows or rows[key]["next_allowed_at"] < until):
+        callers.setdefault(key, []).append(want.message_id)
+        if key not in rows or rows[key]["next_allowed_at"] < until:
             rows[key] = {"channel_id": want.channel_id, "recipient": want.recipient, "org_id": want.org_id,
                          "next_allowed_at": until, "taken_by": "sending"}
-    if not rows:
+    return [LateMove(rows[key], tuple(callers[key])) for key in sorted(rows)]
+
+
+def sending(conn: Connection, moves: Sequence[LateMove]) -> None:
+    """Write `moves` (`late_moves`, of the messages just marked `sending`): one statement, and
+    none for a wave marked right after its checks (the common case: a wave's calls take
+    milliseconds on a fast provider), so the spacing holds to within `LATE`. PostgreSQL writes
+    them in the wave's own statement instead (engine/messaging/dispatch/waves.py)."""
+    if not moves:
         return
     # An upsert of the rows in `reserve`'s order rather than an UPDATE: it finds each row by the
     # primary key, whatever plan PostgreSQL keeps for a prepared statement (the UPDATE's generic
     # plan read every row of the wave's channels, 5 ms a wave), and locks them in the order a
     # check does, where the UPDATE locked them in the order it found them and deadlocked with a
     # check (the wave's record rolled back, its calls `unknown`), twice in a 30,000-message drain.
-    insert_rows(conn, recipient_pacing, [rows[key] for key in sorted(rows)], on_conflict=_move_forward)
-
-
-def _take_free_slots(insert: Any) -> Any:
-    """`reserve`'s conflict clause: a recipient's row whose instant has passed (`:now`) is taken."""
-    table = recipient_pacing
-    # SET reads the row as it was: both columns test the old instant.
-    free = table.c.next_allowed_at <= bindparam("now", type_=table.c.next_allowed_at.type)
-    return insert.on_conflict_do_update(
-        index_elements=["channel_id", "recipient"],
-        set_={"next_allowed_at": case((free, insert.excluded.next_allowed_at), else_=table.c.next_allowed_at),
-              "taken_by": case((free, insert.excluded.taken_by), else_=table.c.taken_by)})
-
-
-def _move_forward(insert: Any) -> Any:
-    """`sending`'s conflict clause: a row of this org moves forward, never back."""
-    table = recipient_pacing
-    return insert.on_conflict_do_update(
-        index_elements=["channel_id", "recipient"], set_={"next_allowed_at": insert.excluded.next_allowed_at},
-        where=and_(table.c.org_id == insert.excluded.org_id,
-                   table.c.next_allowed_at < insert.excluded.next_allowed_at))
+    insert_rows(conn, recipient_pacing, [move.row for move in moves], on_conflict=move_forward)
 
 
 def push_back(conn: Connection, hasher: RecipientHasher, org_id: int, channel_id: int, to: str,
@@ -159,3 +159,24 @@ def pause_channel(conn: Connection, org_id: int, channel_id: int, until: datetim
         channel_pacing.c.channel_id == channel_id, channel_pacing.c.org_id == org_id,
         channel_pacing.c.next_slot_at < until,
     ).values(next_slot_at=until))
+
+
+def _take_free_slots(insert: Any) -> Any:
+    """`reserve`'s conflict clause: a recipient's row whose instant has passed (`:now`) is taken."""
+    table = recipient_pacing
+    # SET reads the row as it was: both columns test the old instant.
+    free = table.c.next_allowed_at <= bindparam("now", type_=table.c.next_allowed_at.type)
+    return insert.on_conflict_do_update(
+        index_elements=["channel_id", "recipient"],
+        set_={"next_allowed_at": case((free, insert.excluded.next_allowed_at), else_=table.c.next_allowed_at),
+              "taken_by": case((free, insert.excluded.taken_by), else_=table.c.taken_by)})
+
+
+def move_forward(insert: Any) -> Any:
+    """`sending`'s conflict clause (and a late wave's on PostgreSQL): a row of this org moves
+    forward, never back."""
+    table = recipient_pacing
+    return insert.on_conflict_do_update(
+        index_elements=["channel_id", "recipient"], set_={"next_allowed_at": insert.excluded.next_allowed_at},
+        where=and_(table.c.org_id == insert.excluded.org_id,
+                   table.c.next_allowed_at < insert.excluded.next_allowed_at))

@@ -4,11 +4,14 @@ and both get their events. Each move is a compare-and-set: `sent` from `sending`
 slow call that finished after the sweep took its row), `sending` from `claimed` while the claim's
 lease runs.
 
-PostgreSQL does all of it in one statement, built once: two `UPDATE … FROM unnest(…)` in CTEs and
-the INSERT of their events. A wave is at most the calls a worker process has in flight (8 by
-default), and the three statements built anew for each wave (two `update_per_row`, one
-`record_event_rows`) cost a worker about 0.5 ms of CPU per message, as much again as everything
-else it does (docs/benchmarks-history.md, 2026-12-06). SQLite runs the three statements.
+PostgreSQL does all of it in one statement, built once: two `UPDATE … FROM unnest(…)` in CTEs,
+the upsert of the next slots of the recipients a late wave calls (`recipient_pacing.late_moves`;
+a statement of its own before, on about half the waves of a busy drain) and the INSERT of their
+events. A wave is at most the calls a worker process has in flight (8 by default), and the three
+statements built anew for each wave (two `update_per_row`, one `record_event_rows`) cost a worker
+about 0.5 ms of CPU per message, as much again as everything else it does
+(docs/benchmarks-history.md, 2026-12-06). SQLite runs the three statements, and
+`recipient_pacing.sending`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from engine.store.dialect import in_values, insert_rows, update_per_row
 from engine.messaging.dispatch.ready import Prepared, Ready
 from engine.messaging.dispatch.claim import WORKER_ID
 from engine.store.models import message_events, messages
+from engine.store.models import recipient_pacing as recipient_pacing_table
 from engine.queue import recipient_pacing
 from engine.store.runtime import Runtime
 from gateway.contract import SendResult
@@ -65,13 +69,13 @@ def settle_wave(conn: Connection, rt: Runtime, sent: Sequence[Sent], wave: Seque
     if not sent and not wave:
         return set(), []
     rows = {item.msg.id: _sending_values(rt, item, now) for item in wave}
+    moves = recipient_pacing.late_moves([item.spacing for item in wave if item.spacing is not None], now)
     if conn.dialect.name == "postgresql":
-        moved_sent, moved_sending = _settle_in_one_statement(conn, sent, wave, rows, now)
+        moved_sent, moved_sending = _settle_in_one_statement(conn, sent, wave, rows, moves, now)
     else:
         moved_sent, moved_sending = _settle_in_three_statements(conn, sent, wave, rows, now)
-    spaced = [item.spacing for item in wave if item.spacing is not None and item.msg.id in moved_sending]
-    if spaced:
-        recipient_pacing.sending(conn, spaced, now)
+        recipient_pacing.sending(conn, [move for move in moves
+                                        if any(mid in moved_sending for mid in move.message_ids)])
     for event, count in (("sent", len(moved_sent)), ("sending", len(moved_sending))):
         if count:
             metrics.message_events(event, count)
@@ -103,7 +107,9 @@ def _sending_values(rt: Runtime, item: Ready, now: datetime) -> dict[str, Any]:
 
 
 def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Sequence[Ready],
-                             rows: dict[int, dict[str, Any]], now: datetime) -> tuple[set[int], dict[int, int]]:
+                             rows: dict[int, dict[str, Any]], moves: Sequence[recipient_pacing.LateMove],
+                             now: datetime) -> tuple[set[int], dict[int, int]]:
+    callers = [(key, mid) for key, move in enumerate(moves) for mid in move.message_ids]
     params = {
         "now": now, "worker": WORKER_ID,
         "sent_id": [s.prepared.message_id for s in sent], "sent_org_id": [s.prepared.org_id for s in sent],
@@ -114,6 +120,10 @@ def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Seque
         **{f"wave_{name}": [row[name] for row in rows.values()]
            for name in ("channel_id", "subject", "body", "lease_until", "price_category", "price_free",
                         "price_country", "slot")},
+        "late_key": list(range(len(moves))),
+        **{f"late_{name}": [move.row[name] for move in moves]
+           for name in ("channel_id", "recipient", "org_id", "next_allowed_at")},
+        "caller_key": [key for key, _ in callers], "caller_message_id": [mid for _, mid in callers],
     }
     moved_sent: set[int] = set()
     moved_sending: dict[int, int] = {}
@@ -171,6 +181,23 @@ def _wave_statement() -> Any:
         .returning(m.id, m.org_id, m.attempts, marked.c.slot)
         .cte("sending")
     )
+    # The late recipients of the messages that became `sending` (recipient_pacing.late_moves),
+    # their slots counted from now: written in the order of `late_key`, which is the order a
+    # check's `reserve` locks rows in, so a wave and a check never wait for each other in a cycle.
+    p = recipient_pacing_table.c
+    late = func.unnest(
+        array("late_key", Integer()), array("late_channel_id", BigInteger()), array("late_recipient", Text()),
+        array("late_org_id", BigInteger()), array("late_next_allowed_at", p.next_allowed_at.type),
+    ).table_valued("key", "channel_id", "recipient", "org_id", "next_allowed_at").render_derived(name="late")
+    callers = func.unnest(array("caller_key", Integer()), array("caller_message_id", BigInteger())).table_valued(
+        "key", "message_id").render_derived(name="callers")
+    called = select(callers.c.key).join(sending, sending.c.id == callers.c.message_id)
+    paced = recipient_pacing.move_forward(
+        postgresql.insert(recipient_pacing_table).from_select(
+            ["channel_id", "recipient", "org_id", "next_allowed_at", "taken_by"],
+            select(late.c.channel_id, late.c.recipient, late.c.org_id, late.c.next_allowed_at,
+                   literal("sending", Text())).where(late.c.key.in_(called)).order_by(late.c.key),
+        )).cte("paced")
     json_null = cast(literal("null"), e.detail.type)  # as every other event without a detail
     events = union_all(
         select(sent.c.org_id, sent.c.id, literal("sent"), sent.c.attempt, sent.c.provider_status, json_null, now),
@@ -182,6 +209,7 @@ def _wave_statement() -> Any:
     return (insert(message_events)
             .from_select(["org_id", "message_id", "event", "attempt", "provider_status", "detail", "created_at"],
                          events)
+            .add_cte(paced)  # run though nothing reads it
             .returning(e.message_id, e.event, e.attempt))
 
 
