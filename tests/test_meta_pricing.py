@@ -246,6 +246,7 @@ def test_131050_on_a_failed_status_is_the_same_marketing_only_opt_out(rt, clock)
     ("+14165550100", "CA"),
     ("+447700900123", None),  # +44 is shared and this range is no country's
     ("+80012345678", None),  # a non-geographic code
+    ("+800 1234 5678", None),  # the same, written with spaces: parsed
     ("+999123456789", None),  # no such code
     ("5511987654321", None),  # not E.164
     (None, None),

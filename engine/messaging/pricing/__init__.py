@@ -141,13 +141,13 @@ def country_of(phone: str | None) -> str | None:
             regions = phonenumbers.COUNTRY_CODE_TO_REGION_CODE.get(int(phone[1:1 + length]))
             if regions is not None:
                 if len(regions) == 1:
-                    return regions[0] if regions[0] != "001" else None
+                    return regions[0] if regions[0] not in ("ZZ", "001") else None
                 break
     try:
         region = phonenumbers.region_code_for_number(phonenumbers.parse(phone, None))
     except phonenumbers.NumberParseException:
         return None
-    return region if region and region != "ZZ" else None
+    return region if region and region not in ("ZZ", "001") else None  # 001: no country (+800, +882…)
 
 
 def billing_columns(template_category: str | None, conversation_open: bool, phone: str | None) -> dict[str, Any]:
