@@ -41,7 +41,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from engine.core import metrics
-from engine.store.dialect import in_values, insert_rows, update_per_row
+from engine.store.dialect import in_values, insert_rows, int_array, update_per_row
 from engine.messaging.dispatch.ready import Prepared, Ready
 from engine.messaging.dispatch.claim import WORKER_ID
 from engine.store.models import message_events, messages
@@ -125,6 +125,7 @@ def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Seque
            for name in ("channel_id", "recipient", "org_id", "next_allowed_at")},
         "caller_key": [key for key, _ in callers], "caller_message_id": [mid for _, mid in callers],
     }
+    params.update({name: int_array(params[name]) for name in INT_ARRAYS})
     moved_sent: set[int] = set()
     moved_sending: dict[int, int] = {}
     for message_id, event, attempt in conn.execute(_wave_statement(), params):
@@ -135,6 +136,12 @@ def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Seque
     return moved_sent, moved_sending
 
 
+#: The wave statement's arrays of ints, each sent as one array literal (`int_array`): dumped by
+#: psycopg element by element they were a third of the statement's client CPU (profiled).
+INT_ARRAYS = ("sent_id", "sent_org_id", "sent_attempt", "wave_id", "wave_org_id", "wave_channel_id", "late_key",
+              "late_channel_id", "late_org_id", "caller_key", "caller_message_id")
+
+
 @functools.cache
 def _wave_statement() -> Any:
     """PostgreSQL: the whole move between two waves as one statement of constant text (so
@@ -143,6 +150,8 @@ def _wave_statement() -> Any:
     now = bindparam("now", type_=m.updated_at.type)
 
     def array(name: str, type_: Any) -> Any:
+        if name in INT_ARRAYS:  # sent as `int_array` text
+            return cast(bindparam(name, type_=Text()), postgresql.ARRAY(type_))
         return bindparam(name, type_=postgresql.ARRAY(type_))
 
     accepted = func.unnest(
