@@ -128,7 +128,7 @@ def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Seque
     params.update({name: int_array(params[name]) for name in INT_ARRAYS})
     moved_sent: set[int] = set()
     moved_sending: dict[int, int] = {}
-    for message_id, event, attempt in conn.execute(_wave_statement(), params):
+    for message_id, event, attempt in conn.execute(_wave_statement(), params).all():
         if event == "sent":
             moved_sent.add(message_id)
         else:
