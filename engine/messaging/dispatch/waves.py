@@ -136,8 +136,9 @@ def _settle_in_one_statement(conn: Connection, sent: Sequence[Sent], wave: Seque
     return moved_sent, moved_sending
 
 
-#: The wave statement's arrays of ints, each sent as one array literal (`int_array`): dumped by
-#: psycopg element by element they were a third of the statement's client CPU (profiled).
+#: The wave statement's arrays of ints, each sent as one array literal (`int_array`): psycopg
+#: dumps a list element by element in Python, and dumping this statement's arrays took 4.9 % of
+#: a sending worker's samples (docs/benchmarks-history.md, 2026-12-07, session 12).
 INT_ARRAYS = ("sent_id", "sent_org_id", "sent_attempt", "wave_id", "wave_org_id", "wave_channel_id", "late_key",
               "late_channel_id", "late_org_id", "caller_key", "caller_message_id")
 
